@@ -1,0 +1,247 @@
+//! One hosted RocksDB instance and its native checkpoint into a staging directory.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rocksdb::{BlockBasedOptions, IteratorMode, Options, WriteBatch, DB};
+
+use crate::error::{Error, IoContext, Result};
+use crate::fsutil::write_atomic;
+use crate::names::BackendName;
+
+/// SST format written by default. RocksDB 11 writes format 7, which RocksDB older than 10.4
+/// (Debian's ldb, the Python binding rocksdict) cannot read; format 5 is read by every
+/// RocksDB since 6.6, so a restored checkpoint opens wherever users run RocksDB.
+pub const DEFAULT_FORMAT_VERSION: i32 = 5;
+
+#[derive(Debug, Clone)]
+pub struct BackendOptions {
+    pub format_version: i32,
+    /// Memtable size; small values make more, smaller SSTs (tests use this).
+    pub write_buffer_size: Option<usize>,
+}
+
+impl Default for BackendOptions {
+    fn default() -> Self {
+        BackendOptions {
+            format_version: DEFAULT_FORMAT_VERSION,
+            write_buffer_size: None,
+        }
+    }
+}
+
+impl BackendOptions {
+    fn rocksdb_options(&self, create: bool) -> Options {
+        let mut opts = Options::default();
+        opts.create_if_missing(create);
+        opts.set_max_background_jobs(2);
+        opts.set_keep_log_file_num(2);
+        let mut table = BlockBasedOptions::default();
+        table.set_format_version(self.format_version);
+        opts.set_block_based_table_factory(&table);
+        if let Some(size) = self.write_buffer_size {
+            opts.set_write_buffer_size(size);
+        }
+        opts
+    }
+}
+
+/// One write of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteOp {
+    Put(Vec<u8>, Vec<u8>),
+    Delete(Vec<u8>),
+}
+
+/// A file of a native checkpoint, hard-linked (or, for the WAL, copied) into staging.
+#[derive(Debug, Clone)]
+pub struct StagedFile {
+    pub name: String,
+    pub path: PathBuf,
+    pub size: u64,
+}
+
+/// SST and blob files never change once written, so they are shared across checkpoints and
+/// re-referenced by name; everything else (MANIFEST, CURRENT, OPTIONS, WAL) is private and
+/// stored each time.
+pub fn is_shared_file(name: &str) -> bool {
+    name.ends_with(".sst") || name.ends_with(".blob")
+}
+
+pub struct Backend {
+    name: BackendName,
+    dir: PathBuf,
+    db: DB,
+    lineage: String,
+}
+
+impl Backend {
+    /// The RocksDB directory of a backend whose state lives in `dir`.
+    pub fn db_dir(dir: &Path) -> PathBuf {
+        dir.join("db")
+    }
+
+    /// Open the backend in `dir`, creating an empty database if there is none yet.
+    pub fn open_or_create(dir: &Path, name: &BackendName, opts: &BackendOptions) -> Result<Self> {
+        let db_dir = Self::db_dir(dir);
+        let create = !db_dir.join("CURRENT").exists();
+        fs::create_dir_all(dir).ctx("create", dir)?;
+        let db = DB::open(&opts.rocksdb_options(create), &db_dir)?;
+        let lineage = match fs::read_to_string(dir.join("lineage")) {
+            Ok(text) if !create && !text.trim().is_empty() => text.trim().to_string(),
+            _ => {
+                let lineage = new_lineage(name);
+                write_atomic(&dir.join("lineage"), lineage.as_bytes())?;
+                lineage
+            }
+        };
+        Ok(Backend {
+            name: name.clone(),
+            dir: dir.to_path_buf(),
+            db,
+            lineage,
+        })
+    }
+
+    /// Open a database just materialized from a checkpoint: never create one (a missing
+    /// CURRENT would otherwise silently start an empty database), and start a new lineage,
+    /// because file numbers after a restore repeat those of abandoned checkpoints.
+    pub fn open_restored(dir: &Path, name: &BackendName, opts: &BackendOptions) -> Result<Self> {
+        let db_dir = Self::db_dir(dir);
+        if !db_dir.join("CURRENT").exists() {
+            return Err(Error::Corrupt(format!(
+                "restored database {} has no CURRENT file",
+                db_dir.display()
+            )));
+        }
+        let db = DB::open(&opts.rocksdb_options(false), &db_dir)?;
+        let lineage = new_lineage(name);
+        write_atomic(&dir.join("lineage"), lineage.as_bytes())?;
+        Ok(Backend {
+            name: name.clone(),
+            dir: dir.to_path_buf(),
+            db,
+            lineage,
+        })
+    }
+
+    pub fn name(&self) -> &BackendName {
+        &self.name
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn lineage(&self) -> &str {
+        &self.lineage
+    }
+
+    /// Apply `ops` as one atomic batch.
+    pub fn write(&self, ops: &[WriteOp]) -> Result<()> {
+        let mut batch = WriteBatch::default();
+        for op in ops {
+            match op {
+                WriteOp::Put(k, v) => batch.put(k, v),
+                WriteOp::Delete(k) => batch.delete(k),
+            }
+        }
+        self.db.write(batch)?;
+        Ok(())
+    }
+
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.db.get(key)?)
+    }
+
+    pub fn flush(&self) -> Result<()> {
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Compact the whole key range (waits for it).
+    pub fn compact(&self) -> Result<()> {
+        self.db.compact_range(None::<&[u8]>, None::<&[u8]>);
+        Ok(())
+    }
+
+    /// Every key and value, in key order.
+    pub fn scan(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        collect(&self.db)
+    }
+
+    /// Names and sizes of the live SST files.
+    pub fn live_sst_files(&self) -> Result<Vec<(String, u64)>> {
+        Ok(self
+            .db
+            .live_files()?
+            .into_iter()
+            .map(|f| (f.name.trim_start_matches('/').to_string(), f.size as u64))
+            .collect())
+    }
+
+    /// The synchronous phase: RocksDB's native checkpoint (flush, then hard links) into
+    /// `staging`, which must not exist yet but whose parent must.
+    pub fn checkpoint_into(&self, staging: &Path) -> Result<Vec<StagedFile>> {
+        rocksdb::checkpoint::Checkpoint::new(&self.db)?.create_checkpoint(staging)?;
+        let mut files = Vec::new();
+        for entry in fs::read_dir(staging).ctx("list", staging)? {
+            let entry = entry.ctx("list", staging)?;
+            let meta = entry.metadata().ctx("stat", &entry.path())?;
+            if !meta.is_file() {
+                continue;
+            }
+            files.push(StagedFile {
+                name: entry.file_name().to_string_lossy().into_owned(),
+                path: entry.path(),
+                size: meta.len(),
+            });
+        }
+        files.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(files)
+    }
+}
+
+fn collect(db: &DB) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut out = Vec::new();
+    for item in db.iterator(IteratorMode::Start) {
+        let (k, v) = item?;
+        out.push((k.to_vec(), v.to_vec()));
+    }
+    Ok(out)
+}
+
+/// Open any RocksDB directory read-only (a restored checkpoint, or a checkpoint directory
+/// inside the mount) and return its contents. Refuses a directory without CURRENT rather
+/// than creating a database there.
+pub fn scan_dir(dir: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    if !dir.join("CURRENT").is_file() {
+        return Err(Error::NotFound(format!(
+            "{} is not a RocksDB directory (no CURRENT file)",
+            dir.display()
+        )));
+    }
+    let mut opts = Options::default();
+    opts.create_if_missing(false);
+    // RocksDB writes an info LOG even when reading; keep it out of the (possibly read-only)
+    // directory being scanned.
+    let log_dir = tempfile::tempdir().ctx("create temporary log directory for", dir)?;
+    opts.set_db_log_dir(log_dir.path());
+    let db = DB::open_for_read_only(&opts, dir, false)?;
+    collect(&db)
+}
+
+fn new_lineage(name: &BackendName) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let seed = format!(
+        "{name} {nanos} {} {}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    );
+    blake3::hash(seed.as_bytes()).to_hex()[..16].to_string()
+}

@@ -1,0 +1,475 @@
+//! The control protocol: UTF-8 lines, one command per line, fields separated by one space,
+//! keys and values percent-encoded. Parsing is separate from running so that a write with
+//! any invalid line can be refused as a whole before anything changes.
+
+use crate::error::{Error, Result};
+use crate::names::BackendName;
+use crate::percent;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Start a checkpoint of every backend.
+    Checkpoint,
+    Put {
+        backend: BackendName,
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    Del {
+        backend: BackendName,
+        key: Vec<u8>,
+    },
+    Flush(BackendName),
+    Compact(BackendName),
+    Retain(u32),
+    Delete(u64),
+}
+
+impl Command {
+    /// put and del: applied as one atomic batch per backend within a write.
+    pub fn is_data(&self) -> bool {
+        matches!(self, Command::Put { .. } | Command::Del { .. })
+    }
+}
+
+pub const USAGE: &str = "commands: checkpoint | put BACKEND KEY VALUE | del BACKEND KEY | \
+flush BACKEND | compact BACKEND | retain N | delete N";
+
+/// Parse one line (without its newline).
+pub fn parse_line(line: &str) -> Result<Command> {
+    let fields: Vec<&str> = line.split(' ').collect();
+    let arity = |n: usize| -> Result<()> {
+        if fields.len() == n {
+            Ok(())
+        } else {
+            Err(Error::Invalid(format!(
+                "{} takes {} argument(s), got {} (fields are separated by exactly one space; \
+                 percent-encode spaces in keys and values as %20)",
+                fields[0],
+                n - 1,
+                fields.len() - 1
+            )))
+        }
+    };
+    let backend = |i: usize| -> Result<BackendName> { fields[i].parse() };
+    let number = |i: usize| -> Result<u64> {
+        fields[i]
+            .parse::<u64>()
+            .map_err(|_| Error::Invalid(format!("{:?} is not a non-negative integer", fields[i])))
+    };
+    match fields[0] {
+        "checkpoint" => {
+            arity(1)?;
+            Ok(Command::Checkpoint)
+        }
+        "put" => {
+            arity(4)?;
+            Ok(Command::Put {
+                backend: backend(1)?,
+                key: percent::decode(fields[2])?,
+                value: percent::decode(fields[3])?,
+            })
+        }
+        "del" => {
+            arity(3)?;
+            Ok(Command::Del {
+                backend: backend(1)?,
+                key: percent::decode(fields[2])?,
+            })
+        }
+        "flush" => {
+            arity(2)?;
+            Ok(Command::Flush(backend(1)?))
+        }
+        "compact" => {
+            arity(2)?;
+            Ok(Command::Compact(backend(1)?))
+        }
+        "retain" => {
+            arity(2)?;
+            let n = number(1)?;
+            if n == 0 || n > u32::MAX as u64 {
+                return Err(Error::Invalid("retain must be at least 1".into()));
+            }
+            Ok(Command::Retain(n as u32))
+        }
+        "delete" => {
+            arity(2)?;
+            Ok(Command::Delete(number(1)?))
+        }
+        "" => Err(Error::Invalid(format!("empty command; {USAGE}"))),
+        other => Err(Error::Invalid(format!(
+            "unknown command {other:?}; {USAGE}"
+        ))),
+    }
+}
+
+/// Parse the lines of one write. Empty lines are skipped; a missing final newline is
+/// accepted. The error names the first bad line.
+pub fn parse_write(data: &[u8]) -> Result<Vec<Command>> {
+    let text = std::str::from_utf8(data)
+        .map_err(|e| Error::Invalid(format!("control input is not UTF-8: {e}")))?;
+    let mut commands = Vec::new();
+    for (n, line) in text.split('\n').enumerate() {
+        if line.is_empty() {
+            continue;
+        }
+        let command =
+            parse_line(line).map_err(|e| Error::Invalid(format!("line {}: {e}", n + 1)))?;
+        commands.push(command);
+    }
+    Ok(commands)
+}
+
+/// Runs control commands against an engine. Checkpoint uploads run on their own threads,
+/// never on the caller's (a FUSE thread): answers are delivered through a callback.
+pub struct Controller {
+    engine: crate::Engine,
+    workers: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>,
+    stopping: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    interval: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    on_change: std::sync::Mutex<Option<ChangeHook>>,
+}
+
+/// Called after the set of retained checkpoints may have changed.
+pub type ChangeHook = std::sync::Arc<dyn Fn() + Send + Sync>;
+/// Delivers the JSON answer of the command at an index of a write.
+pub type AnswerSink = std::sync::Arc<dyn Fn(usize, String) + Send + Sync>;
+
+fn ok_json(mut fields: serde_json::Map<String, serde_json::Value>) -> String {
+    fields.insert("ok".into(), true.into());
+    // "ok" first reads better; serde_json keeps insertion order only with preserve_order,
+    // so build the line by hand.
+    let mut line = String::from("{\"ok\":true");
+    for (k, v) in fields.into_iter().filter(|(k, _)| k != "ok") {
+        line.push(',');
+        line.push_str(&serde_json::to_string(&k).expect("string"));
+        line.push(':');
+        line.push_str(&v.to_string());
+    }
+    line.push('}');
+    line
+}
+
+pub fn error_json(error: &Error) -> String {
+    format!(
+        "{{\"ok\":false,\"errno\":{},\"error\":{}}}",
+        error.errno(),
+        serde_json::to_string(&error.to_string()).expect("string")
+    )
+}
+
+pub fn checkpoint_json(manifest: &crate::catalog::Manifest) -> String {
+    let s = &manifest.stats;
+    let mut m = serde_json::Map::new();
+    m.insert("id".into(), manifest.id.into());
+    m.insert("files".into(), s.files_total.into());
+    m.insert("files_new".into(), s.files_new.into());
+    m.insert("files_reused".into(), s.files_reused.into());
+    m.insert("bytes".into(), s.bytes_total.into());
+    m.insert("bytes_uploaded".into(), s.bytes_uploaded.into());
+    m.insert("sync_ms".into(), (s.sync_micros as f64 / 1000.0).into());
+    m.insert("async_ms".into(), (s.async_micros as f64 / 1000.0).into());
+    ok_json(m)
+}
+
+impl Controller {
+    pub fn new(engine: crate::Engine) -> Self {
+        Controller {
+            engine,
+            workers: Default::default(),
+            stopping: Default::default(),
+            interval: Default::default(),
+            on_change: Default::default(),
+        }
+    }
+
+    pub fn engine(&self) -> &crate::Engine {
+        &self.engine
+    }
+
+    pub fn set_change_hook(&self, hook: ChangeHook) {
+        *self.on_change.lock().unwrap_or_else(|p| p.into_inner()) = Some(hook);
+    }
+
+    fn changed(&self) {
+        let hook = self
+            .on_change
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
+
+    /// Checks that need the engine: named backends exist, dropped checkpoints exist.
+    pub fn validate(&self, commands: &[Command]) -> Result<()> {
+        let backends = self.engine.backend_names();
+        for (i, command) in commands.iter().enumerate() {
+            let backend = match command {
+                Command::Put { backend, .. }
+                | Command::Del { backend, .. }
+                | Command::Flush(backend)
+                | Command::Compact(backend) => Some(backend),
+                _ => None,
+            };
+            if let Some(b) = backend {
+                if !backends.contains(b) {
+                    return Err(Error::Invalid(format!(
+                        "command {}: no such backend {b} (hosted: {})",
+                        i + 1,
+                        backends
+                            .iter()
+                            .map(|b| b.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )));
+                }
+            }
+            if let Command::Delete(n) = command {
+                if self.engine.manifest(*n).is_none() {
+                    return Err(Error::Invalid(format!(
+                        "command {}: no such checkpoint {n}",
+                        i + 1
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Run validated commands in order. The data lines (put, del) of one write are applied
+    /// as one atomic batch per backend, at the position of the first data line.
+    pub fn execute(self: &std::sync::Arc<Self>, commands: Vec<Command>, answer: AnswerSink) {
+        let mut data_done = false;
+        for (i, command) in commands.iter().enumerate() {
+            match command {
+                Command::Put { .. } | Command::Del { .. } => {
+                    if !data_done {
+                        data_done = true;
+                        self.apply_data(&commands, &answer);
+                    }
+                }
+                Command::Checkpoint => self.start_checkpoint(i, answer.clone()),
+                Command::Flush(b) => answer(i, self.simple(self.engine.flush(b))),
+                Command::Compact(b) => answer(i, self.simple(self.engine.compact(b))),
+                Command::Retain(n) => {
+                    let result = self.engine.set_retain(*n);
+                    self.changed();
+                    answer(i, self.simple(result));
+                }
+                Command::Delete(n) => {
+                    let result = self.engine.delete_checkpoint(*n);
+                    self.changed();
+                    answer(i, self.simple(result));
+                }
+            }
+        }
+    }
+
+    fn simple(&self, result: Result<()>) -> String {
+        match result {
+            Ok(()) => ok_json(Default::default()),
+            Err(e) => {
+                self.engine.record_error(e.to_string());
+                error_json(&e)
+            }
+        }
+    }
+
+    fn apply_data(&self, commands: &[Command], answer: &AnswerSink) {
+        let mut batches: std::collections::BTreeMap<&BackendName, Vec<crate::WriteOp>> =
+            Default::default();
+        for command in commands {
+            match command {
+                Command::Put {
+                    backend,
+                    key,
+                    value,
+                } => batches
+                    .entry(backend)
+                    .or_default()
+                    .push(crate::WriteOp::Put(key.clone(), value.clone())),
+                Command::Del { backend, key } => batches
+                    .entry(backend)
+                    .or_default()
+                    .push(crate::WriteOp::Delete(key.clone())),
+                _ => {}
+            }
+        }
+        let mut results = std::collections::BTreeMap::new();
+        for (backend, ops) in &batches {
+            let r = self.engine.write(backend, ops);
+            results.insert(*backend, r.map_err(|e| error_json(&e)));
+        }
+        for (i, command) in commands.iter().enumerate() {
+            if let Command::Put { backend, .. } | Command::Del { backend, .. } = command {
+                match &results[backend] {
+                    Ok(()) => answer(i, ok_json(Default::default())),
+                    Err(json) => answer(i, json.clone()),
+                }
+            }
+        }
+    }
+
+    /// The synchronous phase runs now when a slot is free, so the checkpoint holds exactly
+    /// what was written before the command; the upload runs on its own thread.
+    fn start_checkpoint(self: &std::sync::Arc<Self>, index: usize, answer: AnswerSink) {
+        let pending = match self.engine.begin_checkpoint() {
+            Ok(p) => Some(p),
+            Err(Error::Busy(_)) => None,
+            Err(e) => {
+                self.engine.record_error(e.to_string());
+                answer(index, error_json(&e));
+                return;
+            }
+        };
+        let this = self.clone();
+        let answer_later = answer.clone();
+        let handle = std::thread::Builder::new()
+            .name("ckptfs-checkpoint".into())
+            .spawn(move || {
+                let answer = answer_later;
+                let result = match pending {
+                    Some(p) => p.complete(),
+                    None => this
+                        .engine
+                        .begin_checkpoint_waiting()
+                        .and_then(|p| p.complete()),
+                };
+                this.changed();
+                answer(
+                    index,
+                    match result {
+                        Ok(m) => checkpoint_json(&m),
+                        Err(e) => error_json(&e),
+                    },
+                );
+            });
+        match handle {
+            Ok(h) => {
+                let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+                workers.retain(|w| !w.is_finished());
+                workers.push(h);
+            }
+            Err(e) => answer(index, error_json(&Error::io("spawn checkpoint thread", e))),
+        }
+    }
+
+    /// Take a checkpoint every `period`, skipping a tick while one is still in flight.
+    pub fn start_interval(self: &std::sync::Arc<Self>, period: std::time::Duration) {
+        let this = self.clone();
+        let handle = std::thread::Builder::new()
+            .name("ckptfs-interval".into())
+            .spawn(move || {
+                use std::sync::atomic::Ordering;
+                let mut next = std::time::Instant::now() + period;
+                while !this.stopping.load(Ordering::SeqCst) {
+                    if std::time::Instant::now() < next {
+                        std::thread::sleep(std::time::Duration::from_millis(50).min(period));
+                        continue;
+                    }
+                    next += period;
+                    match this.engine.begin_checkpoint() {
+                        Ok(p) => {
+                            if let Err(e) = p.complete() {
+                                log::warn!("periodic checkpoint failed: {e}");
+                            }
+                            this.changed();
+                        }
+                        Err(Error::Busy(why)) => log::info!("periodic checkpoint skipped: {why}"),
+                        Err(e) => log::warn!("periodic checkpoint failed: {e}"),
+                    }
+                    next = next.max(std::time::Instant::now());
+                }
+            })
+            .expect("spawn interval thread");
+        *self.interval.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+    }
+
+    /// Stop periodic checkpoints and let the in-flight ones finish.
+    pub fn shutdown(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(h) = self
+            .interval
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            let _ = h.join();
+        }
+        let workers: Vec<_> = self
+            .workers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+            .collect();
+        for w in workers {
+            let _ = w.join();
+        }
+        self.engine.wait_idle();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_command() {
+        let cmds = parse_write(
+            b"checkpoint\nput op/1 a%20b v%25\ndel op/1 k\nflush op/1\ncompact op/1\nretain 2\ndelete 7\n",
+        )
+        .unwrap();
+        let b: BackendName = "op/1".parse().unwrap();
+        assert_eq!(
+            cmds,
+            vec![
+                Command::Checkpoint,
+                Command::Put {
+                    backend: b.clone(),
+                    key: b"a b".to_vec(),
+                    value: b"v%".to_vec()
+                },
+                Command::Del {
+                    backend: b.clone(),
+                    key: b"k".to_vec()
+                },
+                Command::Flush(b.clone()),
+                Command::Compact(b),
+                Command::Retain(2),
+                Command::Delete(7),
+            ]
+        );
+    }
+
+    #[test]
+    fn no_final_newline_and_blank_lines_are_fine() {
+        assert_eq!(
+            parse_write(b"\ncheckpoint").unwrap(),
+            vec![Command::Checkpoint]
+        );
+    }
+
+    #[test]
+    fn every_error_names_its_line() {
+        for (input, needle) in [
+            (&b"checkpoint\nbogus\n"[..], "line 2: unknown command"),
+            (b"put op/1 k\n", "line 1: put takes 3"),
+            (b"put op/1  k v\n", "takes 3"),
+            (b"put ../1 k v\n", "invalid backend name"),
+            (b"put op/1 k%zz v\n", "percent-escape"),
+            (b"retain 0\n", "at least 1"),
+            (b"retain -1\n", "not a non-negative integer"),
+            (b"delete x\n", "not a non-negative integer"),
+            (b"checkpoint now\n", "takes 0"),
+            (b"\xff\n", "not UTF-8"),
+            (b" \n", "empty command"),
+        ] {
+            let err = parse_write(input).unwrap_err().to_string();
+            assert!(err.contains(needle), "{input:?}: {err}");
+        }
+    }
+}

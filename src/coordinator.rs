@@ -1,0 +1,881 @@
+//! Runs checkpoints across the hosted backends: synchronous phase, asynchronous uploads,
+//! commit, registration, retention; drops and restores.
+//!
+//! Locking: `Inner::state` (registry, manifests, metadata, in-flight set) is held only for
+//! bookkeeping and for the store operations that must be atomic with it (publishing an
+//! object, deleting garbage, committing or removing a manifest), never while hashing or
+//! copying file contents. Each backend sits behind its own `RwLock`, taken for writing only
+//! to swap the database during a restore.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::time::Instant;
+
+use crate::backend::{is_shared_file, Backend, BackendOptions, StagedFile, WriteOp};
+use crate::catalog::{
+    BackendSnapshot, Catalog, CheckpointStats, FileEntry, Manifest, StoreMeta, FORMAT,
+};
+use crate::error::{Error, IoContext, Result};
+use crate::fsutil::{fsync_dir, now_unix_ms, remove_tree};
+use crate::lock::StoreLock;
+use crate::names::BackendName;
+use crate::registry::Registry;
+use crate::store::{hash_file, LocalStore, ObjectId, ObjectStore};
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub store: PathBuf,
+    /// Where the live RocksDB instances and the staging area live (default `STORE/state`).
+    pub state: Option<PathBuf>,
+    /// Backends to host in addition to those the store already knows (none at all: `default/0`).
+    pub backends: Vec<BackendName>,
+    /// Number of retained checkpoints; `None` keeps the store's setting (default 3).
+    pub retain: Option<u32>,
+    pub max_concurrent: usize,
+    pub backend_options: BackendOptions,
+    /// Start every backend of this checkpoint from it, discarding the local state.
+    pub restore_from: Option<u64>,
+}
+
+impl EngineConfig {
+    pub fn new(store: impl Into<PathBuf>) -> Self {
+        EngineConfig {
+            store: store.into(),
+            state: None,
+            backends: Vec::new(),
+            retain: None,
+            max_concurrent: 1,
+            backend_options: BackendOptions::default(),
+            restore_from: None,
+        }
+    }
+}
+
+/// The files of the newest confirmed checkpoint of one backend's lineage: the only files a
+/// new checkpoint may re-reference by name.
+#[derive(Debug, Clone)]
+struct Base {
+    checkpoint: u64,
+    files: Arc<HashMap<String, FileEntry>>,
+}
+
+struct State {
+    registry: Registry,
+    manifests: BTreeMap<u64, Arc<Manifest>>,
+    meta: StoreMeta,
+    in_flight: BTreeSet<u64>,
+    restoring: bool,
+    lineages: HashMap<BackendName, String>,
+    bases: HashMap<BackendName, Base>,
+    last_error: Option<String>,
+}
+
+struct Inner {
+    store_root: PathBuf,
+    state_dir: PathBuf,
+    store: Box<dyn ObjectStore>,
+    catalog: Catalog,
+    backend_options: BackendOptions,
+    max_concurrent: usize,
+    backends: BTreeMap<BackendName, RwLock<Option<Backend>>>,
+    state: Mutex<State>,
+    /// Signalled whenever a checkpoint leaves flight or a restore ends.
+    slot_freed: Condvar,
+    _lock: StoreLock,
+}
+
+/// The checkpointing engine of one store. Cheap to clone; all clones share one engine.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+/// A read-only picture of the engine for status displays.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub backends: Vec<BackendName>,
+    pub checkpoints: Vec<Arc<Manifest>>,
+    pub in_flight: Vec<u64>,
+    pub retain: u32,
+    pub max_concurrent: usize,
+    pub last_error: Option<String>,
+}
+
+impl Engine {
+    /// Open a store (creating it if new), recover, and start the backends.
+    pub fn open(config: EngineConfig) -> Result<Engine> {
+        let root = config.store.clone();
+        std::fs::create_dir_all(&root).ctx("create store", &root)?;
+        let lock = StoreLock::acquire(&root)?;
+        let store = LocalStore::open(&root)?;
+        let catalog = Catalog::open(&root)?;
+
+        let mut meta = catalog.load_meta()?.unwrap_or_default();
+        if let Some(retain) = config.retain {
+            meta.retain = validate_retain(retain)?;
+        }
+        for name in &config.backends {
+            if !meta.backends.contains(name) {
+                meta.backends.push(name.clone());
+            }
+        }
+        if meta.backends.is_empty() {
+            meta.backends.push(BackendName::new("default", 0)?);
+        }
+        meta.backends.sort();
+
+        let leftovers = store.clear_staging()?;
+        if leftovers > 0 {
+            log::info!("removed {leftovers} staged objects of interrupted checkpoints");
+        }
+        let manifests = catalog.load_all()?;
+        if let Some(last) = manifests.keys().next_back() {
+            meta.next_checkpoint = meta.next_checkpoint.max(last + 1);
+        }
+        catalog.save_meta(&meta)?;
+        let registry =
+            Registry::from_checkpoints(manifests.iter().map(|(id, m)| (*id, m.objects())));
+        let mut last_error = None;
+        let (orphans, missing) = sweep(&store, &registry)?;
+        if orphans > 0 {
+            log::info!("deleted {orphans} orphaned objects (no manifest references them)");
+        }
+        if !missing.is_empty() {
+            let msg = format!(
+                "{} referenced objects are missing from the store; run `ckptfs fsck`",
+                missing.len()
+            );
+            log::error!("{msg}");
+            last_error = Some(msg);
+        }
+        if let Some(n) = config.restore_from {
+            if !manifests.contains_key(&n) {
+                return Err(Error::NoSuchCheckpoint(n));
+            }
+        }
+
+        let state_dir = config.state.clone().unwrap_or_else(|| root.join("state"));
+        std::fs::create_dir_all(&state_dir).ctx("create state directory", &state_dir)?;
+        remove_tree(&state_dir.join("staging"))?;
+
+        let manifests: BTreeMap<u64, Arc<Manifest>> = manifests
+            .into_iter()
+            .map(|(id, m)| (id, Arc::new(m)))
+            .collect();
+        let mut backends = BTreeMap::new();
+        let mut lineages = HashMap::new();
+        let mut bases = HashMap::new();
+        for name in &meta.backends {
+            let dir = backend_dir(&state_dir, name);
+            let has_local = Backend::db_dir(&dir).join("CURRENT").exists();
+            let source = match config.restore_from {
+                Some(n) => manifests[&n].backend(name).map(|s| (n, s.clone())),
+                None if !has_local => latest_snapshot(&manifests, name),
+                None => None,
+            };
+            let backend = match source {
+                Some((checkpoint, snapshot)) => {
+                    log::info!("starting backend {name} from checkpoint {checkpoint}");
+                    install_snapshot(&store, &snapshot, &dir)?;
+                    let backend = Backend::open_restored(&dir, name, &config.backend_options)?;
+                    bases.insert(name.clone(), base_of(checkpoint, &snapshot));
+                    backend
+                }
+                None => {
+                    let backend = Backend::open_or_create(&dir, name, &config.backend_options)?;
+                    if let Some((checkpoint, snapshot)) =
+                        latest_snapshot_of_lineage(&manifests, name, backend.lineage())
+                    {
+                        bases.insert(name.clone(), base_of(checkpoint, &snapshot));
+                    }
+                    backend
+                }
+            };
+            lineages.insert(name.clone(), backend.lineage().to_string());
+            backends.insert(name.clone(), RwLock::new(Some(backend)));
+        }
+
+        let engine = Engine {
+            inner: Arc::new(Inner {
+                store_root: root,
+                state_dir,
+                store: Box::new(store),
+                catalog,
+                backend_options: config.backend_options.clone(),
+                max_concurrent: config.max_concurrent.max(1),
+                backends,
+                state: Mutex::new(State {
+                    registry,
+                    manifests,
+                    meta,
+                    in_flight: BTreeSet::new(),
+                    restoring: false,
+                    lineages,
+                    bases,
+                    last_error,
+                }),
+                slot_freed: Condvar::new(),
+                _lock: lock,
+            }),
+        };
+        {
+            let mut st = engine.state();
+            engine.apply_retention(&mut st)?;
+        }
+        Ok(engine)
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn store_root(&self) -> &Path {
+        &self.inner.store_root
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        &self.inner.state_dir
+    }
+
+    pub fn object_store(&self) -> &dyn ObjectStore {
+        self.inner.store.as_ref()
+    }
+
+    pub fn backend_names(&self) -> Vec<BackendName> {
+        self.inner.backends.keys().cloned().collect()
+    }
+
+    fn with_backend<T>(
+        &self,
+        name: &BackendName,
+        f: impl FnOnce(&Backend) -> Result<T>,
+    ) -> Result<T> {
+        let slot = self
+            .inner
+            .backends
+            .get(name)
+            .ok_or_else(|| Error::NoSuchBackend(name.to_string()))?;
+        let guard = slot.read().unwrap_or_else(|p| p.into_inner());
+        let backend = guard
+            .as_ref()
+            .ok_or_else(|| Error::Busy(format!("backend {name} is not open (a restore failed)")))?;
+        f(backend)
+    }
+
+    /// Apply the operations to one backend as one atomic batch.
+    pub fn write(&self, name: &BackendName, ops: &[WriteOp]) -> Result<()> {
+        self.with_backend(name, |b| b.write(ops))
+    }
+
+    pub fn put(&self, name: &BackendName, key: &[u8], value: &[u8]) -> Result<()> {
+        self.write(name, &[WriteOp::Put(key.to_vec(), value.to_vec())])
+    }
+
+    pub fn delete(&self, name: &BackendName, key: &[u8]) -> Result<()> {
+        self.write(name, &[WriteOp::Delete(key.to_vec())])
+    }
+
+    pub fn get(&self, name: &BackendName, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.with_backend(name, |b| b.get(key))
+    }
+
+    pub fn flush(&self, name: &BackendName) -> Result<()> {
+        self.with_backend(name, |b| b.flush())
+    }
+
+    pub fn compact(&self, name: &BackendName) -> Result<()> {
+        self.with_backend(name, |b| b.compact())
+    }
+
+    pub fn scan(&self, name: &BackendName) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.with_backend(name, |b| b.scan())
+    }
+
+    pub fn live_sst_files(&self, name: &BackendName) -> Result<Vec<(String, u64)>> {
+        self.with_backend(name, |b| b.live_sst_files())
+    }
+
+    /// Take a checkpoint of every backend and wait until it is complete.
+    pub fn checkpoint(&self) -> Result<Arc<Manifest>> {
+        self.begin_checkpoint()?.complete()
+    }
+
+    /// The synchronous phase: allocate an id, then flush and hard-link every backend's live
+    /// files into staging. Writers may continue as soon as this returns.
+    pub fn begin_checkpoint(&self) -> Result<PendingCheckpoint> {
+        let started_unix_ms = now_unix_ms();
+        let (id, bases) = {
+            let mut st = self.state();
+            if st.restoring {
+                return Err(Error::Busy("a restore is in progress".into()));
+            }
+            if st.in_flight.len() >= self.inner.max_concurrent {
+                return Err(Error::Busy(format!(
+                    "{} checkpoint(s) already in flight (max_concurrent = {})",
+                    st.in_flight.len(),
+                    self.inner.max_concurrent
+                )));
+            }
+            let id = st.meta.next_checkpoint;
+            let mut meta = st.meta.clone();
+            meta.next_checkpoint += 1;
+            self.inner.catalog.save_meta(&meta)?;
+            st.meta = meta;
+            st.in_flight.insert(id);
+            (id, st.bases.clone())
+        };
+        let clock = Instant::now();
+        let staging = self.inner.state_dir.join("staging").join(id.to_string());
+        let mut parts = Vec::new();
+        let sync = (|| -> Result<()> {
+            for name in self.inner.backends.keys() {
+                let dir = staging.join(name.rel_path());
+                let parent = dir.parent().expect("backend paths have a parent");
+                std::fs::create_dir_all(parent).ctx("create", parent)?;
+                let (lineage, files) = self.with_backend(name, |b| {
+                    Ok((b.lineage().to_string(), b.checkpoint_into(&dir)?))
+                })?;
+                let base = bases.get(name).cloned();
+                parts.push(PendingBackend {
+                    name: name.clone(),
+                    lineage,
+                    files,
+                    base,
+                });
+            }
+            Ok(())
+        })();
+        let pending = PendingCheckpoint {
+            engine: self.clone(),
+            id,
+            parts,
+            staging,
+            started_unix_ms,
+            sync_micros: clock.elapsed().as_micros() as u64,
+            pins: Vec::new(),
+            finished: false,
+        };
+        match sync {
+            Ok(()) => Ok(pending),
+            Err(e) => {
+                pending.fail(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Like [`Engine::begin_checkpoint`], but waits for a free slot instead of failing when
+    /// `max_concurrent` checkpoints are in flight or a restore runs.
+    pub fn begin_checkpoint_waiting(&self) -> Result<PendingCheckpoint> {
+        loop {
+            {
+                let mut st = self.state();
+                while st.restoring || st.in_flight.len() >= self.inner.max_concurrent {
+                    st = self
+                        .inner
+                        .slot_freed
+                        .wait(st)
+                        .unwrap_or_else(|p| p.into_inner());
+                }
+            }
+            match self.begin_checkpoint() {
+                Err(Error::Busy(_)) => continue,
+                other => return other,
+            }
+        }
+    }
+
+    /// Block until no checkpoint is in flight (used at shutdown).
+    pub fn wait_idle(&self) {
+        let mut st = self.state();
+        while !st.in_flight.is_empty() {
+            st = self
+                .inner
+                .slot_freed
+                .wait(st)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Drop a retained checkpoint: its manifest goes, then every object no other retained
+    /// checkpoint references.
+    pub fn delete_checkpoint(&self, id: u64) -> Result<()> {
+        let mut st = self.state();
+        if st.in_flight.contains(&id) {
+            return Err(Error::Busy(format!("checkpoint {id} is still in flight")));
+        }
+        if !st.manifests.contains_key(&id) {
+            return Err(Error::NoSuchCheckpoint(id));
+        }
+        self.drop_checkpoint_locked(&mut st, id)
+    }
+
+    /// Change the number of retained checkpoints (at least 1); applied at once.
+    pub fn set_retain(&self, retain: u32) -> Result<()> {
+        let retain = validate_retain(retain)?;
+        let mut st = self.state();
+        let mut meta = st.meta.clone();
+        meta.retain = retain;
+        self.inner.catalog.save_meta(&meta)?;
+        st.meta = meta;
+        self.apply_retention(&mut st)
+    }
+
+    pub fn retain(&self) -> u32 {
+        self.state().meta.retain
+    }
+
+    pub fn checkpoints(&self) -> Vec<Arc<Manifest>> {
+        self.state().manifests.values().cloned().collect()
+    }
+
+    pub fn manifest(&self, id: u64) -> Option<Arc<Manifest>> {
+        self.state().manifests.get(&id).cloned()
+    }
+
+    /// Reference count of every object referenced by a retained checkpoint.
+    pub fn reference_counts(&self) -> BTreeMap<ObjectId, u32> {
+        self.state().registry.counts()
+    }
+
+    pub fn status(&self) -> Status {
+        let st = self.state();
+        Status {
+            backends: self.backend_names(),
+            checkpoints: st.manifests.values().cloned().collect(),
+            in_flight: st.in_flight.iter().copied().collect(),
+            retain: st.meta.retain,
+            max_concurrent: self.inner.max_concurrent,
+            last_error: st.last_error.clone(),
+        }
+    }
+
+    /// Remember an error for `status` (the control file reports failures this way too).
+    pub fn record_error(&self, message: String) {
+        self.state().last_error = Some(message);
+    }
+
+    /// Roll the hosted backends back to checkpoint `id` (every backend the checkpoint holds).
+    /// Refused while a checkpoint is in flight. Later checkpoints stay retained; the next
+    /// checkpoint builds only on `id`'s files.
+    pub fn restore_backends(&self, id: u64) -> Result<()> {
+        let manifest = {
+            let mut st = self.state();
+            if !st.in_flight.is_empty() || st.restoring {
+                return Err(Error::Busy(
+                    "cannot restore while a checkpoint or restore is in flight".into(),
+                ));
+            }
+            let manifest = st
+                .manifests
+                .get(&id)
+                .cloned()
+                .ok_or(Error::NoSuchCheckpoint(id))?;
+            st.restoring = true;
+            for object in manifest.objects() {
+                st.registry.pin(object);
+            }
+            manifest
+        };
+        let result = (|| -> Result<()> {
+            for snapshot in &manifest.backends {
+                let Some(slot) = self.inner.backends.get(&snapshot.name) else {
+                    log::warn!(
+                        "checkpoint {id} holds backend {} which is not hosted",
+                        snapshot.name
+                    );
+                    continue;
+                };
+                let dir = backend_dir(&self.inner.state_dir, &snapshot.name);
+                let mut guard = slot.write().unwrap_or_else(|p| p.into_inner());
+                *guard = None; // close the live database before replacing its files
+                install_snapshot(self.inner.store.as_ref(), snapshot, &dir)?;
+                let backend =
+                    Backend::open_restored(&dir, &snapshot.name, &self.inner.backend_options)?;
+                let mut st = self.state();
+                st.lineages
+                    .insert(snapshot.name.clone(), backend.lineage().to_string());
+                st.bases
+                    .insert(snapshot.name.clone(), base_of(id, snapshot));
+                *guard = Some(backend);
+                log::info!("backend {} restored from checkpoint {id}", snapshot.name);
+            }
+            Ok(())
+        })();
+        let mut st = self.state();
+        st.restoring = false;
+        self.inner.slot_freed.notify_all();
+        let mut garbage = Vec::new();
+        for object in manifest.objects() {
+            garbage.extend(st.registry.unpin(&object));
+        }
+        self.delete_objects(&garbage);
+        if let Err(e) = &result {
+            st.last_error = Some(format!("restore from checkpoint {id} failed: {e}"));
+        }
+        result
+    }
+
+    fn apply_retention(&self, st: &mut State) -> Result<()> {
+        for victim in st.registry.retention_victims(st.meta.retain as usize) {
+            self.drop_checkpoint_locked(st, victim)?;
+        }
+        Ok(())
+    }
+
+    fn drop_checkpoint_locked(&self, st: &mut State, id: u64) -> Result<()> {
+        self.inner.catalog.remove(id)?;
+        st.manifests.remove(&id);
+        let garbage = st.registry.drop_checkpoint(id).unwrap_or_default();
+        self.delete_objects(&garbage);
+        log::info!("dropped checkpoint {id}; deleted {} objects", garbage.len());
+        Ok(())
+    }
+
+    /// Delete objects the registry declared garbage. Called with the state lock held, so no
+    /// checkpoint can match or publish the same object meanwhile. A failed delete leaves an
+    /// orphan that the next start (or `fsck --repair`) removes.
+    fn delete_objects(&self, garbage: &[ObjectId]) {
+        for id in garbage {
+            if let Err(e) = self.inner.store.delete(id) {
+                log::warn!("could not delete object {id}: {e}");
+            } else {
+                log::debug!("deleted object {id}");
+            }
+        }
+    }
+}
+
+struct PendingBackend {
+    name: BackendName,
+    lineage: String,
+    files: Vec<StagedFile>,
+    base: Option<Base>,
+}
+
+/// A checkpoint between its synchronous phase and its completion. Completing it runs the
+/// asynchronous phase; dropping it without completing aborts it and leaves nothing behind.
+pub struct PendingCheckpoint {
+    engine: Engine,
+    id: u64,
+    parts: Vec<PendingBackend>,
+    staging: PathBuf,
+    started_unix_ms: u64,
+    sync_micros: u64,
+    pins: Vec<ObjectId>,
+    finished: bool,
+}
+
+impl PendingCheckpoint {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn sync_micros(&self) -> u64 {
+        self.sync_micros
+    }
+
+    /// The asynchronous phase: store what is new, re-reference the rest, commit, register,
+    /// apply retention.
+    pub fn complete(mut self) -> Result<Arc<Manifest>> {
+        let clock = Instant::now();
+        match self.upload(usize::MAX) {
+            Ok((backends, mut stats)) => {
+                stats.sync_micros = self.sync_micros;
+                stats.async_micros = clock.elapsed().as_micros() as u64;
+                let manifest = Manifest {
+                    format: FORMAT,
+                    id: self.id,
+                    started_unix_ms: self.started_unix_ms,
+                    completed_unix_ms: now_unix_ms(),
+                    backends,
+                    stats,
+                };
+                match self.commit(manifest) {
+                    Ok(m) => Ok(m),
+                    Err(e) => {
+                        self.fail(&e);
+                        Err(e)
+                    }
+                }
+            }
+            Err(e) => {
+                self.fail(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Abort: release everything this checkpoint stored or matched.
+    pub fn abort(self) {
+        let e = Error::Busy(format!("checkpoint {} aborted", self.id));
+        self.fail(&e);
+    }
+
+    /// Test hook: store at most `uploads` new objects, then stop as if the process had been
+    /// killed there: no cleanup, no manifest. Recovery at the next start must sweep it.
+    #[doc(hidden)]
+    pub fn simulate_crash(mut self, uploads: usize) {
+        let _ = self.upload(uploads);
+        self.finished = true;
+    }
+
+    fn upload(
+        &mut self,
+        mut upload_budget: usize,
+    ) -> Result<(Vec<BackendSnapshot>, CheckpointStats)> {
+        let inner = &self.engine.inner;
+        let mut stats = CheckpointStats::default();
+        let mut snapshots = Vec::new();
+        for part in &self.parts {
+            let mut entries = Vec::with_capacity(part.files.len());
+            for file in &part.files {
+                stats.files_total += 1;
+                stats.bytes_total += file.size;
+                let shared = is_shared_file(&file.name);
+                // Re-reference by name only within the lineage of a confirmed checkpoint,
+                // and only while the object is still alive.
+                if let Some(known) = part
+                    .base
+                    .as_ref()
+                    .filter(|_| shared)
+                    .and_then(|b| b.files.get(&file.name))
+                    .filter(|known| known.size == file.size)
+                {
+                    let mut st = self.engine.state();
+                    if st.registry.is_live(&known.object) {
+                        st.registry.pin(known.object);
+                        self.pins.push(known.object);
+                        stats.files_reused += 1;
+                        entries.push(known.clone());
+                        continue;
+                    }
+                }
+                stats.files_new += 1;
+                let (id, size) = hash_file(&file.path)?;
+                if shared {
+                    stats.bytes_new_sst += size;
+                }
+                let entry = FileEntry {
+                    name: file.name.clone(),
+                    object: id,
+                    size,
+                };
+                {
+                    let mut st = self.engine.state();
+                    if st.registry.is_live(&id) {
+                        // Same content already stored (another backend, a private file that
+                        // did not change, or a concurrent checkpoint): share it.
+                        st.registry.pin(id);
+                        self.pins.push(id);
+                        entries.push(entry);
+                        continue;
+                    }
+                }
+                if upload_budget == 0 {
+                    return Err(Error::Busy("simulated crash".into()));
+                }
+                upload_budget -= 1;
+                let staged = inner.store.stage(&file.path)?;
+                if staged.id != id || staged.size != size {
+                    inner.store.discard(staged);
+                    return Err(Error::Corrupt(format!(
+                        "{} changed while it was being checkpointed",
+                        file.path.display()
+                    )));
+                }
+                let mut st = self.engine.state();
+                if st.registry.is_live(&id) {
+                    // A concurrent checkpoint published the same bytes first: its copy
+                    // survives, ours is the duplicate.
+                    inner.store.discard(staged);
+                } else {
+                    inner.store.publish(staged)?;
+                    stats.bytes_uploaded += size;
+                }
+                st.registry.pin(id);
+                self.pins.push(id);
+                entries.push(entry);
+            }
+            snapshots.push(BackendSnapshot {
+                name: part.name.clone(),
+                lineage: part.lineage.clone(),
+                files: entries,
+            });
+        }
+        Ok((snapshots, stats))
+    }
+
+    fn commit(&mut self, manifest: Manifest) -> Result<Arc<Manifest>> {
+        let engine = self.engine.clone();
+        let inner = &engine.inner;
+        let mut st = engine.state();
+        if let Err(e) = inner.catalog.commit(&manifest) {
+            // The rename may have happened even if a later fsync failed.
+            let _ = inner.catalog.remove(manifest.id);
+            return Err(e);
+        }
+        let id = manifest.id;
+        st.registry.register_checkpoint(id, manifest.objects());
+        let mut garbage = Vec::new();
+        for pin in self.pins.drain(..) {
+            garbage.extend(st.registry.unpin(&pin));
+        }
+        engine.delete_objects(&garbage);
+        st.in_flight.remove(&id);
+        inner.slot_freed.notify_all();
+        for snapshot in &manifest.backends {
+            let current = st.lineages.get(&snapshot.name) == Some(&snapshot.lineage);
+            let newer = st
+                .bases
+                .get(&snapshot.name)
+                .is_none_or(|b| b.checkpoint < id);
+            if current && newer {
+                st.bases
+                    .insert(snapshot.name.clone(), base_of(id, snapshot));
+            }
+        }
+        let manifest = Arc::new(manifest);
+        st.manifests.insert(id, manifest.clone());
+        log::info!(
+            "checkpoint {id} complete: {} files ({} reused), {} bytes uploaded",
+            manifest.stats.files_total,
+            manifest.stats.files_reused,
+            manifest.stats.bytes_uploaded
+        );
+        let retention = engine.apply_retention(&mut st);
+        drop(st);
+        self.finished = true;
+        if let Err(e) = remove_tree(&self.staging) {
+            log::warn!("could not remove staging of checkpoint {id}: {e}");
+        }
+        // The checkpoint itself is durable; a retention failure is reported separately.
+        if let Err(e) = retention {
+            log::warn!("retention after checkpoint {id} failed: {e}");
+            engine.record_error(format!("retention after checkpoint {id} failed: {e}"));
+        }
+        Ok(manifest)
+    }
+
+    fn fail(mut self, error: &Error) {
+        self.release(Some(error));
+    }
+
+    fn release(&mut self, error: Option<&Error>) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        let engine = self.engine.clone();
+        let mut st = engine.state();
+        let mut garbage = Vec::new();
+        for pin in self.pins.drain(..) {
+            garbage.extend(st.registry.unpin(&pin));
+        }
+        engine.delete_objects(&garbage);
+        st.in_flight.remove(&self.id);
+        engine.inner.slot_freed.notify_all();
+        if let Some(e) = error {
+            log::warn!("checkpoint {} failed: {e}", self.id);
+            st.last_error = Some(format!("checkpoint {} failed: {e}", self.id));
+        }
+        drop(st);
+        let _ = remove_tree(&self.staging);
+    }
+}
+
+impl Drop for PendingCheckpoint {
+    fn drop(&mut self) {
+        self.release(None);
+    }
+}
+
+fn validate_retain(retain: u32) -> Result<u32> {
+    if retain == 0 {
+        return Err(Error::Invalid("retain must be at least 1".into()));
+    }
+    Ok(retain)
+}
+
+fn backend_dir(state_dir: &Path, name: &BackendName) -> PathBuf {
+    state_dir.join("backends").join(name.rel_path())
+}
+
+fn base_of(checkpoint: u64, snapshot: &BackendSnapshot) -> Base {
+    Base {
+        checkpoint,
+        files: Arc::new(
+            snapshot
+                .files
+                .iter()
+                .map(|f| (f.name.clone(), f.clone()))
+                .collect(),
+        ),
+    }
+}
+
+fn latest_snapshot(
+    manifests: &BTreeMap<u64, Arc<Manifest>>,
+    name: &BackendName,
+) -> Option<(u64, BackendSnapshot)> {
+    manifests
+        .iter()
+        .rev()
+        .find_map(|(id, m)| m.backend(name).map(|s| (*id, s.clone())))
+}
+
+fn latest_snapshot_of_lineage(
+    manifests: &BTreeMap<u64, Arc<Manifest>>,
+    name: &BackendName,
+    lineage: &str,
+) -> Option<(u64, BackendSnapshot)> {
+    manifests.iter().rev().find_map(|(id, m)| {
+        m.backend(name)
+            .filter(|s| s.lineage == lineage)
+            .map(|s| (*id, s.clone()))
+    })
+}
+
+/// Delete objects no manifest references; report referenced objects that are missing.
+fn sweep(store: &dyn ObjectStore, registry: &Registry) -> Result<(usize, Vec<ObjectId>)> {
+    let live = registry.live_objects();
+    let listed: BTreeSet<ObjectId> = store.list()?.into_iter().collect();
+    let mut orphans = 0;
+    for id in listed.difference(&live) {
+        store.delete(id)?;
+        orphans += 1;
+    }
+    let missing = live.difference(&listed).copied().collect();
+    Ok((orphans, missing))
+}
+
+/// Write one backend's files of a checkpoint into `dir` (verified), a directory RocksDB
+/// opens. `dir` must be empty or missing.
+pub fn materialize(store: &dyn ObjectStore, snapshot: &BackendSnapshot, dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).ctx("create", dir)?;
+    for file in &snapshot.files {
+        store.copy_verified(&file.object, file.size, &dir.join(&file.name))?;
+    }
+    fsync_dir(dir)
+}
+
+/// Replace the database of the backend living in `dir` with a checkpoint's files. The new
+/// files are complete and durable before the old database is moved away.
+fn install_snapshot(store: &dyn ObjectStore, snapshot: &BackendSnapshot, dir: &Path) -> Result<()> {
+    let fresh = dir.join("restore.tmp");
+    let old = dir.join("db.old");
+    remove_tree(&fresh)?;
+    remove_tree(&old)?;
+    materialize(store, snapshot, &fresh)?;
+    let db = Backend::db_dir(dir);
+    if db.exists() {
+        std::fs::rename(&db, &old).ctx("move aside", &db)?;
+    }
+    std::fs::rename(&fresh, &db).ctx("install restored database", &db)?;
+    fsync_dir(dir)?;
+    remove_tree(&old)
+}

@@ -1,0 +1,87 @@
+//! One error type for the whole crate and its single errno mapping.
+
+use std::io;
+use std::path::Path;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An I/O failure, with what we were doing when it happened.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("rocksdb: {0}")]
+    RocksDb(#[from] rocksdb::Error),
+    #[error("invalid backend name {name:?}: {reason}")]
+    InvalidBackendName { name: String, reason: &'static str },
+    #[error("no such backend: {0}")]
+    NoSuchBackend(String),
+    #[error("no such checkpoint: {0}")]
+    NoSuchCheckpoint(u64),
+    /// Bad input from a user (command, option, argument).
+    #[error("{0}")]
+    Invalid(String),
+    /// Something else is in progress that excludes this request.
+    #[error("{0}")]
+    Busy(String),
+    #[error("store {path} is in use by another ckptfs process{holder}; unmount it first")]
+    Locked { path: String, holder: String },
+    /// Stored bytes do not match what the catalog says they are.
+    #[error("corrupt: {0}")]
+    Corrupt(String),
+    #[error("{0} is not empty; refusing to write into it")]
+    NotEmpty(String),
+    #[error("read-only: {0}")]
+    ReadOnly(String),
+    #[error("not found: {0}")]
+    NotFound(String),
+}
+
+impl Error {
+    /// The errno a filesystem caller sees for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::RocksDb(_) => libc::EIO,
+            Error::InvalidBackendName { .. } | Error::Invalid(_) => libc::EINVAL,
+            Error::NoSuchBackend(_) | Error::NoSuchCheckpoint(_) | Error::NotFound(_) => {
+                libc::ENOENT
+            }
+            Error::Busy(_) | Error::Locked { .. } => libc::EBUSY,
+            Error::Corrupt(_) => libc::EIO,
+            Error::NotEmpty(_) => libc::ENOTEMPTY,
+            Error::ReadOnly(_) => libc::EROFS,
+        }
+    }
+
+    pub fn io(context: impl Into<String>, source: io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// True when the error is "the thing does not exist" at the OS level.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+            || matches!(
+                self,
+                Error::NoSuchBackend(_) | Error::NoSuchCheckpoint(_) | Error::NotFound(_)
+            )
+    }
+}
+
+/// Attach "what we were doing" to an io::Result.
+pub trait IoContext<T> {
+    fn ctx(self, what: &str, path: &Path) -> Result<T>;
+}
+
+impl<T> IoContext<T> for io::Result<T> {
+    fn ctx(self, what: &str, path: &Path) -> Result<T> {
+        self.map_err(|e| Error::io(format!("{what} {}", path.display()), e))
+    }
+}

@@ -1,0 +1,116 @@
+//! `ckptfs fsck`: recount references from the manifests and check every object.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::catalog::Catalog;
+use crate::error::{Error, Result};
+use crate::lock::StoreLock;
+use crate::registry::Registry;
+use crate::restore::check_is_store;
+use crate::store::{LocalStore, ObjectId, ObjectStore};
+
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct FsckReport {
+    pub checkpoints: Vec<u64>,
+    pub objects_referenced: usize,
+    pub objects_stored: usize,
+    pub bytes_referenced: u64,
+    /// Reference count per object, recomputed from the manifests.
+    pub counts: BTreeMap<String, u32>,
+    pub orphans: Vec<String>,
+    pub missing: Vec<String>,
+    pub corrupt: Vec<String>,
+    /// Checkpoints that reference a missing or corrupt object.
+    pub damaged_checkpoints: Vec<u64>,
+    pub staged_leftovers: usize,
+    pub repaired_orphans: usize,
+    pub repaired_leftovers: usize,
+}
+
+impl FsckReport {
+    /// True when nothing is wrong (after repair, if one ran).
+    pub fn is_clean(&self) -> bool {
+        self.missing.is_empty()
+            && self.corrupt.is_empty()
+            && self.orphans.len() == self.repaired_orphans
+            && self.staged_leftovers == self.repaired_leftovers
+    }
+}
+
+/// Check a store that no daemon holds. With `repair`, delete orphans and staged leftovers;
+/// missing or corrupt objects cannot be repaired and are reported with the checkpoints
+/// they damage.
+pub fn fsck(store_root: &Path, repair: bool, mut progress: impl FnMut(u64)) -> Result<FsckReport> {
+    check_is_store(store_root)?;
+    let _lock = StoreLock::acquire(store_root)?;
+    let catalog = Catalog::open(store_root)?;
+    let store = LocalStore::open(store_root)?;
+    let manifests = catalog.load_all()?;
+    let registry = Registry::from_checkpoints(manifests.iter().map(|(id, m)| (*id, m.objects())));
+
+    let mut sizes: BTreeMap<ObjectId, u64> = BTreeMap::new();
+    for manifest in manifests.values() {
+        for backend in &manifest.backends {
+            for file in &backend.files {
+                if let Some(previous) = sizes.insert(file.object, file.size) {
+                    if previous != file.size {
+                        return Err(Error::Corrupt(format!(
+                            "manifests disagree on the size of object {}",
+                            file.object
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    let stored: BTreeSet<ObjectId> = store.list()?.into_iter().collect();
+    let mut report = FsckReport {
+        checkpoints: manifests.keys().copied().collect(),
+        objects_referenced: sizes.len(),
+        objects_stored: stored.len(),
+        bytes_referenced: sizes.values().sum(),
+        counts: registry
+            .counts()
+            .into_iter()
+            .map(|(id, n)| (id.to_hex(), n))
+            .collect(),
+        ..FsckReport::default()
+    };
+    let mut bad = BTreeSet::new();
+    for (id, size) in &sizes {
+        if !stored.contains(id) {
+            report.missing.push(id.to_hex());
+            bad.insert(*id);
+        } else if let Err(e) = store.verify(id, *size) {
+            log::error!("{e}");
+            report.corrupt.push(id.to_hex());
+            bad.insert(*id);
+        }
+        progress(*size);
+    }
+    for (cp, manifest) in &manifests {
+        if manifest.objects().iter().any(|o| bad.contains(o)) {
+            report.damaged_checkpoints.push(*cp);
+        }
+    }
+    let orphans: Vec<ObjectId> = stored
+        .iter()
+        .filter(|id| !sizes.contains_key(id))
+        .copied()
+        .collect();
+    report.orphans = orphans.iter().map(|id| id.to_hex()).collect();
+    report.staged_leftovers = std::fs::read_dir(store_root.join("tmp"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    if repair {
+        for id in &orphans {
+            store.delete(id)?;
+            report.repaired_orphans += 1;
+        }
+        report.repaired_leftovers = store.clear_staging()?;
+    }
+    Ok(report)
+}

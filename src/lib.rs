@@ -1,0 +1,25 @@
+//! ckptfs: incremental RocksDB checkpoints in a deduplicated, reference-counted store.
+//!
+//! The layers, top to bottom: [`coordinator`] runs checkpoints across the hosted
+//! [`backend`]s, records them in the [`catalog`], counts references in the [`registry`] and
+//! keeps bytes in the [`store`]. [`restore`] and [`fsck`] work on a store without a daemon.
+
+pub mod backend;
+pub mod catalog;
+pub mod control;
+pub mod coordinator;
+pub mod error;
+pub mod fsck;
+pub mod fsutil;
+pub mod lock;
+pub mod names;
+pub mod percent;
+pub mod registry;
+pub mod restore;
+pub mod store;
+pub mod workload;
+
+pub use backend::{BackendOptions, WriteOp};
+pub use coordinator::{Engine, EngineConfig, PendingCheckpoint};
+pub use error::{Error, Result};
+pub use names::BackendName;

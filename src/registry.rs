@@ -1,0 +1,320 @@
+//! The shared state registry: which retained checkpoint references which stored object.
+//!
+//! Pure bookkeeping, no I/O: callers delete what the registry reports as garbage. The
+//! reference count of an object is the number of retained checkpoints that reference it;
+//! in-flight checkpoints hold *pins* instead, so an object a running checkpoint stored or
+//! matched is never garbage under it. Everything here is rebuilt from the manifests at
+//! startup ([`Registry::from_checkpoints`]), so the manifests are the only source of truth.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::store::ObjectId;
+
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct Entry {
+    count: u32,
+    pins: u32,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct Registry {
+    entries: HashMap<ObjectId, Entry>,
+    checkpoints: BTreeMap<u64, BTreeSet<ObjectId>>,
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Recount from the retained checkpoints' object sets.
+    pub fn from_checkpoints(
+        checkpoints: impl IntoIterator<Item = (u64, BTreeSet<ObjectId>)>,
+    ) -> Self {
+        let mut registry = Registry::new();
+        for (id, objects) in checkpoints {
+            registry.register_checkpoint(id, objects);
+        }
+        registry
+    }
+
+    /// True while the object is referenced by a retained checkpoint or pinned by an
+    /// in-flight one; only such objects may be re-referenced.
+    pub fn is_live(&self, id: &ObjectId) -> bool {
+        self.entries.contains_key(id)
+    }
+
+    pub fn count(&self, id: &ObjectId) -> u32 {
+        self.entries.get(id).map_or(0, |e| e.count)
+    }
+
+    pub fn pins(&self, id: &ObjectId) -> u32 {
+        self.entries.get(id).map_or(0, |e| e.pins)
+    }
+
+    /// Reference counts of every object referenced by a retained checkpoint.
+    pub fn counts(&self) -> BTreeMap<ObjectId, u32> {
+        self.entries
+            .iter()
+            .filter(|(_, e)| e.count > 0)
+            .map(|(id, e)| (*id, e.count))
+            .collect()
+    }
+
+    /// Every object the registry keeps alive (referenced or pinned).
+    pub fn live_objects(&self) -> BTreeSet<ObjectId> {
+        self.entries.keys().copied().collect()
+    }
+
+    pub fn checkpoint_ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.checkpoints.keys().copied()
+    }
+
+    pub fn objects_of(&self, checkpoint: u64) -> Option<&BTreeSet<ObjectId>> {
+        self.checkpoints.get(&checkpoint)
+    }
+
+    /// An in-flight checkpoint holds `id` (it stored it, or matched an existing copy).
+    pub fn pin(&mut self, id: ObjectId) {
+        self.entries.entry(id).or_default().pins += 1;
+    }
+
+    /// Release a pin; returns the object if nothing keeps it alive any more.
+    pub fn unpin(&mut self, id: &ObjectId) -> Option<ObjectId> {
+        let entry = self.entries.get_mut(id)?;
+        debug_assert!(entry.pins > 0, "unpin of an unpinned object");
+        entry.pins = entry.pins.saturating_sub(1);
+        self.collect_if_garbage(id)
+    }
+
+    /// A checkpoint completed: +1 on each object it references (once per object, however
+    /// many of its files share that content).
+    pub fn register_checkpoint(&mut self, checkpoint: u64, objects: BTreeSet<ObjectId>) {
+        for id in &objects {
+            self.entries.entry(*id).or_default().count += 1;
+        }
+        if let Some(previous) = self.checkpoints.insert(checkpoint, objects) {
+            // Registering the same id twice would double count; undo the old one.
+            for id in previous {
+                if let Some(e) = self.entries.get_mut(&id) {
+                    e.count -= 1;
+                }
+            }
+        }
+    }
+
+    /// A checkpoint is dropped: -1 on each of its objects; returns those now unreferenced
+    /// and unpinned, which the caller deletes from the store.
+    pub fn drop_checkpoint(&mut self, checkpoint: u64) -> Option<Vec<ObjectId>> {
+        let objects = self.checkpoints.remove(&checkpoint)?;
+        let mut garbage = Vec::new();
+        for id in &objects {
+            if let Some(entry) = self.entries.get_mut(id) {
+                entry.count = entry.count.saturating_sub(1);
+            }
+            garbage.extend(self.collect_if_garbage(id));
+        }
+        Some(garbage)
+    }
+
+    /// Checkpoints beyond the newest `retain`, oldest first.
+    pub fn retention_victims(&self, retain: usize) -> Vec<u64> {
+        let excess = self.checkpoints.len().saturating_sub(retain.max(1));
+        self.checkpoints.keys().take(excess).copied().collect()
+    }
+
+    fn collect_if_garbage(&mut self, id: &ObjectId) -> Option<ObjectId> {
+        match self.entries.get(id) {
+            Some(Entry { count: 0, pins: 0 }) => {
+                self.entries.remove(id);
+                Some(*id)
+            }
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(name: &str) -> ObjectId {
+        ObjectId::from_hash(blake3::hash(name.as_bytes()))
+    }
+
+    fn set(names: &[&str]) -> BTreeSet<ObjectId> {
+        names.iter().map(|n| obj(n)).collect()
+    }
+
+    /// Complete a checkpoint the way the coordinator does: register, then retention.
+    fn complete(reg: &mut Registry, id: u64, names: &[&str], retain: usize) -> Vec<ObjectId> {
+        reg.register_checkpoint(id, set(names));
+        let mut deleted = Vec::new();
+        for victim in reg.retention_victims(retain) {
+            deleted.extend(reg.drop_checkpoint(victim).unwrap());
+        }
+        deleted.sort();
+        deleted
+    }
+
+    fn counts_by_name(reg: &Registry, names: &[&str]) -> Vec<(String, u32)> {
+        let mut out: Vec<(String, u32)> = names
+            .iter()
+            .filter(|n| reg.count(&obj(n)) > 0)
+            .map(|n| (n.to_string(), reg.count(&obj(n))))
+            .collect();
+        out.sort();
+        out
+    }
+
+    fn expect(pairs: &[(&str, u32)]) -> Vec<(String, u32)> {
+        let mut out: Vec<(String, u32)> = pairs.iter().map(|(n, c)| (n.to_string(), *c)).collect();
+        out.sort();
+        out
+    }
+
+    /// BACKGROUND.md's worked example: retain = 2, one subtask of Operator-2.
+    #[test]
+    fn worked_example_of_the_design_document() {
+        let all = ["s1", "s2", "s3", "s4", "s5", "s123", "s456"];
+        let mut reg = Registry::new();
+
+        assert!(complete(&mut reg, 1, &["s1", "s2"], 2).is_empty());
+        assert_eq!(counts_by_name(&reg, &all), expect(&[("s1", 1), ("s2", 1)]));
+
+        assert!(complete(&mut reg, 2, &["s1", "s2", "s3", "s4"], 2).is_empty());
+        assert_eq!(
+            counts_by_name(&reg, &all),
+            expect(&[("s1", 2), ("s2", 2), ("s3", 1), ("s4", 1)])
+        );
+
+        assert!(complete(&mut reg, 3, &["s123", "s4", "s5"], 2).is_empty());
+        assert_eq!(
+            counts_by_name(&reg, &all),
+            expect(&[
+                ("s1", 1),
+                ("s2", 1),
+                ("s3", 1),
+                ("s4", 2),
+                ("s123", 1),
+                ("s5", 1)
+            ])
+        );
+        assert_eq!(reg.checkpoint_ids().collect::<Vec<_>>(), vec![2, 3]);
+
+        let deleted = complete(&mut reg, 4, &["s123", "s456"], 2);
+        assert_eq!(deleted, {
+            let mut d = vec![obj("s1"), obj("s2"), obj("s3")];
+            d.sort();
+            d
+        });
+        assert_eq!(
+            counts_by_name(&reg, &all),
+            expect(&[("s4", 1), ("s5", 1), ("s123", 2), ("s456", 1)])
+        );
+        assert_eq!(reg.checkpoint_ids().collect::<Vec<_>>(), vec![3, 4]);
+        assert!(!reg.is_live(&obj("s1")));
+    }
+
+    #[test]
+    fn a_checkpoint_counts_an_object_once_even_if_two_files_share_it() {
+        let mut reg = Registry::new();
+        reg.register_checkpoint(1, set(&["x", "x", "y"]));
+        assert_eq!(reg.count(&obj("x")), 1);
+        assert_eq!(reg.drop_checkpoint(1).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn dropping_an_unknown_checkpoint_changes_nothing() {
+        let mut reg = Registry::new();
+        reg.register_checkpoint(1, set(&["a"]));
+        assert!(reg.drop_checkpoint(7).is_none());
+        assert_eq!(reg.count(&obj("a")), 1);
+    }
+
+    #[test]
+    fn pins_keep_objects_alive_until_released() {
+        let mut reg = Registry::new();
+        reg.pin(obj("a"));
+        assert!(reg.is_live(&obj("a")));
+        assert_eq!(reg.count(&obj("a")), 0);
+        assert_eq!(reg.unpin(&obj("a")), Some(obj("a")));
+        assert!(!reg.is_live(&obj("a")));
+    }
+
+    #[test]
+    fn a_pinned_object_survives_the_drop_of_its_last_checkpoint() {
+        let mut reg = Registry::new();
+        reg.register_checkpoint(1, set(&["a", "b"]));
+        // An in-flight checkpoint 2 matched "a" while checkpoint 1 was retained.
+        reg.pin(obj("a"));
+        let garbage = reg.drop_checkpoint(1).unwrap();
+        assert_eq!(garbage, vec![obj("b")]);
+        assert!(reg.is_live(&obj("a")));
+        // Checkpoint 2 completes: registers, then releases its pin.
+        reg.register_checkpoint(2, set(&["a"]));
+        assert_eq!(reg.unpin(&obj("a")), None);
+        assert_eq!(reg.count(&obj("a")), 1);
+    }
+
+    /// Two in-flight checkpoints stored the same content: the first to publish owns the
+    /// object, the second finds it live, pins it and discards its copy. Whichever is
+    /// confirmed first, the object survives as long as either needs it.
+    #[test]
+    fn concurrent_duplicate_uploads_resolve_to_one_object() {
+        let mut reg = Registry::new();
+        let x = obj("x");
+        // checkpoint 5 publishes x
+        assert!(!reg.is_live(&x));
+        reg.pin(x);
+        // checkpoint 6 staged the same bytes: it finds x live, discards its copy, pins x
+        assert!(reg.is_live(&x));
+        reg.pin(x);
+        assert_eq!(reg.pins(&x), 2);
+        // 6 is confirmed first
+        reg.register_checkpoint(6, set(&["x"]));
+        assert_eq!(reg.unpin(&x), None);
+        // 5 aborts: releases its pin, x stays (6 references it)
+        assert_eq!(reg.unpin(&x), None);
+        assert_eq!(reg.count(&x), 1);
+        assert_eq!(reg.pins(&x), 0);
+        // dropping 6 makes it garbage
+        assert_eq!(reg.drop_checkpoint(6).unwrap(), vec![x]);
+    }
+
+    #[test]
+    fn an_aborted_checkpoint_leaves_its_uploads_as_garbage() {
+        let mut reg = Registry::new();
+        reg.pin(obj("new"));
+        reg.pin(obj("old"));
+        reg.register_checkpoint(1, set(&["old"]));
+        assert_eq!(reg.unpin(&obj("new")), Some(obj("new")));
+        assert_eq!(reg.unpin(&obj("old")), None);
+    }
+
+    #[test]
+    fn retention_keeps_the_newest_and_never_less_than_one() {
+        let mut reg = Registry::new();
+        for id in [3, 1, 2, 7] {
+            reg.register_checkpoint(id, set(&[&id.to_string()]));
+        }
+        assert_eq!(reg.retention_victims(2), vec![1, 2]);
+        assert_eq!(reg.retention_victims(0), vec![1, 2, 3]);
+        assert!(reg.retention_victims(10).is_empty());
+    }
+
+    #[test]
+    fn recount_equals_incremental_counts() {
+        let mut reg = Registry::new();
+        complete(&mut reg, 1, &["a", "b"], 3);
+        complete(&mut reg, 2, &["b", "c"], 3);
+        complete(&mut reg, 3, &["c", "d"], 3);
+        complete(&mut reg, 4, &["d", "a"], 3);
+        let recount = Registry::from_checkpoints(
+            reg.checkpoint_ids()
+                .map(|id| (id, reg.objects_of(id).unwrap().clone()))
+                .collect::<Vec<_>>(),
+        );
+        assert_eq!(recount.counts(), reg.counts());
+    }
+}

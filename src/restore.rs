@@ -1,0 +1,81 @@
+//! `ckptfs restore`: write a checkpoint out of a store, without a daemon.
+
+use std::path::Path;
+
+use crate::catalog::Catalog;
+use crate::coordinator::materialize;
+use crate::error::{Error, IoContext, Result};
+use crate::fsutil::{is_empty_or_missing, remove_tree};
+use crate::store::LocalStore;
+
+/// What a restore wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreReport {
+    pub backends: usize,
+    pub files: usize,
+    pub bytes: u64,
+}
+
+/// Refuse paths that are not a ckptfs store, before creating anything in them.
+pub fn check_is_store(store: &Path) -> Result<()> {
+    if !store.join("ckptfs.json").is_file() {
+        return Err(Error::NotFound(format!(
+            "{} is not a ckptfs store (no ckptfs.json)",
+            store.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Write checkpoint `id` of `store` to `dest/<operator>/<subtask>/`, verifying every object.
+/// `dest` must be missing or empty; on failure, what was written is removed again.
+pub fn restore_checkpoint(
+    store: &Path,
+    id: u64,
+    dest: &Path,
+    mut progress: impl FnMut(u64),
+) -> Result<RestoreReport> {
+    check_is_store(store)?;
+    if !is_empty_or_missing(dest)? {
+        return Err(Error::NotEmpty(dest.display().to_string()));
+    }
+    let manifest = Catalog::open(store)?.load(id)?;
+    let objects = LocalStore::open(store)?;
+    let existed = dest.exists();
+    std::fs::create_dir_all(dest).ctx("create", dest)?;
+    let result = (|| -> Result<RestoreReport> {
+        let mut report = RestoreReport {
+            backends: 0,
+            files: 0,
+            bytes: 0,
+        };
+        for snapshot in &manifest.backends {
+            materialize(&objects, snapshot, &dest.join(snapshot.name.rel_path()))?;
+            report.backends += 1;
+            report.files += snapshot.files.len();
+            let bytes: u64 = snapshot.files.iter().map(|f| f.size).sum();
+            report.bytes += bytes;
+            progress(bytes);
+        }
+        Ok(report)
+    })();
+    if result.is_err() {
+        if existed {
+            if let Ok(entries) = std::fs::read_dir(dest) {
+                for entry in entries.flatten() {
+                    let _ = remove_tree(&entry.path());
+                }
+            }
+        } else {
+            let _ = remove_tree(dest);
+        }
+    }
+    result
+}
+
+/// Total bytes of a checkpoint, for progress bars.
+pub fn checkpoint_bytes(store: &Path, id: u64) -> Result<u64> {
+    check_is_store(store)?;
+    let manifest = Catalog::open(store)?.load(id)?;
+    Ok(manifest.stats.bytes_total)
+}

@@ -1,0 +1,134 @@
+//! The store as a directory on a local (or network) filesystem.
+//!
+//! Layout: `objects/<first two hex digits>/<64 hex digits>`, staged copies in `tmp/`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{hash_copy, ObjectId, ObjectStore, Staged};
+use crate::error::{Error, IoContext, Result};
+use crate::fsutil::fsync_dir;
+
+pub struct LocalStore {
+    objects: PathBuf,
+    tmp: PathBuf,
+    next_tmp: AtomicU64,
+}
+
+impl LocalStore {
+    /// Open (creating the directories if needed) the object area under `root`.
+    pub fn open(root: &Path) -> Result<Self> {
+        let objects = root.join("objects");
+        let tmp = root.join("tmp");
+        fs::create_dir_all(&objects).ctx("create", &objects)?;
+        fs::create_dir_all(&tmp).ctx("create", &tmp)?;
+        Ok(LocalStore {
+            objects,
+            tmp,
+            next_tmp: AtomicU64::new(0),
+        })
+    }
+
+    fn path_of(&self, id: &ObjectId) -> PathBuf {
+        let hex = id.to_hex();
+        self.objects.join(&hex[..2]).join(hex)
+    }
+}
+
+impl ObjectStore for LocalStore {
+    fn stage(&self, src: &Path) -> Result<Staged> {
+        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
+        let tmp = self.tmp.join(format!("{}-{n}", std::process::id()));
+        let mut input = fs::File::open(src).ctx("open", src)?;
+        let mut out = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .ctx("create", &tmp)?;
+        let result = hash_copy(&mut input, Some(&mut out), &tmp)
+            .and_then(|r| out.sync_all().ctx("fsync", &tmp).map(|_| r));
+        match result {
+            Ok((hash, size)) => Ok(Staged {
+                id: ObjectId::from_hash(hash),
+                size,
+                tmp,
+            }),
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                Err(e)
+            }
+        }
+    }
+
+    fn publish(&self, staged: Staged) -> Result<()> {
+        let dest = self.path_of(&staged.id);
+        let dir = dest.parent().expect("object paths have a parent");
+        if !dir.exists() {
+            fs::create_dir_all(dir).ctx("create", dir)?;
+            fsync_dir(&self.objects)?;
+        }
+        fs::rename(&staged.tmp, &dest).ctx("publish object", &dest)?;
+        fsync_dir(dir)
+    }
+
+    fn discard(&self, staged: Staged) {
+        if let Err(e) = fs::remove_file(&staged.tmp) {
+            log::warn!("could not remove staged copy {}: {e}", staged.tmp.display());
+        }
+    }
+
+    fn delete(&self, id: &ObjectId) -> Result<()> {
+        let path = self.path_of(id);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io(format!("delete object {}", path.display()), e)),
+        }
+    }
+
+    fn list(&self) -> Result<Vec<ObjectId>> {
+        let mut ids = Vec::new();
+        for shard in fs::read_dir(&self.objects).ctx("list", &self.objects)? {
+            let shard = shard.ctx("list", &self.objects)?.path();
+            if !shard.is_dir() {
+                continue;
+            }
+            for entry in fs::read_dir(&shard).ctx("list", &shard)? {
+                let entry = entry.ctx("list", &shard)?;
+                let shard_name = shard.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                match entry.file_name().to_str().map(str::parse::<ObjectId>) {
+                    Some(Ok(id)) if id.to_hex().starts_with(shard_name) => ids.push(id),
+                    _ => log::warn!("ignoring stray file {}", entry.path().display()),
+                }
+            }
+        }
+        ids.sort();
+        Ok(ids)
+    }
+
+    fn open(&self, id: &ObjectId) -> Result<fs::File> {
+        let path = self.path_of(id);
+        fs::File::open(&path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Error::Corrupt(format!("object {id} is missing from the store"))
+            } else {
+                Error::io(format!("open object {}", path.display()), e)
+            }
+        })
+    }
+
+    fn local_path(&self, id: &ObjectId) -> Option<PathBuf> {
+        Some(self.path_of(id))
+    }
+
+    fn clear_staging(&self) -> Result<usize> {
+        let mut removed = 0;
+        for entry in fs::read_dir(&self.tmp).ctx("list", &self.tmp)? {
+            let path = entry.ctx("list", &self.tmp)?.path();
+            fs::remove_file(&path).ctx("remove leftover", &path)?;
+            removed += 1;
+        }
+        Ok(removed)
+    }
+}

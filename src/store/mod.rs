@@ -1,0 +1,170 @@
+//! Stored objects, addressed by their content.
+//!
+//! The store knows nothing of RocksDB, checkpoints or FUSE: it keeps immutable byte strings
+//! under the BLAKE3 hash of their content. Writing is split in two steps, [`ObjectStore::stage`]
+//! (copy into a private temporary object, durable) and [`ObjectStore::publish`] (make it
+//! visible under its id), so the caller decides under its own lock whether a staged copy is
+//! published or discarded as a duplicate.
+
+mod local;
+
+use std::fmt;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+pub use local::LocalStore;
+
+use crate::error::{Error, IoContext, Result};
+
+/// The identity of a stored object: the BLAKE3 hash of its bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectId([u8; 32]);
+
+impl ObjectId {
+    pub fn from_hash(hash: blake3::Hash) -> Self {
+        ObjectId(*hash.as_bytes())
+    }
+
+    pub fn to_hex(&self) -> String {
+        blake3::Hash::from_bytes(self.0).to_hex().to_string()
+    }
+
+    /// A short prefix for logs and pictures.
+    pub fn short(&self) -> String {
+        self.to_hex()[..12].to_string()
+    }
+}
+
+impl fmt::Display for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl fmt::Debug for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ObjectId({})", self.short())
+    }
+}
+
+impl FromStr for ObjectId {
+    type Err = Error;
+    fn from_str(text: &str) -> Result<Self> {
+        blake3::Hash::from_hex(text)
+            .map(ObjectId::from_hash)
+            .map_err(|_| Error::Invalid(format!("not an object id: {text:?}")))
+    }
+}
+
+impl Serialize for ObjectId {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for ObjectId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A copy that [`ObjectStore::stage`] made durable under a private name.
+#[derive(Debug)]
+pub struct Staged {
+    pub id: ObjectId,
+    pub size: u64,
+    pub(crate) tmp: PathBuf,
+}
+
+/// Where the bytes live. The local directory is the only implementation today; an object
+/// store (S3, HDFS) implements the same calls.
+pub trait ObjectStore: Send + Sync {
+    /// Copy `src` into a durable private temporary object, hashing it on the way.
+    fn stage(&self, src: &Path) -> Result<Staged>;
+    /// Make a staged object visible under its id (durably).
+    fn publish(&self, staged: Staged) -> Result<()>;
+    /// Throw a staged object away (a duplicate, or an aborted checkpoint's).
+    fn discard(&self, staged: Staged);
+    /// Delete a published object. Deleting a missing object is not an error.
+    fn delete(&self, id: &ObjectId) -> Result<()>;
+    /// Every published object id.
+    fn list(&self) -> Result<Vec<ObjectId>>;
+    /// Open an object for reading (not verified; see [`ObjectStore::copy_verified`]).
+    fn open(&self, id: &ObjectId) -> Result<std::fs::File>;
+    /// A local path to the object, for stores that have one (FUSE passthrough).
+    fn local_path(&self, id: &ObjectId) -> Option<PathBuf>;
+    /// Remove leftovers of interrupted stages.
+    fn clear_staging(&self) -> Result<usize>;
+
+    /// Copy an object to `dest` (which must not exist), checking size and hash, and fsync it.
+    fn copy_verified(&self, id: &ObjectId, size: u64, dest: &Path) -> Result<()> {
+        let mut src = self.open(id)?;
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(dest)
+            .ctx("create", dest)?;
+        let (hash, copied) = hash_copy(&mut src, Some(&mut out), dest)?;
+        check(id, size, hash, copied)?;
+        out.sync_all().ctx("fsync", dest)
+    }
+
+    /// Read an object through, checking size and hash.
+    fn verify(&self, id: &ObjectId, size: u64) -> Result<()> {
+        let mut src = self.open(id)?;
+        let (hash, read) = hash_copy(&mut src, None, Path::new("-"))?;
+        check(id, size, hash, read)
+    }
+}
+
+fn check(id: &ObjectId, size: u64, hash: blake3::Hash, actual: u64) -> Result<()> {
+    if actual != size {
+        return Err(Error::Corrupt(format!(
+            "object {id} has {actual} bytes, expected {size}"
+        )));
+    }
+    if ObjectId::from_hash(hash) != *id {
+        return Err(Error::Corrupt(format!(
+            "object {id} does not match its checksum (content hashes to {})",
+            hash.to_hex()
+        )));
+    }
+    Ok(())
+}
+
+/// Hash a file's content: its object id and size.
+pub fn hash_file(path: &Path) -> Result<(ObjectId, u64)> {
+    let mut file = std::fs::File::open(path).ctx("open", path)?;
+    let (hash, size) = hash_copy(&mut file, None, path)?;
+    Ok((ObjectId::from_hash(hash), size))
+}
+
+/// Stream `src` into `dest` (if any) while hashing; returns the hash and the byte count.
+pub(crate) fn hash_copy(
+    src: &mut impl Read,
+    mut dest: Option<&mut std::fs::File>,
+    what: &Path,
+) -> Result<(blake3::Hash, u64)> {
+    use std::io::Write;
+    let mut hasher = blake3::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = match src.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Error::io(format!("read for {}", what.display()), e)),
+        };
+        hasher.update(&buf[..n]);
+        if let Some(out) = dest.as_deref_mut() {
+            out.write_all(&buf[..n]).ctx("write", what)?;
+        }
+        total += n as u64;
+    }
+    Ok((hasher.finalize(), total))
+}

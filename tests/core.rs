@@ -1,0 +1,519 @@
+//! Integration tests of the engine with real RocksDB instances and a real store directory.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use ckptfs::backend::scan_dir;
+use ckptfs::catalog::Catalog;
+use ckptfs::store::hash_file;
+use ckptfs::{Engine, Error};
+use common::*;
+
+#[test]
+fn a_checkpoint_after_a_small_change_stores_only_the_new_ssts() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let engine = Engine::open(config(&store, &["op/0", "op/1"])).unwrap();
+    for b in engine.backend_names() {
+        put_range(&engine, &b, 0..5000, "a");
+        engine.flush(&b).unwrap();
+    }
+    let first = engine.checkpoint().unwrap();
+    assert_eq!(first.id, 1);
+    assert_eq!(first.stats.files_reused, 0);
+    assert!(first.stats.bytes_uploaded > 0);
+
+    let b0 = name("op/0");
+    put_range(&engine, &b0, 0..50, "b");
+    let second = engine.checkpoint().unwrap();
+    assert_eq!(second.id, 2);
+    let s = &second.stats;
+    assert!(s.files_reused > 0, "nothing was re-referenced: {s:?}");
+    // Every SST of checkpoint 1 that is still live is the same object, not a new copy.
+    let old_ssts: BTreeSet<_> = first
+        .backends
+        .iter()
+        .flat_map(|b| {
+            b.files
+                .iter()
+                .filter(|f| f.name.ends_with(".sst"))
+                .map(|f| (b.name.clone(), f.name.clone(), f.object))
+        })
+        .collect();
+    let new_ssts: Vec<_> = second
+        .backends
+        .iter()
+        .flat_map(|b| {
+            b.files
+                .iter()
+                .filter(|f| f.name.ends_with(".sst"))
+                .map(|f| (b.name.clone(), f.name.clone(), f.object))
+        })
+        .collect();
+    let mut fresh_sst_bytes = 0;
+    for (backend, file, object) in &new_ssts {
+        match old_ssts.iter().find(|(b, f, _)| b == backend && f == file) {
+            Some((_, _, old)) => assert_eq!(old, object, "{backend} {file} changed identity"),
+            None => {
+                fresh_sst_bytes += second
+                    .backends
+                    .iter()
+                    .flat_map(|b| &b.files)
+                    .find(|f| &f.name == file && f.object == *object)
+                    .unwrap()
+                    .size
+            }
+        }
+    }
+    assert!(fresh_sst_bytes > 0, "the change made no new SST");
+    let private_bytes: u64 = second
+        .backends
+        .iter()
+        .flat_map(|b| {
+            b.files
+                .iter()
+                .filter(|f| !f.name.ends_with(".sst"))
+                .map(|f| f.size)
+        })
+        .sum();
+    assert!(
+        s.bytes_uploaded <= fresh_sst_bytes + private_bytes,
+        "uploaded {} > new SSTs {} + private files {}",
+        s.bytes_uploaded,
+        fresh_sst_bytes,
+        private_bytes
+    );
+    assert!(s.bytes_uploaded < s.bytes_total / 2, "{s:?}");
+    assert_consistent(&engine);
+}
+
+#[test]
+fn restore_round_trip_gives_exactly_the_checkpointed_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let engine = Engine::open(config(&store, &["A/0", "B/3"])).unwrap();
+    let (a, b) = (name("A/0"), name("B/3"));
+    put_range(&engine, &a, 0..3000, "one");
+    put_range(&engine, &b, 100..200, "two");
+    engine.delete(&a, b"k000010").unwrap();
+    engine.put(&b, b"bin\0key", &[0, 255, 10]).unwrap();
+    let expected = snapshot_all(&engine);
+    let cp = engine.checkpoint().unwrap();
+    // Writes after the checkpoint are not in it.
+    put_range(&engine, &a, 0..10, "later");
+    engine.delete(&b, b"bin\0key").unwrap();
+    assert_eq!(restored_contents(&store, cp.id), expected);
+    assert_consistent(&engine);
+}
+
+#[test]
+fn restore_refuses_a_non_empty_destination_and_bad_ids_without_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
+    engine.put(&name("A/0"), b"k", b"v").unwrap();
+    engine.checkpoint().unwrap();
+    let dest = dir.path().join("dest");
+    std::fs::create_dir(&dest).unwrap();
+    std::fs::write(dest.join("keep"), b"mine").unwrap();
+    let err = ckptfs::restore::restore_checkpoint(&store, 1, &dest, |_| {}).unwrap_err();
+    assert!(matches!(err, Error::NotEmpty(_)), "{err}");
+    assert_eq!(std::fs::read(dest.join("keep")).unwrap(), b"mine");
+
+    let fresh = dir.path().join("fresh");
+    let err = ckptfs::restore::restore_checkpoint(&store, 9, &fresh, |_| {}).unwrap_err();
+    assert!(matches!(err, Error::NoSuchCheckpoint(9)), "{err}");
+    assert!(!fresh.exists());
+
+    let err = ckptfs::restore::restore_checkpoint(&dir.path().join("nostore"), 1, &fresh, |_| {})
+        .unwrap_err();
+    assert_eq!(err.errno(), libc::ENOENT, "{err}");
+    assert!(!fresh.exists());
+}
+
+#[test]
+fn restore_verifies_checksums_and_cleans_up_on_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
+    put_range(&engine, &name("A/0"), 0..2000, "v");
+    let cp = engine.checkpoint().unwrap();
+    let victim = cp.backends[0]
+        .files
+        .iter()
+        .find(|f| f.name.ends_with(".sst"))
+        .unwrap();
+    let path = engine.object_store().local_path(&victim.object).unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[100] ^= 0xff;
+    std::fs::write(&path, &bytes).unwrap();
+    let dest = dir.path().join("out");
+    let err = ckptfs::restore::restore_checkpoint(&store, cp.id, &dest, |_| {}).unwrap_err();
+    assert!(matches!(err, Error::Corrupt(_)), "{err}");
+    assert!(!dest.exists(), "a failed restore left files behind");
+}
+
+/// After a roll-back, the restored RocksDB reuses file numbers that later (abandoned)
+/// checkpoints also used; the next checkpoints must hold the new files, not the old ones.
+#[test]
+fn file_numbers_reused_after_a_restore_do_not_alias_abandoned_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let mut cfg = config(&store, &["A/0"]);
+    cfg.retain = Some(20);
+    let engine = Engine::open(cfg).unwrap();
+    let a = name("A/0");
+    put_range(&engine, &a, 0..2000, "base");
+    let cp1 = engine.checkpoint().unwrap();
+    let at_cp1 = snapshot_all(&engine);
+    // Several abandoned checkpoints, so their SSTs cover many file numbers.
+    let mut abandoned = std::collections::BTreeMap::new();
+    for i in 0..6u32 {
+        put_range(&engine, &a, i * 300..(i + 1) * 300, "abandoned");
+        engine.flush(&a).unwrap();
+        if i == 2 {
+            engine.compact(&a).unwrap();
+        }
+        let cp = engine.checkpoint().unwrap();
+        for f in cp.backends[0]
+            .files
+            .iter()
+            .filter(|f| f.name.ends_with(".sst"))
+        {
+            if !cp1.backends[0].files.iter().any(|g| g.name == f.name) {
+                abandoned
+                    .entry(f.name.clone())
+                    .or_insert_with(BTreeSet::new)
+                    .insert(f.object);
+            }
+        }
+    }
+
+    engine.restore_backends(cp1.id).unwrap();
+    assert_eq!(snapshot_all(&engine), at_cp1);
+    // Write and flush until a live SST carries a number an abandoned checkpoint used.
+    let mut round = 0;
+    while !engine
+        .live_sst_files(&a)
+        .unwrap()
+        .iter()
+        .any(|(n, _)| abandoned.contains_key(n))
+    {
+        assert!(
+            round < 30,
+            "the restored DB never reused a number of {abandoned:?}"
+        );
+        put_range(&engine, &a, round * 100..(round + 1) * 100, "after-restore");
+        engine.flush(&a).unwrap();
+        if round % 3 == 1 {
+            engine.compact(&a).unwrap();
+        }
+        round += 1;
+    }
+    let expected = snapshot_all(&engine);
+    let cp = engine.checkpoint().unwrap();
+    let mut collisions = 0;
+    for f in &cp.backends[0].files {
+        if let Some(old) = abandoned.get(&f.name) {
+            collisions += 1;
+            assert!(
+                !old.contains(&f.object),
+                "{} aliased an abandoned checkpoint's file",
+                f.name
+            );
+        }
+    }
+    assert!(collisions > 0);
+    assert_eq!(restored_contents(&store, cp.id), expected);
+    assert_consistent(&engine);
+
+    // The same holds across a restart: the lineage is durable.
+    drop(engine);
+    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
+    put_range(&engine, &a, 5000..5100, "x");
+    let expected = snapshot_all(&engine);
+    let next = engine.checkpoint().unwrap();
+    assert!(next.stats.files_reused > 0);
+    assert_eq!(restored_contents(&store, next.id), expected);
+}
+
+#[test]
+fn identical_files_are_stored_once_and_the_store_holds_only_referenced_objects() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let engine = Engine::open(config(&store, &["A/0", "A/1", "A/2"])).unwrap();
+    for b in engine.backend_names() {
+        put_range(&engine, &b, 0..100, "same");
+    }
+    let cp = engine.checkpoint().unwrap();
+    // Files with equal bytes (e.g. CURRENT, OPTIONS across backends) share one object.
+    let staged = dir.path().join("check");
+    ckptfs::restore::restore_checkpoint(&store, cp.id, &staged, |_| {}).unwrap();
+    let mut by_content = std::collections::BTreeMap::new();
+    for b in &cp.backends {
+        for f in &b.files {
+            let (id, _) = hash_file(&staged.join(b.name.rel_path()).join(&f.name)).unwrap();
+            assert_eq!(id, f.object);
+            by_content
+                .entry(id)
+                .or_insert_with(Vec::new)
+                .push(f.name.clone());
+        }
+    }
+    assert!(
+        by_content.values().any(|files| files.len() > 1),
+        "no shared content at all"
+    );
+    assert_eq!(
+        engine.object_store().list().unwrap().len(),
+        by_content.len()
+    );
+    assert_eq!(
+        cp.stats.files_total as usize,
+        cp.backends.iter().map(|b| b.files.len()).sum::<usize>()
+    );
+}
+
+#[test]
+fn a_second_engine_on_the_same_store_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
+    let mut other = config(&store, &["A/0"]);
+    other.state = Some(dir.path().join("other-state"));
+    let err = Engine::open(other).err().expect("second open succeeded");
+    assert!(matches!(err, Error::Locked { .. }), "{err}");
+    assert!(
+        err.to_string().contains(&std::process::id().to_string()),
+        "{err}"
+    );
+    drop(engine);
+    Engine::open(config(&store, &["A/0"])).unwrap();
+}
+
+#[test]
+fn checkpoint_ids_are_never_reused_even_after_deleting_all_and_restarting() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
+    engine.put(&name("A/0"), b"k", b"v").unwrap();
+    assert_eq!(engine.checkpoint().unwrap().id, 1);
+    assert_eq!(engine.checkpoint().unwrap().id, 2);
+    engine.delete_checkpoint(1).unwrap();
+    engine.delete_checkpoint(2).unwrap();
+    assert!(matches!(
+        engine.delete_checkpoint(2),
+        Err(Error::NoSuchCheckpoint(2))
+    ));
+    assert!(engine.object_store().list().unwrap().is_empty());
+    drop(engine);
+    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
+    assert_eq!(engine.checkpoint().unwrap().id, 3);
+}
+
+#[test]
+fn retention_is_applied_at_once_and_refuses_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
+    assert_eq!(engine.retain(), 3);
+    for i in 0..5 {
+        put_range(&engine, &name("A/0"), i * 100..i * 100 + 100, "r");
+        engine.checkpoint().unwrap();
+    }
+    let ids: Vec<u64> = engine.checkpoints().iter().map(|m| m.id).collect();
+    assert_eq!(ids, vec![3, 4, 5]);
+    assert!(matches!(engine.set_retain(0), Err(Error::Invalid(_))));
+    assert_eq!(engine.retain(), 3);
+    engine.set_retain(1).unwrap();
+    let ids: Vec<u64> = engine.checkpoints().iter().map(|m| m.id).collect();
+    assert_eq!(ids, vec![5]);
+    assert_consistent(&engine);
+    drop(engine);
+    // The setting is durable.
+    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
+    assert_eq!(engine.retain(), 1);
+}
+
+#[test]
+fn concurrent_checkpoints_share_uploads_and_aborts_leave_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let mut cfg = config(&store, &["A/0", "B/0"]);
+    cfg.max_concurrent = 2;
+    cfg.retain = Some(5);
+    let engine = Engine::open(cfg).unwrap();
+    let a = name("A/0");
+    put_range(&engine, &a, 0..3000, "one");
+    let first = engine.begin_checkpoint().unwrap();
+    let at_first = snapshot_all(&engine);
+    put_range(&engine, &a, 3000..3100, "two");
+    let second = engine.begin_checkpoint().unwrap();
+    let at_second = snapshot_all(&engine);
+    assert!(matches!(engine.begin_checkpoint(), Err(Error::Busy(_))));
+    // The second is confirmed first; both stored the same SSTs of the first state.
+    let m2 = second.complete().unwrap();
+    let m1 = first.complete().unwrap();
+    assert_eq!(m1.stats.files_reused, 0);
+    assert_eq!(
+        m2.stats.files_reused, 0,
+        "re-referenced an unconfirmed checkpoint's file"
+    );
+    let shared: BTreeSet<_> = m1.objects().intersection(&m2.objects()).copied().collect();
+    assert!(
+        !shared.is_empty(),
+        "the duplicate uploads did not resolve to one object"
+    );
+    assert!(
+        m1.stats.bytes_uploaded + m2.stats.bytes_uploaded
+            < m1.stats.bytes_total + m2.stats.bytes_total
+    );
+    assert_eq!(restored_contents(&store, m1.id), at_first);
+    assert_eq!(restored_contents(&store, m2.id), at_second);
+    assert_consistent(&engine);
+
+    // An aborted checkpoint removes what it uploaded and nothing else.
+    put_range(&engine, &a, 5000..6000, "three");
+    let before: BTreeSet<_> = engine.object_store().list().unwrap().into_iter().collect();
+    let doomed = engine.begin_checkpoint().unwrap();
+    let alive = engine.begin_checkpoint().unwrap();
+    let m_alive = alive.complete().unwrap();
+    doomed.abort();
+    let after: BTreeSet<_> = engine.object_store().list().unwrap().into_iter().collect();
+    assert!(after.is_superset(&before));
+    assert_eq!(engine.checkpoints().len(), 3);
+    assert_eq!(engine.checkpoints().last().unwrap().id, m_alive.id);
+    assert_consistent(&engine);
+}
+
+#[test]
+fn a_crash_mid_upload_leaves_no_trace_after_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
+    let a = name("A/0");
+    put_range(&engine, &a, 0..3000, "one");
+    let cp1 = engine.checkpoint().unwrap();
+    put_range(&engine, &a, 3000..6000, "two");
+    engine.compact(&a).unwrap();
+    let pending = engine.begin_checkpoint().unwrap();
+    pending.simulate_crash(2);
+    let stored_during_crash = engine.object_store().list().unwrap().len();
+    assert!(
+        stored_during_crash > cp1.objects().len(),
+        "the crash stored nothing"
+    );
+    drop(engine);
+    // fsck sees the orphans of the interrupted checkpoint ...
+    let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
+    assert!(!report.orphans.is_empty());
+    assert!(!report.is_clean());
+    // ... and startup recovery removes them.
+    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
+    assert_consistent(&engine);
+    assert_eq!(engine.checkpoints().len(), 1);
+    let cp = engine.checkpoint().unwrap();
+    assert_eq!(cp.id, 3, "the interrupted checkpoint's id was reused");
+    drop(engine);
+    let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}
+
+#[test]
+fn fsck_finds_corruption_missing_objects_and_orphans_and_repairs_what_it_can() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
+    put_range(&engine, &name("A/0"), 0..3000, "v");
+    let cp1 = engine.checkpoint().unwrap();
+    let s = engine.object_store();
+    let files = &cp1.backends[0].files;
+    let corrupt = files
+        .iter()
+        .find(|f| f.name.ends_with(".sst"))
+        .unwrap()
+        .object;
+    let missing = files
+        .iter()
+        .find(|f| f.name.starts_with("MANIFEST"))
+        .unwrap()
+        .object;
+    let corrupt_path = s.local_path(&corrupt).unwrap();
+    let missing_path = s.local_path(&missing).unwrap();
+    drop(engine);
+
+    let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.counts.len(), report.objects_referenced);
+
+    // fsck refuses while a daemon holds the store.
+    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
+    assert!(matches!(
+        ckptfs::fsck::fsck(&store, false, |_| {}),
+        Err(Error::Locked { .. })
+    ));
+    drop(engine);
+
+    let mut bytes = std::fs::read(&corrupt_path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&corrupt_path, bytes).unwrap();
+    std::fs::remove_file(&missing_path).unwrap();
+    let orphan = blake3::hash(b"orphan").to_hex().to_string();
+    let orphan_dir = store.join("objects").join(&orphan[..2]);
+    std::fs::create_dir_all(&orphan_dir).unwrap();
+    std::fs::write(orphan_dir.join(&orphan), b"orphan").unwrap();
+
+    let report = ckptfs::fsck::fsck(&store, true, |_| {}).unwrap();
+    assert_eq!(report.corrupt, vec![corrupt.to_hex()]);
+    assert_eq!(report.missing, vec![missing.to_hex()]);
+    assert_eq!(report.orphans, vec![orphan.clone()]);
+    assert_eq!(report.repaired_orphans, 1);
+    assert_eq!(report.damaged_checkpoints, vec![cp1.id]);
+    assert!(!report.is_clean());
+    assert!(!orphan_dir.join(&orphan).exists());
+}
+
+#[test]
+fn backends_start_from_the_latest_checkpoint_when_local_state_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let engine = Engine::open(config(&store, &["A/0", "B/1"])).unwrap();
+    put_range(&engine, &name("A/0"), 0..1000, "kept");
+    put_range(&engine, &name("B/1"), 0..10, "kept");
+    engine.checkpoint().unwrap();
+    let expected = snapshot_all(&engine);
+    put_range(&engine, &name("A/0"), 0..1000, "lost");
+    drop(engine);
+    std::fs::remove_dir_all(store.join("state")).unwrap();
+    // No --backend given: the store remembers its backends.
+    let engine = Engine::open(ckptfs::EngineConfig::new(&store)).unwrap();
+    assert_eq!(engine.backend_names(), vec![name("A/0"), name("B/1")]);
+    assert_eq!(snapshot_all(&engine), expected);
+    // And it checkpoints incrementally from there.
+    put_range(&engine, &name("B/1"), 10..20, "more");
+    let cp = engine.checkpoint().unwrap();
+    assert!(cp.stats.files_reused > 0);
+    assert_consistent(&engine);
+}
+
+#[test]
+fn a_restored_directory_opens_in_stock_rocksdb_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
+    put_range(&engine, &name("A/0"), 0..500, "v");
+    let expected = scan(&engine, &name("A/0"));
+    let cp = engine.checkpoint().unwrap();
+    let out = dir.path().join("out");
+    ckptfs::restore::restore_checkpoint(&store, cp.id, &out, |_| {}).unwrap();
+    let got: Kv = scan_dir(&out.join("A/0")).unwrap().into_iter().collect();
+    assert_eq!(got, expected);
+    // scan never creates a database where there is none.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    assert!(scan_dir(&empty).is_err());
+    assert!(std::fs::read_dir(&empty).unwrap().next().is_none());
+    let _ = Catalog::open(&store);
+}

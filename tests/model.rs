@@ -1,0 +1,260 @@
+//! Reference-model property test: random operations against the real engine and a plain
+//! in-memory model. After every step the store must match the model exactly.
+
+mod common;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::Path;
+
+use ckptfs::{BackendName, Engine, PendingCheckpoint};
+use common::*;
+use proptest::prelude::*;
+
+const BACKENDS: [&str; 2] = ["op/0", "op/1"];
+
+#[derive(Debug, Clone)]
+enum Op {
+    Put { backend: usize, key: u8, value: u16 },
+    Delete { backend: usize, key: u8 },
+    Bulk { backend: usize, start: u8, tag: u16 },
+    Flush { backend: usize },
+    Compact { backend: usize },
+    Checkpoint,
+    Begin,
+    CompleteOldest,
+    CompleteNewest,
+    AbortOldest,
+    DeleteCheckpoint { pick: usize },
+    SetRetain { retain: u32 },
+    Restore { pick: usize },
+    Crash { uploads: usize },
+    Restart,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..2usize, any::<u8>(), any::<u16>()).prop_map(|(backend, key, value)| Op::Put { backend, key, value }),
+        2 => (0..2usize, any::<u8>()).prop_map(|(backend, key)| Op::Delete { backend, key }),
+        2 => (0..2usize, any::<u8>(), any::<u16>()).prop_map(|(backend, start, tag)| Op::Bulk { backend, start, tag }),
+        1 => (0..2usize).prop_map(|backend| Op::Flush { backend }),
+        1 => (0..2usize).prop_map(|backend| Op::Compact { backend }),
+        3 => Just(Op::Checkpoint),
+        2 => Just(Op::Begin),
+        1 => Just(Op::CompleteOldest),
+        1 => Just(Op::CompleteNewest),
+        1 => Just(Op::AbortOldest),
+        1 => (0..4usize).prop_map(|pick| Op::DeleteCheckpoint { pick }),
+        1 => (1..5u32).prop_map(|retain| Op::SetRetain { retain }),
+        1 => (0..4usize).prop_map(|pick| Op::Restore { pick }),
+        1 => (0..4usize).prop_map(|uploads| Op::Crash { uploads }),
+        1 => Just(Op::Restart),
+    ]
+}
+
+type State = BTreeMap<BackendName, Kv>;
+
+struct Model {
+    current: State,
+    retained: BTreeMap<u64, State>,
+    retain: usize,
+}
+
+impl Model {
+    fn complete(&mut self, id: u64, state: State) {
+        self.retained.insert(id, state);
+        self.apply_retention();
+    }
+
+    fn apply_retention(&mut self) {
+        while self.retained.len() > self.retain {
+            let oldest = *self.retained.keys().next().unwrap();
+            self.retained.remove(&oldest);
+        }
+    }
+}
+
+struct Harness {
+    store: std::path::PathBuf,
+    engine: Option<Engine>,
+    pending: VecDeque<(PendingCheckpoint, State)>,
+    model: Model,
+}
+
+impl Harness {
+    fn open(store: &Path) -> Engine {
+        let mut cfg = config(store, &BACKENDS);
+        cfg.max_concurrent = 2;
+        Engine::open(cfg).unwrap()
+    }
+
+    fn engine(&self) -> &Engine {
+        self.engine.as_ref().unwrap()
+    }
+
+    fn apply(&mut self, op: &Op) {
+        let names: Vec<BackendName> = BACKENDS.iter().map(|b| name(b)).collect();
+        match op {
+            Op::Put {
+                backend,
+                key,
+                value,
+            } => {
+                let (k, v) = (vec![*key], value.to_le_bytes().to_vec());
+                self.engine().put(&names[*backend], &k, &v).unwrap();
+                self.model
+                    .current
+                    .get_mut(&names[*backend])
+                    .unwrap()
+                    .insert(k, v);
+            }
+            Op::Delete { backend, key } => {
+                self.engine().delete(&names[*backend], &[*key]).unwrap();
+                self.model
+                    .current
+                    .get_mut(&names[*backend])
+                    .unwrap()
+                    .remove(&vec![*key]);
+            }
+            Op::Bulk {
+                backend,
+                start,
+                tag,
+            } => {
+                let ops: Vec<ckptfs::WriteOp> = (0..400u32)
+                    .map(|i| {
+                        let k = format!("bulk{:05}", *start as u32 * 100 + i).into_bytes();
+                        let v = format!("{tag}-{}", "y".repeat(200)).into_bytes();
+                        ckptfs::WriteOp::Put(k, v)
+                    })
+                    .collect();
+                self.engine().write(&names[*backend], &ops).unwrap();
+                let kv = self.model.current.get_mut(&names[*backend]).unwrap();
+                for o in ops {
+                    if let ckptfs::WriteOp::Put(k, v) = o {
+                        kv.insert(k, v);
+                    }
+                }
+            }
+            Op::Flush { backend } => self.engine().flush(&names[*backend]).unwrap(),
+            Op::Compact { backend } => self.engine().compact(&names[*backend]).unwrap(),
+            Op::Checkpoint => match self.engine().checkpoint() {
+                Ok(m) => self.model.complete(m.id, self.model.current.clone()),
+                Err(ckptfs::Error::Busy(_)) => assert_eq!(self.pending.len(), 2),
+                Err(e) => panic!("checkpoint failed: {e}"),
+            },
+            Op::Begin => match self.engine().begin_checkpoint() {
+                Ok(p) => self.pending.push_back((p, self.model.current.clone())),
+                Err(ckptfs::Error::Busy(_)) => assert_eq!(self.pending.len(), 2),
+                Err(e) => panic!("begin failed: {e}"),
+            },
+            Op::CompleteOldest | Op::CompleteNewest => {
+                let next = if matches!(op, Op::CompleteOldest) {
+                    self.pending.pop_front()
+                } else {
+                    self.pending.pop_back()
+                };
+                if let Some((p, state)) = next {
+                    let m = p.complete().unwrap();
+                    self.model.complete(m.id, state);
+                }
+            }
+            Op::AbortOldest => {
+                if let Some((p, _)) = self.pending.pop_front() {
+                    p.abort();
+                }
+            }
+            Op::DeleteCheckpoint { pick } => {
+                let ids: Vec<u64> = self.model.retained.keys().copied().collect();
+                if let Some(&id) = ids.get(*pick) {
+                    self.engine().delete_checkpoint(id).unwrap();
+                    self.model.retained.remove(&id);
+                } else {
+                    let err = self.engine().delete_checkpoint(10_000).unwrap_err();
+                    assert!(matches!(err, ckptfs::Error::NoSuchCheckpoint(_)));
+                }
+            }
+            Op::SetRetain { retain } => {
+                self.engine().set_retain(*retain).unwrap();
+                self.model.retain = *retain as usize;
+                self.model.apply_retention();
+            }
+            Op::Restore { pick } => {
+                let ids: Vec<u64> = self.model.retained.keys().copied().collect();
+                if let Some(&id) = ids.get(*pick) {
+                    match self.engine().restore_backends(id) {
+                        Ok(()) => self.model.current = self.model.retained[&id].clone(),
+                        Err(ckptfs::Error::Busy(_)) => assert!(!self.pending.is_empty()),
+                        Err(e) => panic!("restore failed: {e}"),
+                    }
+                }
+            }
+            Op::Crash { uploads } => {
+                // The process dies during the upload of the oldest in-flight checkpoint (or
+                // between operations): nothing of the in-flight checkpoints may survive.
+                if let Some((p, _)) = self.pending.pop_front() {
+                    p.simulate_crash(*uploads);
+                }
+                for (p, _) in self.pending.drain(..) {
+                    p.simulate_crash(0);
+                }
+                self.engine = None;
+                self.engine = Some(Self::open(&self.store));
+            }
+            Op::Restart => {
+                self.pending.clear();
+                self.engine = None;
+                self.engine = Some(Self::open(&self.store));
+            }
+        }
+    }
+
+    fn check(&self) {
+        let engine = self.engine();
+        let retained: Vec<u64> = engine.checkpoints().iter().map(|m| m.id).collect();
+        assert_eq!(
+            retained,
+            self.model.retained.keys().copied().collect::<Vec<_>>()
+        );
+        assert_eq!(engine.retain() as usize, self.model.retain);
+        assert_eq!(snapshot_all(engine), self.model.current);
+        if self.pending.is_empty() {
+            assert_consistent(engine);
+        } else {
+            assert_eq!(engine.reference_counts(), recount(&engine.checkpoints()));
+        }
+        for (id, state) in &self.model.retained {
+            assert_eq!(
+                &restored_contents(&self.store, *id),
+                state,
+                "checkpoint {id}"
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("CKPTFS_MODEL_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(24),
+        max_shrink_iters: 200,
+        .. ProptestConfig::default()
+    })]
+
+    #[test]
+    fn engine_matches_the_model(ops in proptest::collection::vec(op(), 1..40)) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        let engine = Harness::open(&store);
+        let current = BACKENDS.iter().map(|b| (name(b), Kv::new())).collect();
+        let mut h = Harness {
+            store,
+            engine: Some(engine),
+            pending: VecDeque::new(),
+            model: Model { current, retained: BTreeMap::new(), retain: 3 },
+        };
+        for op in &ops {
+            h.apply(op);
+            h.check();
+        }
+        h.pending.clear();
+    }
+}
