@@ -23,6 +23,96 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Host the backends, checkpoint them into STORE and show the checkpoints at MOUNTPOINT.
+    ///
+    /// Returns once the mount is ready, with the daemon in the background (logging to
+    /// STORE/ckptfs.log), unless --foreground is given.
+    Mount {
+        store: PathBuf,
+        mountpoint: PathBuf,
+        /// Local state directory for the live RocksDB instances (default STORE/state).
+        #[arg(long)]
+        state: Option<PathBuf>,
+        /// Backend to host, <operator>/<subtask>; may repeat. The store remembers its
+        /// backends; a new store with none gets default/0.
+        #[arg(long = "backend")]
+        backends: Vec<BackendName>,
+        /// Number of retained checkpoints (default: the store's setting, 3 for a new store).
+        #[arg(long)]
+        retain: Option<u32>,
+        /// Checkpoints that may be in flight at once.
+        #[arg(long, default_value_t = 1)]
+        max_concurrent: usize,
+        /// Take a checkpoint periodically, e.g. 30s or 5m (default: off).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        interval: Option<std::time::Duration>,
+        /// Start the backends from checkpoint N, discarding their local state.
+        #[arg(long)]
+        restore: Option<u64>,
+        /// Stay attached and log to stderr.
+        #[arg(long)]
+        foreground: bool,
+        /// Let other users in (with default_permissions).
+        #[arg(long)]
+        allow_other: bool,
+        /// Log file of the background daemon (default STORE/ckptfs.log).
+        #[arg(long)]
+        log_file: Option<PathBuf>,
+        /// SST format_version the backends write.
+        #[arg(long, default_value_t = DEFAULT_FORMAT_VERSION)]
+        format_version: i32,
+    },
+    /// Unmount MOUNTPOINT and wait until its daemon has stopped.
+    Umount {
+        mountpoint: PathBuf,
+        /// Seconds to wait for the daemon to finish in-flight checkpoints.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+    },
+    /// Take a checkpoint of every backend, wait for it, print its id.
+    Checkpoint {
+        mountpoint: PathBuf,
+        /// Print the whole answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the retained checkpoints.
+    Ls {
+        mountpoint: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drop checkpoint N (as rmdir MOUNTPOINT/cp-N does).
+    Rm {
+        mountpoint: PathBuf,
+        checkpoint: u64,
+    },
+    /// Show the daemon's state: backends, checkpoints, in flight, retain, last error.
+    Status {
+        mountpoint: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write KEY=VALUE into a backend.
+    Put {
+        mountpoint: PathBuf,
+        backend: BackendName,
+        key: std::ffi::OsString,
+        value: std::ffi::OsString,
+    },
+    /// Delete KEY from a backend.
+    Del {
+        mountpoint: PathBuf,
+        backend: BackendName,
+        key: std::ffi::OsString,
+    },
+    /// Load tab-separated, percent-encoded KEY<TAB>VALUE lines (as `scan` prints them) from
+    /// FILE or stdin into a backend, in atomic batches.
+    Load {
+        mountpoint: PathBuf,
+        backend: BackendName,
+        file: Option<PathBuf>,
+    },
     /// Write checkpoint N of STORE to DEST/<operator>/<subtask>/, verifying every object.
     Restore {
         store: PathBuf,
@@ -79,10 +169,20 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
+    let default_level = if matches!(cli.command, Command::Mount { .. }) {
+        "info"
+    } else {
+        "warn"
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default_level))
+        .init();
     match run(cli.command) {
         Ok(code) => code,
+        // `ckptfs scan DIR | head` is not an error.
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::BrokenPipe => {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("ckptfs: error: {e}");
             ExitCode::from(1)
@@ -92,6 +192,104 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> Result<ExitCode, Error> {
     match command {
+        Command::Mount {
+            store,
+            mountpoint,
+            state,
+            backends,
+            retain,
+            max_concurrent,
+            interval,
+            restore,
+            foreground,
+            allow_other,
+            log_file,
+            format_version,
+        } => {
+            if !foreground {
+                return client::daemonize(&store, log_file.as_deref());
+            }
+            // Absolute paths: the daemon's log, status and fsname stay meaningful.
+            let store =
+                std::path::absolute(&store).map_err(|e| Error::io("resolve store path", e))?;
+            let mountpoint =
+                std::path::absolute(&mountpoint).map_err(|e| Error::io("resolve mountpoint", e))?;
+            let mut engine = EngineConfig::new(store);
+            engine.state = state;
+            engine.backends = backends;
+            engine.retain = retain;
+            engine.max_concurrent = max_concurrent;
+            engine.restore_from = restore;
+            engine.backend_options = BackendOptions {
+                format_version,
+                ..BackendOptions::default()
+            };
+            let config = ckptfs::daemon::MountConfig {
+                engine,
+                mountpoint,
+                interval,
+                allow_other,
+                threads: 4,
+            };
+            ckptfs::daemon::serve(config, client::notify_ready)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Umount {
+            mountpoint,
+            timeout,
+        } => client::umount(&mountpoint, timeout),
+        Command::Checkpoint { mountpoint, json } => {
+            let answer = client::request(&mountpoint, "checkpoint")?;
+            if json {
+                println!("{answer}");
+            } else {
+                println!("{}", answer["id"]);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Ls { mountpoint, json } => client::ls(&mountpoint, json),
+        Command::Rm {
+            mountpoint,
+            checkpoint,
+        } => {
+            let dir = mountpoint.join(format!("cp-{checkpoint}"));
+            std::fs::remove_dir(&dir)
+                .map_err(|e| Error::io(format!("drop {}", dir.display()), e))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { mountpoint, json } => client::status(&mountpoint, json),
+        Command::Put {
+            mountpoint,
+            backend,
+            key,
+            value,
+        } => {
+            use std::os::unix::ffi::OsStrExt;
+            let line = format!(
+                "put {backend} {} {}",
+                percent::encode(key.as_bytes()),
+                percent::encode(value.as_bytes())
+            );
+            client::request(&mountpoint, &line)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Del {
+            mountpoint,
+            backend,
+            key,
+        } => {
+            use std::os::unix::ffi::OsStrExt;
+            client::request(
+                &mountpoint,
+                &format!("del {backend} {}", percent::encode(key.as_bytes())),
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Load {
+            mountpoint,
+            backend,
+            file,
+        } => client::load(&mountpoint, &backend, file.as_deref()),
         Command::Restore {
             store,
             checkpoint,
@@ -185,6 +383,8 @@ fn run(command: Command) -> Result<ExitCode, Error> {
         }
     }
 }
+
+mod client;
 
 fn print_fsck(report: &fsck::FsckReport, repair: bool) {
     println!(

@@ -1,0 +1,583 @@
+//! Benchmark of incremental checkpoints: how much a checkpoint uploads after a small change.
+//!
+//! 1. Load about TOTAL_MIB of incompressible state into BACKENDS backends (`Bench/0..`),
+//!    checkpoint 1.
+//! 2. Rewrite REWRITE_PERCENT of the keys (spread uniformly over the key space of every
+//!    backend), checkpoint 2.
+//! 3. Rewrite another REWRITE_PERCENT, fully compact backend 0, checkpoint 3 (shows the
+//!    upload spike a compaction causes).
+//!
+//! For every checkpoint it reports the state size, what was uploaded (split into SST and
+//! private files: MANIFEST, CURRENT, OPTIONS, WAL), the SST files that are new relative to the
+//! previous checkpoint (by backend and file name), the synchronous and asynchronous phase
+//! durations and the file counts; then one JSON line with every figure.
+//!
+//! Usage: `cargo run --example bench_incremental -- [TOTAL_MIB [BACKENDS [REWRITE_PERCENT
+//! [WORKDIR]]]]` (defaults 256, 4, 1, a temporary directory under /tmp removed at the end).
+//! This is a benchmark, not a test: targets are reported, never asserted.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ckptfs::catalog::Manifest;
+use ckptfs::store::ObjectId;
+use ckptfs::{BackendName, Engine, EngineConfig, WriteOp};
+use serde_json::{json, Value};
+
+const MIB: u64 = 1024 * 1024;
+const VALUE_SIZE: usize = 1024;
+const KEY_SIZE: usize = 16;
+const BATCH: u64 = 1000;
+const OPERATOR: &str = "Bench";
+/// Targets for a checkpoint after a small rewrite (reported, not asserted).
+const TARGET_UPLOAD_SHARE: f64 = 0.05;
+const TARGET_UPLOAD_RATIO: f64 = 1.05;
+
+struct Args {
+    total_mib: u64,
+    backends: u32,
+    rewrite_percent: f64,
+    workdir: Option<PathBuf>,
+}
+
+fn usage() -> String {
+    "usage: bench_incremental [TOTAL_MIB [BACKENDS [REWRITE_PERCENT [WORKDIR]]]]\n\
+     defaults: 256 MiB, 4 backends, 1 percent, a temporary directory under /tmp (removed)"
+        .to_string()
+}
+
+fn parse_args() -> Result<Args, String> {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.iter().any(|a| a == "-h" || a == "--help") {
+        return Err(usage());
+    }
+    if argv.len() > 4 {
+        return Err(format!("too many arguments\n{}", usage()));
+    }
+    let bad = |what: &str, text: &str| format!("invalid {what}: {text:?}\n{}", usage());
+    let mut args = Args {
+        total_mib: 256,
+        backends: 4,
+        rewrite_percent: 1.0,
+        workdir: None,
+    };
+    if let Some(text) = argv.first() {
+        args.total_mib = text
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| bad("TOTAL_MIB", text))?;
+    }
+    if let Some(text) = argv.get(1) {
+        args.backends = text
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| bad("BACKENDS", text))?;
+    }
+    if let Some(text) = argv.get(2) {
+        args.rewrite_percent = text
+            .parse()
+            .ok()
+            .filter(|&p: &f64| p > 0.0 && p <= 100.0)
+            .ok_or_else(|| bad("REWRITE_PERCENT", text))?;
+    }
+    if let Some(text) = argv.get(3) {
+        args.workdir = Some(PathBuf::from(text));
+    }
+    Ok(args)
+}
+
+/// A bijective 64-bit mixer (the SplitMix64 finalizer): key `i` lands at a uniformly spread,
+/// unpredictable point of the key space, so writing `0..n` in order is random-order writing.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+fn key(i: u64) -> Vec<u8> {
+    let k = format!("{:016x}", mix(i)).into_bytes();
+    debug_assert_eq!(k.len(), KEY_SIZE);
+    k
+}
+
+/// VALUE_SIZE pseudo-random bytes (xorshift64*), which snappy cannot compress.
+fn value(backend: u32, i: u64, round: u64) -> Vec<u8> {
+    let mut state = mix(i ^ (u64::from(backend) << 40) ^ (round << 56)) | 1;
+    let mut out = Vec::with_capacity(VALUE_SIZE);
+    while out.len() < VALUE_SIZE {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        let word = state.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        let take = (VALUE_SIZE - out.len()).min(8);
+        out.extend_from_slice(&word.to_le_bytes()[..take]);
+    }
+    out
+}
+
+/// Write the keys `indices` of every backend, one batch of BATCH keys per backend in turn.
+fn write_keys(
+    engine: &Engine,
+    names: &[BackendName],
+    indices: &[u64],
+    round: u64,
+) -> ckptfs::Result<u64> {
+    let mut bytes = 0;
+    for chunk in indices.chunks(BATCH as usize) {
+        for (b, name) in names.iter().enumerate() {
+            let ops: Vec<WriteOp> = chunk
+                .iter()
+                .map(|&i| WriteOp::Put(key(i), value(b as u32, i, round)))
+                .collect();
+            bytes += ops.len() as u64 * (KEY_SIZE + VALUE_SIZE) as u64;
+            engine.write(name, &ops)?;
+        }
+    }
+    Ok(bytes)
+}
+
+/// `count` of the `keys` indices, evenly spaced over `0..keys` from a round-dependent offset.
+/// Indices are mixed into keys, so they are spread uniformly over the key space too.
+fn rewrite_set(keys: u64, percent: f64, round: u64) -> Vec<u64> {
+    let count = ((keys as f64 * percent / 100.0).round() as u64).clamp(1, keys);
+    let offset = mix(round) % keys;
+    (0..count)
+        .map(|j| (offset + j * keys / count) % keys)
+        .collect()
+}
+
+#[derive(Default)]
+struct Figures {
+    label: String,
+    checkpoint: u64,
+    keys_written: u64,
+    bytes_written: u64,
+    write_secs: f64,
+    compact_secs: Option<f64>,
+    checkpoint_secs: f64,
+    bytes_total: u64,
+    sst_bytes: u64,
+    sst_files: u64,
+    private_bytes: u64,
+    private_files: u64,
+    files_total: u64,
+    files_new: u64,
+    files_reused: u64,
+    bytes_uploaded: u64,
+    uploaded_sst: u64,
+    uploaded_private: u64,
+    uploaded_objects: u64,
+    /// SSTs whose (backend, name) is not in the previous checkpoint.
+    new_sst_files: u64,
+    new_sst_bytes: u64,
+    /// The engine's own figure (not re-referenced by name and size from the base).
+    engine_bytes_new_sst: u64,
+    sync_micros: u64,
+    async_micros: u64,
+    /// Per backend: SST count and bytes.
+    per_backend: Vec<(String, u64, u64, u64)>,
+}
+
+impl Figures {
+    fn upload_share(&self) -> f64 {
+        ratio(self.bytes_uploaded, self.bytes_total).unwrap_or(0.0)
+    }
+    fn ratio_incl_private(&self) -> Option<f64> {
+        ratio(self.bytes_uploaded, self.new_sst_bytes)
+    }
+    fn ratio_sst_only(&self) -> Option<f64> {
+        ratio(self.uploaded_sst, self.new_sst_bytes)
+    }
+}
+
+fn ratio(a: u64, b: u64) -> Option<f64> {
+    (b > 0).then(|| a as f64 / b as f64)
+}
+
+fn is_sst(name: &str) -> bool {
+    name.ends_with(".sst") || name.ends_with(".blob")
+}
+
+/// Figures of checkpoint `m`, given the checkpoint before it and every object the store held
+/// when `m` started (the objects of the retained checkpoints).
+fn measure(
+    m: &Manifest,
+    previous: Option<&Manifest>,
+    stored_before: &HashSet<ObjectId>,
+) -> Figures {
+    let mut f = Figures {
+        checkpoint: m.id,
+        files_total: m.stats.files_total,
+        files_new: m.stats.files_new,
+        files_reused: m.stats.files_reused,
+        bytes_total: m.stats.bytes_total,
+        bytes_uploaded: m.stats.bytes_uploaded,
+        engine_bytes_new_sst: m.stats.bytes_new_sst,
+        sync_micros: m.stats.sync_micros,
+        async_micros: m.stats.async_micros,
+        ..Figures::default()
+    };
+    let before: HashSet<(&BackendName, &str)> = previous
+        .map(|p| {
+            p.backends
+                .iter()
+                .flat_map(|b| {
+                    b.files
+                        .iter()
+                        .map(move |file| (&b.name, file.name.as_str()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut counted: HashSet<ObjectId> = HashSet::new();
+    for backend in &m.backends {
+        let (mut n, mut bytes, mut new) = (0, 0, 0);
+        for file in &backend.files {
+            let sst = is_sst(&file.name);
+            if sst {
+                f.sst_files += 1;
+                f.sst_bytes += file.size;
+                n += 1;
+                bytes += file.size;
+                if !before.contains(&(&backend.name, file.name.as_str())) {
+                    f.new_sst_files += 1;
+                    f.new_sst_bytes += file.size;
+                    new += 1;
+                }
+            } else {
+                f.private_files += 1;
+                f.private_bytes += file.size;
+            }
+            if !stored_before.contains(&file.object) && counted.insert(file.object) {
+                f.uploaded_objects += 1;
+                if sst {
+                    f.uploaded_sst += file.size;
+                } else {
+                    f.uploaded_private += file.size;
+                }
+            }
+        }
+        f.per_backend
+            .push((backend.name.to_string(), n, new, bytes));
+    }
+    f
+}
+
+fn stored_objects(engine: &Engine) -> HashSet<ObjectId> {
+    engine
+        .checkpoints()
+        .iter()
+        .flat_map(|m| m.objects())
+        .collect()
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.2} MiB", bytes as f64 / MIB as f64)
+}
+
+fn ms(micros: u64) -> String {
+    format!("{:.1} ms", micros as f64 / 1000.0)
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.2}%", x * 100.0)
+}
+
+fn times(x: Option<f64>) -> String {
+    x.map_or_else(|| "n/a".to_string(), |x| format!("{x:.3}x"))
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "MISSED"
+    }
+}
+
+fn print_table(rounds: &[Figures]) {
+    let mut rows: Vec<(String, Vec<String>)> = Vec::new();
+    let mut row = |name: &str, cell: &dyn Fn(&Figures) -> String| {
+        rows.push((name.to_string(), rounds.iter().map(cell).collect()));
+    };
+    row("", &|f| format!("checkpoint {}", f.checkpoint));
+    row("round", &|f| f.label.clone());
+    row("keys written", &|f| f.keys_written.to_string());
+    row("bytes written (key+value)", &|f| mib(f.bytes_written));
+    row("write time", &|f| format!("{:.2} s", f.write_secs));
+    row("compaction time", &|f| {
+        f.compact_secs
+            .map_or_else(|| "-".to_string(), |s| format!("{s:.2} s"))
+    });
+    row("state: bytes_total", &|f| mib(f.bytes_total));
+    row("state: SST files only", &|f| {
+        format!("{} ({} files)", mib(f.sst_bytes), f.sst_files)
+    });
+    row("state: private files", &|f| {
+        format!("{} ({} files)", mib(f.private_bytes), f.private_files)
+    });
+    row("files total/new/reused", &|f| {
+        format!("{}/{}/{}", f.files_total, f.files_new, f.files_reused)
+    });
+    row("new SSTs vs previous cp", &|f| {
+        format!("{} ({} files)", mib(f.new_sst_bytes), f.new_sst_files)
+    });
+    row("engine bytes_new_sst", &|f| mib(f.engine_bytes_new_sst));
+    row("uploaded (bytes_uploaded)", &|f| mib(f.bytes_uploaded));
+    row("  of which SST", &|f| mib(f.uploaded_sst));
+    row("  of which private", &|f| mib(f.uploaded_private));
+    row("uploaded / state", &|f| pct(f.upload_share()));
+    row("uploaded / new SST bytes", &|f| {
+        times(f.ratio_incl_private())
+    });
+    row("uploaded SST / new SST", &|f| times(f.ratio_sst_only()));
+    row("sync phase (sync_micros)", &|f| ms(f.sync_micros));
+    row("async phase (async_micros)", &|f| ms(f.async_micros));
+    row("checkpoint wall time", &|f| {
+        format!("{:.1} ms", f.checkpoint_secs * 1000.0)
+    });
+    let backends = rounds.first().map_or(0, |f| f.per_backend.len());
+    for b in 0..backends {
+        let name = rounds[0].per_backend[b].0.clone();
+        row(&format!("{name}: SSTs (new) size"), &|f| {
+            let (_, n, new, bytes) = &f.per_backend[b];
+            format!("{n} ({new}) {}", mib(*bytes))
+        });
+    }
+
+    let label_width = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..rounds.len())
+        .map(|c| {
+            rows.iter()
+                .map(|(_, cells)| cells[c].len())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for (i, (name, cells)) in rows.iter().enumerate() {
+        let mut line = format!("{name:<label_width$}");
+        for (cell, width) in cells.iter().zip(&widths) {
+            line.push_str(&format!(" | {cell:>width$}"));
+        }
+        println!("{line}");
+        if i == 1 {
+            let total = label_width + widths.iter().map(|w| w + 3).sum::<usize>();
+            println!("{}", "-".repeat(total));
+        }
+    }
+}
+
+fn figures_json(f: &Figures) -> Value {
+    json!({
+        "checkpoint": f.checkpoint,
+        "round": f.label,
+        "keys_written": f.keys_written,
+        "bytes_written": f.bytes_written,
+        "write_secs": f.write_secs,
+        "compact_secs": f.compact_secs,
+        "checkpoint_secs": f.checkpoint_secs,
+        "bytes_total": f.bytes_total,
+        "sst_bytes": f.sst_bytes,
+        "sst_files": f.sst_files,
+        "private_bytes": f.private_bytes,
+        "private_files": f.private_files,
+        "files_total": f.files_total,
+        "files_new": f.files_new,
+        "files_reused": f.files_reused,
+        "bytes_uploaded": f.bytes_uploaded,
+        "uploaded_sst_bytes": f.uploaded_sst,
+        "uploaded_private_bytes": f.uploaded_private,
+        "uploaded_objects": f.uploaded_objects,
+        "new_sst_files": f.new_sst_files,
+        "new_sst_bytes": f.new_sst_bytes,
+        "engine_bytes_new_sst": f.engine_bytes_new_sst,
+        "upload_share": f.upload_share(),
+        "ratio_uploaded_to_new_sst": f.ratio_incl_private(),
+        "ratio_uploaded_sst_to_new_sst": f.ratio_sst_only(),
+        "sync_micros": f.sync_micros,
+        "async_micros": f.async_micros,
+        "per_backend": f.per_backend.iter().map(|(name, n, new, bytes)| json!({
+            "backend": name, "sst_files": n, "new_sst_files": new, "sst_bytes": bytes,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn run(args: &Args, workdir: &std::path::Path) -> Result<Vec<Figures>, Box<dyn std::error::Error>> {
+    let store = workdir.join("store");
+    if store.exists() {
+        return Err(format!(
+            "{} already exists: give an empty or new WORKDIR",
+            store.display()
+        )
+        .into());
+    }
+    let names: Vec<BackendName> = (0..args.backends)
+        .map(|b| BackendName::new(OPERATOR, b))
+        .collect::<Result<_, _>>()?;
+    let mut config = EngineConfig::new(&store);
+    config.backends = names.clone();
+    config.retain = Some(3);
+    let engine = Engine::open(config)?;
+
+    let per_entry = (KEY_SIZE + VALUE_SIZE) as u64;
+    let keys = (args.total_mib * MIB / per_entry / u64::from(args.backends)).max(1);
+    println!(
+        "bench_incremental: {} MiB target, {} backends ({OPERATOR}/0..{}), {keys} keys of \
+         {KEY_SIZE}+{VALUE_SIZE} bytes per backend, {}% rewrite per round, store {}",
+        args.total_mib,
+        args.backends,
+        args.backends - 1,
+        args.rewrite_percent,
+        store.display()
+    );
+
+    let mut rounds = Vec::new();
+    let mut previous: Option<Arc<Manifest>> = None;
+    for round in 0..3u64 {
+        let indices: Vec<u64> = if round == 0 {
+            (0..keys).collect()
+        } else {
+            rewrite_set(keys, args.rewrite_percent, round)
+        };
+        let label = match round {
+            0 => "full load".to_string(),
+            1 => format!("{}% rewrite", args.rewrite_percent),
+            _ => format!("{}% rewrite + compact {}", args.rewrite_percent, names[0]),
+        };
+        eprintln!(
+            "round {}: {label} ({} keys per backend)",
+            round + 1,
+            indices.len()
+        );
+        let clock = Instant::now();
+        let bytes_written = write_keys(&engine, &names, &indices, round)?;
+        let write_secs = clock.elapsed().as_secs_f64();
+        let compact_secs = if round == 2 {
+            let clock = Instant::now();
+            engine.compact(&names[0])?;
+            Some(clock.elapsed().as_secs_f64())
+        } else {
+            None
+        };
+        let stored_before = stored_objects(&engine);
+        let clock = Instant::now();
+        let manifest = engine.checkpoint()?;
+        let checkpoint_secs = clock.elapsed().as_secs_f64();
+        let mut f = measure(&manifest, previous.as_deref(), &stored_before);
+        f.label = label;
+        f.keys_written = indices.len() as u64 * u64::from(args.backends);
+        f.bytes_written = bytes_written;
+        f.write_secs = write_secs;
+        f.compact_secs = compact_secs;
+        f.checkpoint_secs = checkpoint_secs;
+        if f.uploaded_sst + f.uploaded_private != f.bytes_uploaded {
+            eprintln!(
+                "note: checkpoint {}: bytes_uploaded {} != new objects' bytes {} + {}",
+                f.checkpoint, f.bytes_uploaded, f.uploaded_sst, f.uploaded_private
+            );
+        }
+        rounds.push(f);
+        previous = Some(manifest);
+    }
+    Ok(rounds)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(msg) => {
+            eprintln!("{msg}");
+            return ExitCode::from(2);
+        }
+    };
+    let (tempdir, workdir) = match &args.workdir {
+        Some(dir) => (None, dir.clone()),
+        None => match tempfile::Builder::new()
+            .prefix("ckptfs-bench-")
+            .tempdir_in("/tmp")
+        {
+            Ok(t) => {
+                let path = t.path().to_path_buf();
+                (Some(t), path)
+            }
+            Err(e) => {
+                eprintln!("cannot create a temporary directory: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let result = run(&args, &workdir);
+    // The engine is closed by now (dropped inside `run`): the directory can go.
+    if let Some(t) = tempdir {
+        if let Err(e) = t.close() {
+            eprintln!("could not remove {}: {e}", workdir.display());
+        }
+    }
+    let rounds = match result {
+        Ok(rounds) => rounds,
+        Err(e) => {
+            eprintln!("bench_incremental failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+
+    println!();
+    print_table(&rounds);
+    println!();
+    let second = &rounds[1];
+    println!(
+        "targets for checkpoint {} ({}): uploaded/state {} < {} {}; uploaded/new SST {} <= \
+         {TARGET_UPLOAD_RATIO:.2}x {} (SST only: {} {})",
+        second.checkpoint,
+        second.label,
+        pct(second.upload_share()),
+        pct(TARGET_UPLOAD_SHARE),
+        verdict(second.upload_share() < TARGET_UPLOAD_SHARE),
+        times(second.ratio_incl_private()),
+        verdict(
+            second
+                .ratio_incl_private()
+                .is_some_and(|r| r <= TARGET_UPLOAD_RATIO)
+        ),
+        times(second.ratio_sst_only()),
+        verdict(
+            second
+                .ratio_sst_only()
+                .is_some_and(|r| r <= TARGET_UPLOAD_RATIO)
+        ),
+    );
+    let third = &rounds[2];
+    println!(
+        "checkpoint {} ({}): uploaded {} = {} of the state ({}x checkpoint {})",
+        third.checkpoint,
+        third.label,
+        mib(third.bytes_uploaded),
+        pct(third.upload_share()),
+        ratio(third.bytes_uploaded, second.bytes_uploaded)
+            .map_or_else(|| "n/a".to_string(), |r| format!("{r:.1}")),
+        second.checkpoint,
+    );
+    let out = json!({
+        "bench": "incremental",
+        "total_mib": args.total_mib,
+        "backends": args.backends,
+        "rewrite_percent": args.rewrite_percent,
+        "key_size": KEY_SIZE,
+        "value_size": VALUE_SIZE,
+        "targets": {
+            "upload_share_max": TARGET_UPLOAD_SHARE,
+            "upload_ratio_max": TARGET_UPLOAD_RATIO,
+            "upload_share_met": second.upload_share() < TARGET_UPLOAD_SHARE,
+            "upload_ratio_met": second.ratio_incl_private().is_some_and(|r| r <= TARGET_UPLOAD_RATIO),
+            "upload_ratio_sst_only_met": second.ratio_sst_only().is_some_and(|r| r <= TARGET_UPLOAD_RATIO),
+        },
+        "checkpoints": rounds.iter().map(figures_json).collect::<Vec<_>>(),
+    });
+    println!("{out}");
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,316 @@
+//! The command-line side of a mount: start the daemon in the background, talk to it
+//! through `.ckptfs/ctl` and `.ckptfs/status`, unmount it.
+
+use std::fs::OpenOptions;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use ckptfs::error::{Error, IoContext};
+use ckptfs::names::BackendName;
+use ckptfs::percent;
+
+const NOTIFY_ENV: &str = "CKPTFS_NOTIFY_READY";
+
+/// Re-run this command with `--foreground` as a detached daemon, and return once it says
+/// the mount is ready (exit 0) or why it is not (exit 1).
+pub fn daemonize(store: &Path, log_file: Option<&Path>) -> Result<ExitCode, Error> {
+    std::fs::create_dir_all(store).ctx("create store", store)?;
+    let log_path = log_file
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| store.join("ckptfs.log"));
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .ctx("open log file", &log_path)?;
+    let exe = std::env::current_exe().map_err(|e| Error::io("find own executable", e))?;
+    let mut command = std::process::Command::new(exe);
+    command
+        .args(std::env::args_os().skip(1))
+        .arg("--foreground")
+        .env(NOTIFY_ENV, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log);
+    // SAFETY: setsid is async-signal-safe; it detaches the daemon from our terminal.
+    unsafe {
+        command.pre_exec(|| {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+    let mut child = command
+        .spawn()
+        .map_err(|e| Error::io("start the daemon", e))?;
+    let stdout = child.stdout.take().expect("piped");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .map_err(|e| Error::io("wait for the daemon", e))?;
+    let line = line.trim_end();
+    if line == "ready" {
+        eprintln!(
+            "ckptfs: mounted (daemon pid {}, log {})",
+            child.id(),
+            log_path.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let _ = child.wait();
+    let message = line.strip_prefix("error: ").unwrap_or(line);
+    if message.is_empty() {
+        eprintln!(
+            "ckptfs: error: the daemon exited before the mount was ready; see {}",
+            log_path.display()
+        );
+    } else {
+        eprintln!("ckptfs: error: {message}");
+    }
+    Ok(ExitCode::from(1))
+}
+
+/// Tell a waiting `ckptfs mount` (our parent) whether the mount is ready, then stop
+/// writing to the pipe so the parent can exit.
+pub fn notify_ready(result: ckptfs::Result<()>) {
+    if std::env::var_os(NOTIFY_ENV).is_none() {
+        return;
+    }
+    let mut out = std::io::stdout();
+    let _ = match &result {
+        Ok(()) => writeln!(out, "ready"),
+        Err(e) => writeln!(out, "error: {e}"),
+    };
+    let _ = out.flush();
+    if let Ok(null) = OpenOptions::new().write(true).open("/dev/null") {
+        use std::os::fd::AsRawFd;
+        // SAFETY: dup2 onto fd 1 replaces our stdout with /dev/null; both fds are valid.
+        unsafe {
+            libc::dup2(null.as_raw_fd(), 1);
+        }
+    }
+}
+
+fn ctl_path(mountpoint: &Path) -> PathBuf {
+    mountpoint.join(".ckptfs").join("ctl")
+}
+
+fn not_a_mount(mountpoint: &Path, e: std::io::Error) -> Error {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        Error::NotFound(format!(
+            "{} is not a ckptfs mount (no .ckptfs/ctl); mount it with `ckptfs mount STORE {}`",
+            mountpoint.display(),
+            mountpoint.display()
+        ))
+    } else {
+        Error::io(format!("open {}", ctl_path(mountpoint).display()), e)
+    }
+}
+
+/// Send command lines in one write and read one answer per command.
+pub fn requests(mountpoint: &Path, lines: &[String]) -> Result<Vec<serde_json::Value>, Error> {
+    let path = ctl_path(mountpoint);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| not_a_mount(mountpoint, e))?;
+    let mut text = lines.join("\n");
+    text.push('\n');
+    let write = (&file).write_all(text.as_bytes());
+    let mut reader = BufReader::new(&file);
+    let mut answers = Vec::new();
+    let expected = if write.is_ok() { lines.len() } else { 1 };
+    for _ in 0..expected {
+        let mut line = String::new();
+        reader.read_line(&mut line).ctx("read answer from", &path)?;
+        if line.is_empty() {
+            break;
+        }
+        let value: serde_json::Value = serde_json::from_str(&line)
+            .map_err(|e| Error::Corrupt(format!("unreadable answer {line:?}: {e}")))?;
+        if value["ok"] != true {
+            return Err(Error::Invalid(
+                value["error"]
+                    .as_str()
+                    .unwrap_or("command failed")
+                    .to_string(),
+            ));
+        }
+        answers.push(value);
+    }
+    write.ctx("write to", &path)?;
+    Ok(answers)
+}
+
+pub fn request(mountpoint: &Path, line: &str) -> Result<serde_json::Value, Error> {
+    requests(mountpoint, &[line.to_string()])?
+        .pop()
+        .ok_or_else(|| Error::Corrupt("the daemon gave no answer".into()))
+}
+
+fn read_status(mountpoint: &Path) -> Result<serde_json::Value, Error> {
+    let path = mountpoint.join(".ckptfs").join("status");
+    let mut text = String::new();
+    std::fs::File::open(&path)
+        .map_err(|e| not_a_mount(mountpoint, e))?
+        .read_to_string(&mut text)
+        .ctx("read", &path)?;
+    serde_json::from_str(&text).map_err(|e| Error::Corrupt(format!("unreadable status: {e}")))
+}
+
+fn when(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+pub fn ls(mountpoint: &Path, json: bool) -> Result<ExitCode, Error> {
+    let status = read_status(mountpoint)?;
+    let checkpoints = status["checkpoints"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if json {
+        println!("{}", serde_json::Value::Array(checkpoints));
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:>6}  {:<20}  {:>6}  {:>12}  {:>12}  {:>9}  {:>9}",
+        "ID", "COMPLETED", "FILES", "BYTES", "UPLOADED", "SYNC_MS", "ASYNC_MS"
+    );
+    for c in checkpoints {
+        let n = |field: &str| c[field].as_u64().unwrap_or(0);
+        println!(
+            "{:>6}  {:<20}  {:>6}  {:>12}  {:>12}  {:>9.1}  {:>9.1}",
+            n("id"),
+            when(n("completed_unix_ms")),
+            n("files"),
+            n("bytes"),
+            n("bytes_uploaded"),
+            c["sync_ms"].as_f64().unwrap_or(0.0),
+            c["async_ms"].as_f64().unwrap_or(0.0),
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn status(mountpoint: &Path, json: bool) -> Result<ExitCode, Error> {
+    let status = read_status(mountpoint)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&status).expect("json"));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let ids: Vec<String> = status["checkpoints"]
+        .as_array()
+        .map(|a| a.iter().map(|c| c["id"].to_string()).collect())
+        .unwrap_or_default();
+    println!("store:       {}", status["store"].as_str().unwrap_or("?"));
+    println!("daemon pid:  {}", status["pid"]);
+    println!(
+        "backends:    {}",
+        status["backends"]
+            .as_array()
+            .map(|a| a
+                .iter()
+                .filter_map(|b| b.as_str())
+                .collect::<Vec<_>>()
+                .join(", "))
+            .unwrap_or_default()
+    );
+    println!(
+        "checkpoints: {} (retain {})",
+        ids.join(" "),
+        status["retain"]
+    );
+    println!("in flight:   {}", status["in_flight"]);
+    println!(
+        "store size:  {} bytes in {} objects",
+        status["store_bytes"], status["objects"]
+    );
+    if let Some(e) = status["last_error"].as_str() {
+        println!("last error:  {e}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn umount(mountpoint: &Path, timeout: u64) -> Result<ExitCode, Error> {
+    let pid = read_status(mountpoint)?["pid"].as_i64();
+    let out = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg(mountpoint)
+        .output();
+    let ok = match &out {
+        Ok(o) if o.status.success() => true,
+        _ if nix::unistd::geteuid().is_root() => std::process::Command::new("umount")
+            .arg(mountpoint)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false),
+        _ => false,
+    };
+    if !ok {
+        let detail = out
+            .map(|o| String::from_utf8_lossy(&o.stderr).trim().to_string())
+            .unwrap_or_else(|e| e.to_string());
+        return Err(Error::Busy(format!(
+            "could not unmount {}: {detail}",
+            mountpoint.display()
+        )));
+    }
+    if let Some(pid) = pid {
+        let pid = nix::unistd::Pid::from_raw(pid as i32);
+        let deadline = Instant::now() + Duration::from_secs(timeout);
+        while nix::sys::signal::kill(pid, None).is_ok() {
+            if Instant::now() > deadline {
+                return Err(Error::Busy(format!(
+                    "unmounted, but daemon pid {pid} is still finishing after {timeout}s"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Keep each write(2) well under the kernel's FUSE write size so it arrives whole.
+const LOAD_CHUNK: usize = 64 * 1024;
+
+pub fn load(
+    mountpoint: &Path,
+    backend: &BackendName,
+    file: Option<&Path>,
+) -> Result<ExitCode, Error> {
+    let input: Box<dyn BufRead> = match file {
+        Some(p) => Box::new(BufReader::new(std::fs::File::open(p).ctx("open", p)?)),
+        None => Box::new(BufReader::new(std::io::stdin())),
+    };
+    let mut batch: Vec<String> = Vec::new();
+    let mut batch_bytes = 0;
+    let mut loaded = 0usize;
+    for (n, line) in input.lines().enumerate() {
+        let line = line.map_err(|e| Error::io("read input", e))?;
+        if line.is_empty() {
+            continue;
+        }
+        let (k, v) = line
+            .split_once('\t')
+            .ok_or_else(|| Error::Invalid(format!("line {}: expected KEY<TAB>VALUE", n + 1)))?;
+        percent::decode(k)
+            .and_then(|_| percent::decode(v))
+            .map_err(|e| Error::Invalid(format!("line {}: {e}", n + 1)))?;
+        let command = format!("put {backend} {k} {v}");
+        if batch_bytes + command.len() + 1 > LOAD_CHUNK && !batch.is_empty() {
+            loaded += requests(mountpoint, &batch)?.len();
+            batch.clear();
+            batch_bytes = 0;
+        }
+        batch_bytes += command.len() + 1;
+        batch.push(command);
+    }
+    if !batch.is_empty() {
+        loaded += requests(mountpoint, &batch)?.len();
+    }
+    println!("loaded {loaded} keys into {backend}");
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,149 @@
+//! `ckptfs mount`: open the engine, mount the tree, serve until unmounted or signalled.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuser::{Config, MountOption, SessionACL};
+
+use crate::control::Controller;
+use crate::coordinator::{Engine, EngineConfig};
+use crate::error::{Error, IoContext, Result};
+use crate::fs::fuse::{FuseAdapter, NotifierInvalidator};
+use crate::fs::CkptFs;
+
+#[derive(Debug, Clone)]
+pub struct MountConfig {
+    pub engine: EngineConfig,
+    pub mountpoint: PathBuf,
+    pub interval: Option<Duration>,
+    pub allow_other: bool,
+    /// FUSE worker threads.
+    pub threads: usize,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() -> Result<()> {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let action = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { sigaction(signal, &action) }
+            .map_err(|e| Error::io("install signal handler", std::io::Error::from(e)))?;
+    }
+    Ok(())
+}
+
+/// Refuse a mountpoint that is missing, not a directory, or already a mount point.
+pub fn check_mountpoint(mountpoint: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(mountpoint).ctx("mountpoint", mountpoint)?;
+    if !meta.is_dir() {
+        return Err(Error::io(
+            format!("mountpoint {}", mountpoint.display()),
+            std::io::Error::from_raw_os_error(libc::ENOTDIR),
+        ));
+    }
+    let parent = mountpoint.join("..");
+    let parent_meta = std::fs::metadata(&parent).ctx("stat", &parent)?;
+    if parent_meta.dev() != meta.dev() || parent_meta.ino() == meta.ino() {
+        return Err(Error::Busy(format!(
+            "{} is already a mount point; unmount it first or choose another directory",
+            mountpoint.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Mount and serve in this process. `ready` is called once the mount is usable (or with
+/// the error that prevented it); serving continues until an unmount or a signal.
+pub fn serve(config: MountConfig, ready: impl FnOnce(Result<()>)) -> Result<()> {
+    let started = (|| -> Result<_> {
+        check_mountpoint(&config.mountpoint)?;
+        install_signal_handlers()?;
+        let engine = Engine::open(config.engine.clone())?;
+        let controller = Arc::new(Controller::new(engine.clone()));
+        let fs = CkptFs::new(controller.clone());
+        let mut options = vec![
+            MountOption::FSName(format!("ckptfs:{}", engine.store_root().display())),
+            MountOption::Subtype("ckptfs".into()),
+            MountOption::NoDev,
+            MountOption::NoSuid,
+            MountOption::NoAtime,
+        ];
+        if config.allow_other {
+            options.push(MountOption::DefaultPermissions);
+        }
+        let mut fuse_config = Config::default();
+        fuse_config.mount_options = options;
+        fuse_config.acl = if config.allow_other {
+            SessionACL::All
+        } else {
+            SessionACL::Owner
+        };
+        fuse_config.n_threads = Some(config.threads.max(1));
+        fuse_config.clone_fd = true;
+        let session = fuser::Session::new(
+            FuseAdapter::new(fs.clone()),
+            &config.mountpoint,
+            &fuse_config,
+        )
+        .map_err(|e| Error::io(format!("mount {}", config.mountpoint.display()), e))?;
+        fs.set_invalidator(NotifierInvalidator::start(session.notifier()));
+        let background = session
+            .spawn()
+            .map_err(|e| Error::io("start the FUSE session", e))?;
+        if let Some(period) = config.interval {
+            controller.start_interval(period);
+        }
+        Ok((engine, controller, background))
+    })();
+    let (engine, controller, background) = match started {
+        Ok(parts) => {
+            ready(Ok(()));
+            parts
+        }
+        Err(e) => {
+            let message = e.to_string();
+            ready(Err(e));
+            return Err(Error::Invalid(message));
+        }
+    };
+    log::info!(
+        "serving {} at {}",
+        engine.store_root().display(),
+        config.mountpoint.display()
+    );
+    while !STOP.load(Ordering::SeqCst) && !background.guard.is_finished() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let result = if STOP.load(Ordering::SeqCst) {
+        log::info!(
+            "signal received: unmounting {}",
+            config.mountpoint.display()
+        );
+        background.umount_and_join()
+    } else {
+        log::info!("{} was unmounted", config.mountpoint.display());
+        background.join()
+    };
+    if let Err(e) = result {
+        log::warn!("FUSE session ended with: {e}");
+    }
+    // Let in-flight checkpoints finish, then close the databases.
+    controller.shutdown();
+    drop(controller);
+    drop(engine);
+    log::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,745 @@
+//! The mounted tree as plain Rust: inodes, lookup, readdir, getattr, read, rmdir and the
+//! control-file handles. No fuser types here (see `fuse.rs`), so everything is testable
+//! without a mount.
+//!
+//! ```text
+//! /                       root (ino 1)
+//! ├── .ckptfs/            ino 2
+//! │   ├── ctl             ino 3, 0600: control commands in, JSON answers out
+//! │   ├── status          ino 4, 0444: JSON picture of the daemon
+//! │   └── registry        ino 5, 0444: JSON lines, one per stored object
+//! ├── latest -> cp-N      ino 6
+//! └── cp-N/               ino N<<32, one per retained checkpoint (see tree.rs)
+//! ```
+
+pub mod fuse;
+pub mod tree;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::json;
+
+use crate::control::{self, Controller};
+use crate::error::{Error, Result};
+use crate::store::ObjectId;
+use tree::{CheckpointTree, NodeKind};
+
+pub const ROOT: u64 = 1;
+pub const META_DIR: u64 = 2;
+pub const CTL: u64 = 3;
+pub const STATUS: u64 = 4;
+pub const REGISTRY: u64 = 5;
+pub const LATEST: u64 = 6;
+
+const META_DIR_NAME: &str = ".ckptfs";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Dir,
+    File,
+    Symlink,
+}
+
+/// What `stat` shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    pub kind: Kind,
+    pub size: u64,
+    pub perm: u16,
+    pub nlink: u32,
+    pub mtime: SystemTime,
+    pub uid: u32,
+    pub gid: u32,
+    /// True for entries that never change while they exist (checkpoint content): the
+    /// adapter gives them long cache lifetimes.
+    pub immutable: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: String,
+    pub attr: Attr,
+}
+
+/// How an opened file is to be read.
+pub enum Opened {
+    /// A stored object: reads go to this file (or the kernel, by passthrough).
+    Object {
+        fh: u64,
+        file: Arc<File>,
+        object: ObjectId,
+    },
+    /// Generated content (seekable) or the control stream (not): reads go through
+    /// [`CkptFs::read`].
+    Stream { fh: u64, seekable: bool },
+}
+
+enum Handle {
+    Object(Arc<File>),
+    Snapshot(Vec<u8>),
+    Control(Arc<ControlStream>),
+}
+
+/// Answers of one open control handle, in command order.
+#[derive(Default)]
+struct ControlStream {
+    state: Mutex<ControlState>,
+}
+
+/// A reader parked until the next answer is ready.
+pub type ReadCallback = Box<dyn FnOnce(Result<Vec<u8>>) + Send>;
+
+#[derive(Default)]
+struct ControlState {
+    /// Answer slots; `None` until the command has finished.
+    slots: VecDeque<Option<String>>,
+    /// Slot index of the front of `slots` (answers already read are popped).
+    base: usize,
+    /// Unread remainder of a line a reader only took part of.
+    partial: Vec<u8>,
+    waiting: VecDeque<(u32, ReadCallback)>,
+}
+
+impl ControlState {
+    /// One answer line per read: what `head -n1` expects. `None` if the next one is not
+    /// ready yet; an empty vector at the end of the stream.
+    fn take(&mut self, size: u32) -> Option<Vec<u8>> {
+        if self.partial.is_empty() {
+            match self.slots.front() {
+                None => return Some(Vec::new()),
+                Some(None) => return None,
+                Some(Some(_)) => {
+                    let line = self.slots.pop_front().flatten().unwrap_or_default();
+                    self.base += 1;
+                    self.partial = line.into_bytes();
+                    self.partial.push(b'\n');
+                }
+            }
+        }
+        let n = (size as usize).min(self.partial.len());
+        Some(self.partial.drain(..n).collect())
+    }
+
+    /// Wake the parked readers that can now be answered.
+    fn deliverable(&mut self) -> Vec<(ReadCallback, Vec<u8>)> {
+        let mut out = Vec::new();
+        while let Some((size, _)) = self.waiting.front() {
+            match self.take(*size) {
+                Some(data) => {
+                    let (_, callback) = self.waiting.pop_front().expect("front exists");
+                    out.push((callback, data));
+                }
+                None => break,
+            }
+        }
+        out
+    }
+}
+
+/// Lets the core ask the kernel to forget cached entries (implemented by the adapter).
+pub trait Invalidator: Send + Sync {
+    fn entry(&self, parent: u64, name: &str);
+    fn inode(&self, ino: u64);
+}
+
+pub struct CkptFs {
+    controller: Arc<Controller>,
+    uid: u32,
+    gid: u32,
+    mounted_at: SystemTime,
+    trees: Mutex<HashMap<u64, Arc<CheckpointTree>>>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+    /// Checkpoints the kernel may have cached entries for.
+    shown: Mutex<BTreeSet<u64>>,
+    invalidator: Mutex<Option<Arc<dyn Invalidator>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `cp-N` with N in canonical decimal.
+pub fn parse_checkpoint_dir(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("cp-")?;
+    if digits.is_empty() || (digits.len() > 1 && digits.starts_with('0')) {
+        return None;
+    }
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok().filter(|n| *n < (1 << 31))
+}
+
+fn split_ino(ino: u64) -> Option<(u64, usize)> {
+    let cp = ino >> 32;
+    (cp > 0).then_some((cp, (ino & 0xffff_ffff) as usize))
+}
+
+fn make_ino(cp: u64, index: usize) -> u64 {
+    (cp << 32) | index as u64
+}
+
+impl CkptFs {
+    pub fn new(controller: Arc<Controller>) -> Arc<Self> {
+        let fs = Arc::new(CkptFs {
+            controller,
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+            mounted_at: SystemTime::now(),
+            trees: Mutex::new(HashMap::new()),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            shown: Mutex::new(BTreeSet::new()),
+            invalidator: Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&fs);
+        fs.controller.set_change_hook(Arc::new(move || {
+            if let Some(fs) = weak.upgrade() {
+                fs.checkpoints_changed();
+            }
+        }));
+        fs
+    }
+
+    pub fn controller(&self) -> &Arc<Controller> {
+        &self.controller
+    }
+
+    pub fn set_invalidator(&self, invalidator: Arc<dyn Invalidator>) {
+        *lock(&self.invalidator) = Some(invalidator);
+    }
+
+    /// Forget trees of dropped checkpoints and tell the kernel to drop their entries.
+    fn checkpoints_changed(&self) {
+        let current: BTreeSet<u64> = self
+            .controller
+            .engine()
+            .checkpoints()
+            .iter()
+            .map(|m| m.id)
+            .collect();
+        let gone: Vec<u64> = {
+            let mut shown = lock(&self.shown);
+            let gone = shown.difference(&current).copied().collect();
+            *shown = current;
+            gone
+        };
+        let invalidator = lock(&self.invalidator).clone();
+        {
+            let mut trees = lock(&self.trees);
+            for id in &gone {
+                trees.remove(id);
+            }
+        }
+        if let Some(inv) = invalidator {
+            for id in &gone {
+                inv.entry(ROOT, &format!("cp-{id}"));
+            }
+            inv.inode(LATEST);
+            inv.inode(ROOT);
+        }
+    }
+
+    fn tree(&self, cp: u64) -> Result<Arc<CheckpointTree>> {
+        if let Some(tree) = lock(&self.trees).get(&cp) {
+            return Ok(tree.clone());
+        }
+        let manifest = self
+            .controller
+            .engine()
+            .manifest(cp)
+            .ok_or(Error::NoSuchCheckpoint(cp))?;
+        let tree = Arc::new(CheckpointTree::build(&manifest));
+        lock(&self.trees).insert(cp, tree.clone());
+        lock(&self.shown).insert(cp);
+        Ok(tree)
+    }
+
+    fn latest(&self) -> Option<u64> {
+        self.controller.engine().checkpoints().last().map(|m| m.id)
+    }
+
+    fn attr(
+        &self,
+        ino: u64,
+        kind: Kind,
+        size: u64,
+        perm: u16,
+        nlink: u32,
+        mtime: SystemTime,
+    ) -> Attr {
+        Attr {
+            ino,
+            kind,
+            size,
+            perm,
+            nlink,
+            mtime,
+            uid: self.uid,
+            gid: self.gid,
+            immutable: false,
+        }
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        match ino {
+            ROOT => {
+                let n = self.controller.engine().checkpoints().len() as u32;
+                Ok(self.attr(ROOT, Kind::Dir, 0, 0o755, 3 + n, self.mounted_at))
+            }
+            META_DIR => Ok(self.attr(META_DIR, Kind::Dir, 0, 0o755, 2, self.mounted_at)),
+            CTL => Ok(self.attr(CTL, Kind::File, 0, 0o600, 1, self.mounted_at)),
+            STATUS | REGISTRY => Ok(self.attr(ino, Kind::File, 0, 0o444, 1, SystemTime::now())),
+            LATEST => {
+                let target = self
+                    .latest()
+                    .ok_or(Error::NotFound("no checkpoint yet".into()))?;
+                let len = format!("cp-{target}").len() as u64;
+                Ok(self.attr(LATEST, Kind::Symlink, len, 0o777, 1, self.mounted_at))
+            }
+            _ => {
+                let (cp, index) = split_ino(ino).ok_or(Error::NotFound(format!("inode {ino}")))?;
+                let tree = self.tree(cp)?;
+                let node = tree
+                    .nodes
+                    .get(index)
+                    .ok_or(Error::NotFound(format!("inode {ino}")))?;
+                let mut attr = match &node.kind {
+                    NodeKind::Dir(children) => {
+                        let subdirs = children
+                            .iter()
+                            .filter(|c| matches!(tree.nodes[**c].kind, NodeKind::Dir(_)))
+                            .count() as u32;
+                        self.attr(ino, Kind::Dir, 0, 0o555, 2 + subdirs, tree.mtime)
+                    }
+                    NodeKind::File { size, .. } => {
+                        self.attr(ino, Kind::File, *size, 0o444, 1, tree.mtime)
+                    }
+                };
+                attr.immutable = true;
+                Ok(attr)
+            }
+        }
+    }
+
+    pub fn lookup(&self, parent: u64, name: &str) -> Result<Attr> {
+        let missing = || Error::NotFound(name.to_string());
+        match parent {
+            ROOT => match name {
+                META_DIR_NAME => self.getattr(META_DIR),
+                "latest" => self.getattr(LATEST),
+                _ => {
+                    let cp = parse_checkpoint_dir(name).ok_or_else(missing)?;
+                    self.tree(cp).map_err(|_| missing())?;
+                    self.getattr(make_ino(cp, 0))
+                }
+            },
+            META_DIR => match name {
+                "ctl" => self.getattr(CTL),
+                "status" => self.getattr(STATUS),
+                "registry" => self.getattr(REGISTRY),
+                _ => Err(missing()),
+            },
+            _ => {
+                let (cp, index) = split_ino(parent).ok_or_else(missing)?;
+                let tree = self.tree(cp)?;
+                let child = tree.child(index, name).ok_or_else(missing)?;
+                self.getattr(make_ino(cp, child))
+            }
+        }
+    }
+
+    /// The entries of a directory, without `.` and `..`.
+    pub fn readdir(&self, ino: u64) -> Result<Vec<DirEntry>> {
+        let entry = |name: &str, ino: u64| -> Result<DirEntry> {
+            Ok(DirEntry {
+                name: name.to_string(),
+                attr: self.getattr(ino)?,
+            })
+        };
+        match ino {
+            ROOT => {
+                let mut out = vec![entry(META_DIR_NAME, META_DIR)?];
+                let checkpoints = self.controller.engine().checkpoints();
+                if !checkpoints.is_empty() {
+                    out.push(entry("latest", LATEST)?);
+                }
+                for m in checkpoints {
+                    if let Ok(e) = entry(&format!("cp-{}", m.id), make_ino(m.id, 0)) {
+                        out.push(e);
+                    }
+                }
+                Ok(out)
+            }
+            META_DIR => Ok(vec![
+                entry("ctl", CTL)?,
+                entry("registry", REGISTRY)?,
+                entry("status", STATUS)?,
+            ]),
+            _ => {
+                let (cp, index) = split_ino(ino).ok_or(Error::NotFound(format!("inode {ino}")))?;
+                let tree = self.tree(cp)?;
+                match &tree.nodes.get(index).map(|n| &n.kind) {
+                    Some(NodeKind::Dir(children)) => children
+                        .iter()
+                        .map(|c| entry(&tree.nodes[*c].name, make_ino(cp, *c)))
+                        .collect(),
+                    Some(NodeKind::File { .. }) => Err(Error::io(
+                        "readdir",
+                        std::io::Error::from_raw_os_error(libc::ENOTDIR),
+                    )),
+                    None => Err(Error::NotFound(format!("inode {ino}"))),
+                }
+            }
+        }
+    }
+
+    /// The parent inode of a directory (for `..`).
+    pub fn parent_of(&self, ino: u64) -> u64 {
+        match split_ino(ino) {
+            Some((cp, 0)) => {
+                let _ = cp;
+                ROOT
+            }
+            Some((cp, index)) => self
+                .tree(cp)
+                .ok()
+                .and_then(|t| t.nodes.get(index).map(|n| make_ino(cp, n.parent)))
+                .unwrap_or(ROOT),
+            None => ROOT,
+        }
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<String> {
+        if ino != LATEST {
+            return Err(Error::Invalid("not a symbolic link".into()));
+        }
+        let target = self
+            .latest()
+            .ok_or(Error::NotFound("no checkpoint yet".into()))?;
+        Ok(format!("cp-{target}"))
+    }
+
+    fn new_handle(&self, handle: Handle) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        lock(&self.handles).insert(fh, handle);
+        fh
+    }
+
+    /// Open a file. Checkpoint files are read-only; the control file accepts writes.
+    pub fn open(&self, ino: u64, write: bool) -> Result<Opened> {
+        match ino {
+            CTL => Ok(Opened::Stream {
+                fh: self.new_handle(Handle::Control(Arc::default())),
+                seekable: false,
+            }),
+            STATUS | REGISTRY if !write => {
+                let bytes = if ino == STATUS {
+                    self.status_json()
+                } else {
+                    self.registry_json()
+                };
+                Ok(Opened::Stream {
+                    fh: self.new_handle(Handle::Snapshot(bytes.into_bytes())),
+                    seekable: true,
+                })
+            }
+            META_DIR | ROOT | LATEST => Err(Error::Invalid("not a regular file".into())),
+            STATUS | REGISTRY => Err(Error::ReadOnly(".ckptfs status files are read-only".into())),
+            _ => {
+                let (cp, index) = split_ino(ino).ok_or(Error::NotFound(format!("inode {ino}")))?;
+                let tree = self.tree(cp)?;
+                let node = tree
+                    .nodes
+                    .get(index)
+                    .ok_or(Error::NotFound(format!("inode {ino}")))?;
+                let NodeKind::File { object, .. } = &node.kind else {
+                    return Err(Error::io(
+                        "open",
+                        std::io::Error::from_raw_os_error(libc::EISDIR),
+                    ));
+                };
+                if write {
+                    return Err(Error::ReadOnly(format!("cp-{cp} is a checkpoint")));
+                }
+                let file = Arc::new(self.controller.engine().object_store().open(object)?);
+                let fh = self.new_handle(Handle::Object(file.clone()));
+                Ok(Opened::Object {
+                    fh,
+                    file,
+                    object: *object,
+                })
+            }
+        }
+    }
+
+    /// Read from an open handle. `reply` is called now, or later for a control handle
+    /// whose next answer is still being worked on (a checkpoint uploading).
+    pub fn read(&self, fh: u64, offset: u64, size: u32, reply: ReadCallback) {
+        let handle = match lock(&self.handles).get(&fh) {
+            Some(Handle::Object(file)) => Ok(HandleRef::Object(file.clone())),
+            Some(Handle::Snapshot(bytes)) => {
+                let start = (offset as usize).min(bytes.len());
+                let end = (start + size as usize).min(bytes.len());
+                Ok(HandleRef::Bytes(bytes[start..end].to_vec()))
+            }
+            Some(Handle::Control(stream)) => Ok(HandleRef::Control(stream.clone())),
+            None => Err(Error::io(
+                "read",
+                std::io::Error::from_raw_os_error(libc::EBADF),
+            )),
+        };
+        match handle {
+            Err(e) => reply(Err(e)),
+            Ok(HandleRef::Bytes(b)) => reply(Ok(b)),
+            Ok(HandleRef::Object(file)) => {
+                let mut buf = vec![0u8; size as usize];
+                let mut filled = 0;
+                let result = loop {
+                    match file.read_at(&mut buf[filled..], offset + filled as u64) {
+                        Ok(0) => break Ok(()),
+                        Ok(n) => {
+                            filled += n;
+                            if filled == buf.len() {
+                                break Ok(());
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => break Err(Error::io("read stored object", e)),
+                    }
+                };
+                buf.truncate(filled);
+                reply(result.map(|_| buf));
+            }
+            Ok(HandleRef::Control(stream)) => {
+                let mut st = lock(&stream.state);
+                match st.take(size) {
+                    Some(data) => {
+                        drop(st);
+                        reply(Ok(data));
+                    }
+                    None => st.waiting.push_back((size, reply)),
+                }
+            }
+        }
+    }
+
+    /// Write control commands. The whole write is parsed and validated first: one bad
+    /// line fails it with EINVAL and nothing runs; the error is the handle's next answer.
+    pub fn write(&self, fh: u64, data: &[u8]) -> Result<usize> {
+        let stream = match lock(&self.handles).get(&fh) {
+            Some(Handle::Control(stream)) => stream.clone(),
+            Some(_) => return Err(Error::ReadOnly("only .ckptfs/ctl is writable".into())),
+            None => {
+                return Err(Error::io(
+                    "write",
+                    std::io::Error::from_raw_os_error(libc::EBADF),
+                ))
+            }
+        };
+        let commands = control::parse_write(data).and_then(|c| {
+            self.controller.validate(&c)?;
+            Ok(c)
+        });
+        let commands = match commands {
+            Ok(c) => c,
+            Err(e) => {
+                self.controller.engine().record_error(e.to_string());
+                push_answers(&stream, vec![Some(control::error_json(&e))]);
+                return Err(e);
+            }
+        };
+        let first = {
+            let mut st = lock(&stream.state);
+            let first = st.base + st.slots.len();
+            st.slots.extend(std::iter::repeat_n(None, commands.len()));
+            first
+        };
+        let weak = Arc::downgrade(&stream);
+        let answer: control::AnswerSink = Arc::new(move |index, line| {
+            if let Some(stream) = weak.upgrade() {
+                let ready = {
+                    let mut st = lock(&stream.state);
+                    if let Some(slot) = (first + index)
+                        .checked_sub(st.base)
+                        .and_then(|i| st.slots.get_mut(i))
+                    {
+                        *slot = Some(line);
+                    }
+                    st.deliverable()
+                };
+                for (callback, data) in ready {
+                    callback(Ok(data));
+                }
+            }
+        });
+        self.controller.execute(commands, answer);
+        Ok(data.len())
+    }
+
+    pub fn release(&self, fh: u64) {
+        let handle = lock(&self.handles).remove(&fh);
+        if let Some(Handle::Control(stream)) = handle {
+            // Readers still parked (another thread of the process) get end-of-file.
+            let waiting: Vec<_> = lock(&stream.state).waiting.drain(..).collect();
+            for (_, callback) in waiting {
+                callback(Ok(Vec::new()));
+            }
+        }
+    }
+
+    /// `rmdir cp-N` drops checkpoint N; anything else is refused.
+    pub fn rmdir(&self, parent: u64, name: &str) -> Result<()> {
+        if parent != ROOT {
+            return Err(if split_ino(parent).is_some() {
+                Error::ReadOnly(format!("{name} is part of a checkpoint"))
+            } else {
+                Error::io("rmdir", std::io::Error::from_raw_os_error(libc::EPERM))
+            });
+        }
+        let Some(cp) = parse_checkpoint_dir(name) else {
+            return Err(if name == META_DIR_NAME {
+                Error::io("rmdir", std::io::Error::from_raw_os_error(libc::EPERM))
+            } else if name == "latest" {
+                Error::io("rmdir", std::io::Error::from_raw_os_error(libc::ENOTDIR))
+            } else {
+                Error::NotFound(name.to_string())
+            });
+        };
+        self.controller.engine().delete_checkpoint(cp)?;
+        lock(&self.trees).remove(&cp);
+        lock(&self.shown).remove(&cp);
+        if let Some(inv) = lock(&self.invalidator).clone() {
+            inv.inode(LATEST);
+        }
+        Ok(())
+    }
+
+    /// The error for any other change (create, unlink, rename, mkdir, setattr...).
+    pub fn refuse_change(&self, parent_or_ino: u64) -> Error {
+        if split_ino(parent_or_ino).is_some() {
+            Error::ReadOnly("checkpoints are read-only".into())
+        } else {
+            Error::io("change", std::io::Error::from_raw_os_error(libc::EPERM))
+        }
+    }
+
+    pub fn status_json(&self) -> String {
+        let engine = self.controller.engine();
+        let status = engine.status();
+        let counts = engine.reference_counts();
+        let mut sizes: BTreeMap<ObjectId, u64> = BTreeMap::new();
+        for m in &status.checkpoints {
+            for b in &m.backends {
+                for f in &b.files {
+                    sizes.insert(f.object, f.size);
+                }
+            }
+        }
+        let checkpoints: Vec<_> = status
+            .checkpoints
+            .iter()
+            .map(|m| {
+                let s = &m.stats;
+                json!({
+                    "id": m.id,
+                    "completed_unix_ms": m.completed_unix_ms,
+                    "files": s.files_total,
+                    "files_new": s.files_new,
+                    "files_reused": s.files_reused,
+                    "bytes": s.bytes_total,
+                    "bytes_uploaded": s.bytes_uploaded,
+                    "sync_ms": s.sync_micros as f64 / 1000.0,
+                    "async_ms": s.async_micros as f64 / 1000.0,
+                })
+            })
+            .collect();
+        let value = json!({
+            "pid": std::process::id(),
+            "store": engine.store_root(),
+            "backends": status.backends.iter().map(|b| b.to_string()).collect::<Vec<_>>(),
+            "checkpoints": checkpoints,
+            "in_flight": status.in_flight,
+            "retain": status.retain,
+            "max_concurrent": status.max_concurrent,
+            "last_error": status.last_error,
+            "objects": counts.len(),
+            "store_bytes": sizes.values().sum::<u64>(),
+        });
+        let mut text = serde_json::to_string_pretty(&value).expect("json");
+        text.push('\n');
+        text
+    }
+
+    pub fn registry_json(&self) -> String {
+        let engine = self.controller.engine();
+        let counts = engine.reference_counts();
+        #[derive(Default)]
+        struct Row {
+            size: u64,
+            checkpoints: BTreeSet<u64>,
+            files: BTreeSet<(String, String)>,
+        }
+        let mut rows: BTreeMap<ObjectId, Row> = BTreeMap::new();
+        for m in engine.checkpoints() {
+            for b in &m.backends {
+                for f in &b.files {
+                    let row = rows.entry(f.object).or_default();
+                    row.size = f.size;
+                    row.checkpoints.insert(m.id);
+                    row.files.insert((b.name.to_string(), f.name.clone()));
+                }
+            }
+        }
+        let mut out = String::new();
+        for (id, row) in rows {
+            let line = json!({
+                "id": id.to_hex(),
+                "size": row.size,
+                "refcount": counts.get(&id).copied().unwrap_or(0),
+                "checkpoints": row.checkpoints,
+                "files": row.files.iter().map(|(b, f)| json!({"backend": b, "name": f})).collect::<Vec<_>>(),
+            });
+            out.push_str(&line.to_string());
+            out.push('\n');
+        }
+        out
+    }
+
+    /// The answers the kernel may cache: immutable entries for an hour, the rest a second.
+    pub fn ttl(attr: &Attr) -> Duration {
+        if attr.immutable {
+            Duration::from_secs(3600)
+        } else {
+            Duration::from_secs(1)
+        }
+    }
+
+    pub fn epoch() -> SystemTime {
+        UNIX_EPOCH
+    }
+}
+
+enum HandleRef {
+    Object(Arc<File>),
+    Bytes(Vec<u8>),
+    Control(Arc<ControlStream>),
+}
+
+fn push_answers(stream: &Arc<ControlStream>, answers: Vec<Option<String>>) {
+    let ready = {
+        let mut st = lock(&stream.state);
+        st.slots.extend(answers);
+        st.deliverable()
+    };
+    for (callback, data) in ready {
+        callback(Ok(data));
+    }
+}

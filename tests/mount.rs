@@ -1,0 +1,703 @@
+//! Real FUSE mounts of the daemon (root and /dev/fuse are required, here and in CI).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ckptfs");
+
+fn ckptfs(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("run ckptfs")
+}
+
+fn ok(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn errno_of(result: std::io::Result<impl Sized>) -> i32 {
+    match result {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.raw_os_error().expect("an OS error"),
+    }
+}
+
+struct Mounted {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    store: PathBuf,
+    mnt: PathBuf,
+}
+
+impl Mounted {
+    fn new(args: &[&str]) -> Mounted {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        let m = Mounted {
+            store: root.join("store"),
+            mnt: root.join("mnt"),
+            root,
+            _dir: dir,
+        };
+        std::fs::create_dir(&m.mnt).unwrap();
+        m.mount(args);
+        m
+    }
+
+    fn mount(&self, args: &[&str]) {
+        let mut all = vec![
+            "mount",
+            self.store.to_str().unwrap(),
+            self.mnt.to_str().unwrap(),
+        ];
+        all.extend_from_slice(args);
+        ok(ckptfs(&all));
+        assert!(
+            self.mnt.join(".ckptfs/ctl").exists(),
+            "mount returned before it was ready"
+        );
+    }
+
+    fn umount(&self) {
+        ok(ckptfs(&["umount", self.mnt.to_str().unwrap()]));
+        assert!(!self.mnt.join(".ckptfs").exists());
+    }
+
+    fn mnt(&self) -> &str {
+        self.mnt.to_str().unwrap()
+    }
+
+    fn put(&self, backend: &str, key: &str, value: &str) {
+        ok(ckptfs(&["put", self.mnt(), backend, key, value]));
+    }
+
+    fn checkpoint(&self) -> u64 {
+        ok(ckptfs(&["checkpoint", self.mnt()]))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    fn status(&self) -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(self.mnt.join(".ckptfs/status")).unwrap())
+            .unwrap()
+    }
+
+    fn checkpoint_ids(&self) -> Vec<u64> {
+        self.status()["checkpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["id"].as_u64().unwrap())
+            .collect()
+    }
+
+    fn manifest(&self, id: u64) -> serde_json::Value {
+        serde_json::from_slice(
+            &std::fs::read(self.store.join(format!("checkpoints/{id}.json"))).unwrap(),
+        )
+        .unwrap()
+    }
+
+    fn root_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&self.mnt)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if self.mnt.join(".ckptfs").exists() {
+            let _ = ckptfs(&["umount", self.mnt.to_str().unwrap(), "--timeout", "30"]);
+        }
+        let _ = Command::new("fusermount3")
+            .arg("-uz")
+            .arg(&self.mnt)
+            .output();
+    }
+}
+
+fn scan(dir: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    ckptfs::backend::scan_dir(dir)
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+fn kv(pairs: &[(&str, &str)]) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+        .collect()
+}
+
+#[test]
+fn the_tree_follows_checkpoints_compactions_and_drops() {
+    let m = Mounted::new(&["--backend", "A/0", "--backend", "B/1", "--retain", "2"]);
+    assert_eq!(m.root_names(), vec![".ckptfs"]);
+    m.put("A/0", "k1", "v1");
+    assert_eq!(m.checkpoint(), 1);
+    m.put("B/1", "k2", "v2");
+    assert_eq!(m.checkpoint(), 2);
+    ok(ckptfs(&["put", m.mnt(), "A/0", "k3", "v3"]));
+    let mut ctl = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.mnt.join(".ckptfs/ctl"))
+        .unwrap();
+    ctl.write_all(b"compact A/0\n").unwrap();
+    let mut answer = String::new();
+    BufReader::new(&ctl).read_line(&mut answer).unwrap();
+    assert_eq!(answer, "{\"ok\":true}\n");
+    assert_eq!(m.checkpoint(), 3);
+    assert_eq!(m.root_names(), vec![".ckptfs", "cp-2", "cp-3", "latest"]);
+    assert_eq!(
+        std::fs::read_link(m.mnt.join("latest")).unwrap(),
+        PathBuf::from("cp-3")
+    );
+
+    for id in [2u64, 3] {
+        let manifest = m.manifest(id);
+        let cp = m.mnt.join(format!("cp-{id}"));
+        let mut ops: Vec<String> = std::fs::read_dir(&cp)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        ops.sort();
+        assert_eq!(ops, vec!["A", "B"]);
+        let cp_meta = std::fs::metadata(&cp).unwrap();
+        assert_eq!(cp_meta.permissions().mode() & 0o7777, 0o555);
+        assert_eq!(cp_meta.nlink(), 4);
+        let completed = manifest["completed_unix_ms"].as_u64().unwrap() as i64;
+        assert_eq!(cp_meta.mtime(), completed / 1000);
+        for backend in manifest["backends"].as_array().unwrap() {
+            let dir = cp.join(backend["name"].as_str().unwrap());
+            let mut want: Vec<(String, u64)> = backend["files"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| {
+                    (
+                        f["name"].as_str().unwrap().to_string(),
+                        f["size"].as_u64().unwrap(),
+                    )
+                })
+                .collect();
+            want.sort();
+            let mut got: Vec<(String, u64)> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| {
+                    let e = e.unwrap();
+                    (
+                        e.file_name().into_string().unwrap(),
+                        e.metadata().unwrap().len(),
+                    )
+                })
+                .collect();
+            got.sort();
+            assert_eq!(got, want, "cp-{id}/{}", backend["name"]);
+            let f = dir.join(&want[0].0);
+            let meta = std::fs::metadata(&f).unwrap();
+            assert_eq!(meta.permissions().mode() & 0o7777, 0o444);
+            assert_eq!(meta.nlink(), 1);
+            assert_eq!(
+                std::fs::metadata(&f).unwrap().ino(),
+                meta.ino(),
+                "inode numbers are stable"
+            );
+            assert_eq!(std::fs::read(&f).unwrap().len() as u64, want[0].1);
+        }
+    }
+    let ctl_meta = std::fs::metadata(m.mnt.join(".ckptfs/ctl")).unwrap();
+    assert_eq!(ctl_meta.permissions().mode() & 0o7777, 0o600);
+    // The registry lists every stored object with its count and where it appears.
+    let registry = std::fs::read_to_string(m.mnt.join(".ckptfs/registry")).unwrap();
+    let rows: Vec<serde_json::Value> = registry
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(!rows.is_empty());
+    for row in &rows {
+        let refs = row["checkpoints"].as_array().unwrap().len() as u64;
+        assert_eq!(row["refcount"].as_u64().unwrap(), refs);
+        assert!(std::fs::metadata(
+            m.store
+                .join("objects")
+                .join(&row["id"].as_str().unwrap()[..2])
+                .join(row["id"].as_str().unwrap())
+        )
+        .is_ok());
+    }
+}
+
+#[test]
+fn cp_r_out_of_the_mount_gives_a_directory_rocksdb_opens() {
+    let m = Mounted::new(&["--backend", "Operator-2/1", "--backend", "Operator-1/0"]);
+    m.put("Operator-2/1", "a key", "a%value");
+    m.put("Operator-2/1", "gone", "x");
+    ok(ckptfs(&["del", m.mnt(), "Operator-2/1", "gone"]));
+    m.put("Operator-1/0", "other", "1");
+    let id = m.checkpoint();
+    m.put("Operator-2/1", "after", "not in the checkpoint");
+    let one = m.root.join("one");
+    let status = Command::new("cp")
+        .arg("-r")
+        .arg(m.mnt.join(format!("cp-{id}/Operator-2/1")))
+        .arg(&one)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(scan(&one), kv(&[("a key", "a%value")]));
+    let all = m.root.join("all");
+    assert!(Command::new("cp")
+        .arg("-r")
+        .arg(m.mnt.join(format!("cp-{id}")))
+        .arg(&all)
+        .status()
+        .unwrap()
+        .success());
+    assert_eq!(scan(&all.join("Operator-1/0")), kv(&[("other", "1")]));
+    // RocksDB opens the checkpoint in place, read-only.
+    assert_eq!(
+        scan(&m.mnt.join("latest/Operator-2/1")),
+        kv(&[("a key", "a%value")])
+    );
+    // Bytes read through the mount equal the restored copy.
+    let restored = m.root.join("restored");
+    ok(ckptfs(&[
+        "restore",
+        m.store.to_str().unwrap(),
+        &id.to_string(),
+        restored.to_str().unwrap(),
+    ]));
+    for entry in std::fs::read_dir(restored.join("Operator-2/1")).unwrap() {
+        let entry = entry.unwrap();
+        let via_mount = std::fs::read(
+            m.mnt
+                .join(format!("cp-{id}/Operator-2/1"))
+                .join(entry.file_name()),
+        )
+        .unwrap();
+        assert_eq!(
+            via_mount,
+            std::fs::read(entry.path()).unwrap(),
+            "{:?}",
+            entry.file_name()
+        );
+    }
+    // tar and du see a normal read-only tree.
+    let tar = Command::new("tar")
+        .arg("-cf")
+        .arg(m.root.join("cp.tar"))
+        .arg("-C")
+        .arg(&m.mnt)
+        .arg(format!("cp-{id}"))
+        .output()
+        .unwrap();
+    assert!(
+        tar.status.success(),
+        "{}",
+        String::from_utf8_lossy(&tar.stderr)
+    );
+}
+
+#[test]
+fn rmdir_drops_a_checkpoint_and_open_files_stay_readable() {
+    let m = Mounted::new(&["--backend", "A/0", "--retain", "5"]);
+    for i in 0..300 {
+        m.put("A/0", &format!("key{i}"), &"v".repeat(50));
+    }
+    let first = m.checkpoint();
+    m.put("A/0", "more", "data");
+    let second = m.checkpoint();
+    let dir = m.mnt.join(format!("cp-{first}/A/0"));
+    let sst = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "sst"))
+        .unwrap();
+    let expected = std::fs::read(&sst).unwrap();
+    let mut held = std::fs::File::open(&sst).unwrap();
+    let objects_before = m.status()["objects"].as_u64().unwrap();
+
+    std::fs::remove_dir(m.mnt.join(format!("cp-{first}"))).unwrap();
+    assert_eq!(m.checkpoint_ids(), vec![second]);
+    assert!(!m.root_names().contains(&format!("cp-{first}")));
+    assert!(!m.store.join(format!("checkpoints/{first}.json")).exists());
+    assert!(m.status()["objects"].as_u64().unwrap() < objects_before);
+    let mut content = Vec::new();
+    held.read_to_end(&mut content).unwrap();
+    assert_eq!(
+        content, expected,
+        "an open file of a dropped checkpoint must stay readable"
+    );
+
+    assert_eq!(
+        errno_of(std::fs::remove_dir(m.mnt.join(format!("cp-{first}")))),
+        libc::ENOENT
+    );
+    assert_eq!(
+        errno_of(std::fs::remove_dir(m.mnt.join(format!("cp-{second}/A")))),
+        libc::EROFS
+    );
+    assert_eq!(
+        errno_of(std::fs::remove_dir(m.mnt.join(".ckptfs"))),
+        libc::EPERM
+    );
+    assert_eq!(
+        errno_of(std::fs::remove_dir(m.mnt.join("latest"))),
+        libc::ENOTDIR
+    );
+    assert_eq!(
+        errno_of(std::fs::remove_dir(m.mnt.join("cp-0042"))),
+        libc::ENOENT
+    );
+    // The command-line form.
+    ok(ckptfs(&["rm", m.mnt(), &second.to_string()]));
+    assert!(m.checkpoint_ids().is_empty());
+    assert_eq!(m.root_names(), vec![".ckptfs"]);
+    let rm = ckptfs(&["rm", m.mnt(), &second.to_string()]);
+    assert_eq!(rm.status.code(), Some(1));
+}
+
+#[test]
+fn changes_inside_checkpoints_fail_and_change_nothing() {
+    let m = Mounted::new(&["--backend", "A/0"]);
+    m.put("A/0", "k", "v");
+    let id = m.checkpoint();
+    let dir = m.mnt.join(format!("cp-{id}/A/0"));
+    let before: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let current = dir.join("CURRENT");
+    let content = std::fs::read(&current).unwrap();
+    assert_eq!(errno_of(std::fs::write(dir.join("new"), b"x")), libc::EROFS);
+    assert_eq!(
+        errno_of(std::fs::OpenOptions::new().write(true).open(&current)),
+        libc::EROFS
+    );
+    assert_eq!(
+        errno_of(std::fs::OpenOptions::new().append(true).open(&current)),
+        libc::EROFS
+    );
+    assert_eq!(errno_of(std::fs::remove_file(&current)), libc::EROFS);
+    assert_eq!(
+        errno_of(std::fs::rename(&current, dir.join("C2"))),
+        libc::EROFS
+    );
+    assert_eq!(errno_of(std::fs::create_dir(dir.join("sub"))), libc::EROFS);
+    assert_eq!(
+        errno_of(std::os::unix::fs::symlink("x", dir.join("link"))),
+        libc::EROFS
+    );
+    assert_eq!(
+        errno_of(std::fs::set_permissions(
+            &current,
+            std::fs::Permissions::from_mode(0o644)
+        )),
+        libc::EROFS
+    );
+    assert_eq!(
+        errno_of(std::fs::create_dir(m.mnt.join("cp-99"))),
+        libc::EPERM
+    );
+    assert_eq!(
+        errno_of(std::fs::write(m.mnt.join("file"), b"x")),
+        libc::EPERM
+    );
+    assert_eq!(
+        errno_of(std::fs::write(m.mnt.join(".ckptfs/status"), b"x")),
+        libc::EROFS
+    );
+    let after: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(before, after);
+    assert_eq!(std::fs::read(&current).unwrap(), content);
+    assert_eq!(
+        m.root_names(),
+        vec![".ckptfs", &format!("cp-{id}"), "latest"]
+    );
+}
+
+/// Opens ctl read-write and talks the protocol: write lines, read answer lines.
+struct Ctl(std::fs::File);
+
+impl Ctl {
+    fn open(m: &Mounted) -> Ctl {
+        Ctl(std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(m.mnt.join(".ckptfs/ctl"))
+            .unwrap())
+    }
+    fn send(&mut self, text: &str) -> std::io::Result<()> {
+        self.0
+            .write(text.as_bytes())
+            .map(|n| assert_eq!(n, text.len()))
+    }
+    fn answer(&mut self) -> serde_json::Value {
+        // One answer line per read.
+        let mut buf = vec![0u8; 4096];
+        let n = self.0.read(&mut buf).unwrap();
+        assert!(
+            n > 0 && buf[n - 1] == b'\n',
+            "{:?}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        serde_json::from_slice(&buf[..n]).unwrap()
+    }
+}
+
+#[test]
+fn the_control_protocol_answers_in_order_and_refuses_bad_writes_whole() {
+    let m = Mounted::new(&["--backend", "A/0", "--backend", "B/0"]);
+    let mut ctl = Ctl::open(&m);
+    ctl.send("put A/0 k%20one v%251\nput B/0 x y\ndel A/0 nothing\ncheckpoint\nflush A/0\n")
+        .unwrap();
+    for _ in 0..3 {
+        assert_eq!(ctl.answer()["ok"], true);
+    }
+    let cp = ctl.answer();
+    assert_eq!(cp["ok"], true, "{cp}");
+    let id = cp["id"].as_u64().unwrap();
+    assert!(cp["files"].as_u64().unwrap() > 0 && cp["bytes_uploaded"].as_u64().is_some());
+    assert_eq!(ctl.answer()["ok"], true);
+    assert_eq!(
+        scan(&m.mnt.join(format!("cp-{id}/A/0"))),
+        kv(&[("k one", "v%1")])
+    );
+
+    // Every error path: the write fails with EINVAL, nothing changes, the error is the answer.
+    for (bad, needle) in [
+        ("put A/0 applied? no\nbogus\n", "unknown command"),
+        ("put C/0 k v\n", "no such backend C/0"),
+        ("put A/0 k\n", "takes 3"),
+        ("put A/0 k%2 v\n", "percent-escape"),
+        ("retain 0\n", "at least 1"),
+        ("delete 999\n", "no such checkpoint 999"),
+        ("put ../0 k v\n", "invalid backend name"),
+        ("checkpoint now\n", "takes 0"),
+    ] {
+        let err = ctl.send(bad).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "{bad:?}");
+        let answer = ctl.answer();
+        assert_eq!(answer["ok"], false);
+        assert!(
+            answer["error"].as_str().unwrap().contains(needle),
+            "{bad:?}: {answer}"
+        );
+        assert!(m.status()["last_error"].as_str().unwrap().contains(needle));
+    }
+    assert_eq!(m.checkpoint_ids(), vec![id]);
+    ctl.send("checkpoint\n").unwrap();
+    let next = ctl.answer()["id"].as_u64().unwrap();
+    assert_eq!(
+        scan(&m.mnt.join(format!("cp-{next}/A/0"))),
+        kv(&[("k one", "v%1")]),
+        "a refused write changed data"
+    );
+
+    // retain and delete, applied at once.
+    ctl.send("checkpoint\ncheckpoint\nretain 2\n").unwrap();
+    for _ in 0..3 {
+        assert_eq!(ctl.answer()["ok"], true);
+    }
+    let ids = m.checkpoint_ids();
+    assert_eq!(ids.len(), 2);
+    ctl.send(&format!("delete {}\n", ids[0])).unwrap();
+    assert_eq!(ctl.answer()["ok"], true);
+    assert_eq!(m.checkpoint_ids(), vec![ids[1]]);
+    // Nothing more to read: end of stream.
+    let mut buf = [0u8; 16];
+    assert_eq!(ctl.0.read(&mut buf).unwrap(), 0);
+
+    // `echo checkpoint > ctl` alone, with nobody reading, still checkpoints.
+    std::fs::write(m.mnt.join(".ckptfs/ctl"), b"checkpoint\n").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while m.checkpoint_ids().len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "fire-and-forget checkpoint never completed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Shell form with a fresh handle per command, as scripts do.
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "exec 3<>{}/.ckptfs/ctl; echo checkpoint >&3; head -n1 <&3",
+            m.mnt()
+        ))
+        .output()
+        .unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["ok"], true, "{answer}");
+}
+
+#[test]
+fn periodic_checkpoints_with_interval() {
+    let m = Mounted::new(&["--backend", "A/0", "--interval", "300ms", "--retain", "10"]);
+    m.put("A/0", "k", "v");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while m.checkpoint_ids().len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "only {:?} after 30s",
+            m.checkpoint_ids()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn unmount_with_a_checkpoint_in_flight_leaves_a_clean_store() {
+    let m = Mounted::new(&["--backend", "A/0", "--backend", "B/0"]);
+    let data: String = (0..20_000)
+        .map(|i| format!("key{i:06}\t{}\n", "x".repeat(200)))
+        .collect();
+    let file = m.root.join("load.tsv");
+    std::fs::write(&file, data).unwrap();
+    ok(ckptfs(&["load", m.mnt(), "A/0", file.to_str().unwrap()]));
+    std::fs::write(m.mnt.join(".ckptfs/ctl"), b"checkpoint\n").unwrap();
+    m.umount();
+    let report = ckptfs(&["fsck", m.store.to_str().unwrap()]);
+    assert!(
+        report.status.success(),
+        "{}",
+        String::from_utf8_lossy(&report.stdout)
+    );
+    // The checkpoint finished before the daemon stopped.
+    let checkpoints: Vec<_> = std::fs::read_dir(m.store.join("checkpoints"))
+        .unwrap()
+        .collect();
+    assert_eq!(checkpoints.len(), 1);
+    m.mount(&[]);
+    let id = m.checkpoint_ids()[0];
+    assert_eq!(scan(&m.mnt.join(format!("cp-{id}/A/0"))).len(), 20_000);
+}
+
+#[test]
+fn remounting_brings_back_backends_checkpoints_and_data() {
+    let m = Mounted::new(&["--backend", "A/0", "--backend", "B/7"]);
+    m.put("A/0", "k", "v1");
+    let first = m.checkpoint();
+    m.put("A/0", "k", "v2");
+    m.put("B/7", "unsaved", "but in the WAL");
+    m.umount();
+    m.mount(&[]);
+    assert_eq!(m.status()["backends"], serde_json::json!(["A/0", "B/7"]));
+    assert_eq!(m.checkpoint_ids(), vec![first]);
+    let second = m.checkpoint();
+    assert_eq!(second, first + 1);
+    assert_eq!(
+        scan(&m.mnt.join(format!("cp-{second}/A/0"))),
+        kv(&[("k", "v2")])
+    );
+    assert_eq!(
+        scan(&m.mnt.join(format!("cp-{second}/B/7"))),
+        kv(&[("unsaved", "but in the WAL")])
+    );
+
+    // Roll back with --restore: the backends continue from checkpoint `first`.
+    m.umount();
+    m.mount(&["--restore", &first.to_string()]);
+    let third = m.checkpoint();
+    assert_eq!(
+        scan(&m.mnt.join(format!("cp-{third}/A/0"))),
+        kv(&[("k", "v1")])
+    );
+    assert_eq!(scan(&m.mnt.join(format!("cp-{third}/B/7"))), kv(&[]));
+
+    // Local state lost: the backends start from the latest checkpoint.
+    m.umount();
+    std::fs::remove_dir_all(m.store.join("state")).unwrap();
+    m.mount(&[]);
+    let fourth = m.checkpoint();
+    assert_eq!(
+        scan(&m.mnt.join(format!("cp-{fourth}/A/0"))),
+        kv(&[("k", "v1")])
+    );
+}
+
+#[test]
+fn mount_failures_are_clear_and_change_nothing() {
+    let m = Mounted::new(&["--backend", "A/0"]);
+    let other = m.root.join("other");
+    std::fs::create_dir(&other).unwrap();
+    let out = ckptfs(&["mount", m.store.to_str().unwrap(), other.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("in use by another ckptfs process"), "{err}");
+    assert!(!other.join(".ckptfs").exists());
+
+    let fresh = m.root.join("fresh-store");
+    let out = ckptfs(&[
+        "mount",
+        fresh.to_str().unwrap(),
+        m.root.join("missing").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("No such file or directory"));
+
+    let out = ckptfs(&["mount", fresh.to_str().unwrap(), m.mnt()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already a mount point"));
+
+    let out = ckptfs(&[
+        "mount",
+        fresh.to_str().unwrap(),
+        other.to_str().unwrap(),
+        "--backend",
+        "../0",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "bad backend names are usage errors"
+    );
+    assert!(
+        m.mnt.join(".ckptfs/ctl").exists(),
+        "the first mount must be untouched"
+    );
+}
+
+#[test]
+fn sigterm_unmounts_cleanly() {
+    let m = Mounted::new(&["--backend", "A/0"]);
+    m.put("A/0", "k", "v");
+    m.checkpoint();
+    let pid = m.status()["pid"].as_i64().unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok() {
+        assert!(Instant::now() < deadline, "daemon did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!m.mnt.join(".ckptfs").exists(), "still mounted");
+    let report = ckptfs(&["fsck", m.store.to_str().unwrap()]);
+    assert!(
+        report.status.success(),
+        "{}",
+        String::from_utf8_lossy(&report.stdout)
+    );
+}
