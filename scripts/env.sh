@@ -8,7 +8,7 @@ export CARGO_TARGET_DIR
 # libclang-dev (bindgen for librocksdb-sys), fuse3 (fusermount3), rocksdb-tools (ldb 7.8,
 # used to prove checkpoints open in older RocksDB), graphviz (ckptfs graph --format svg).
 ckptfs_install_packages() {
-    local wanted=(libclang-dev fuse3 rocksdb-tools pkg-config "$@")
+    local wanted=(libclang-dev fuse3 rocksdb-tools graphviz pkg-config "$@")
     local missing=()
     for pkg in "${wanted[@]}"; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

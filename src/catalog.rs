@@ -108,6 +108,21 @@ impl Catalog {
         })
     }
 
+    /// Open the catalog of an existing store without creating anything.
+    pub fn open_existing(root: &Path) -> Result<Self> {
+        let dir = root.join("checkpoints");
+        if !dir.is_dir() {
+            return Err(Error::NotFound(format!(
+                "{} is not a ckptfs store (no checkpoints/)",
+                root.display()
+            )));
+        }
+        Ok(Catalog {
+            root: root.to_path_buf(),
+            dir,
+        })
+    }
+
     fn meta_path(&self) -> PathBuf {
         self.root.join("ckptfs.json")
     }

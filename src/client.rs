@@ -16,7 +16,11 @@ const NOTIFY_ENV: &str = "CKPTFS_NOTIFY_READY";
 
 /// Re-run this command with `--foreground` as a detached daemon, and return once it says
 /// the mount is ready (exit 0) or why it is not (exit 1).
-pub fn daemonize(store: &Path, log_file: Option<&Path>) -> Result<ExitCode, Error> {
+pub fn daemonize(
+    store: &Path,
+    log_file: Option<&Path>,
+    args: &[std::ffi::OsString],
+) -> Result<ExitCode, Error> {
     std::fs::create_dir_all(store).ctx("create store", store)?;
     let log_path = log_file
         .map(Path::to_path_buf)
@@ -29,7 +33,7 @@ pub fn daemonize(store: &Path, log_file: Option<&Path>) -> Result<ExitCode, Erro
     let exe = std::env::current_exe().map_err(|e| Error::io("find own executable", e))?;
     let mut command = std::process::Command::new(exe);
     command
-        .args(std::env::args_os().skip(1))
+        .args(args)
         .arg("--foreground")
         .env(NOTIFY_ENV, "1")
         .stdin(Stdio::null())
@@ -313,4 +317,160 @@ pub fn load(
     }
     println!("loaded {loaded} keys into {backend}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// A progress bar on stderr when it is a terminal; hidden otherwise.
+pub fn progress_bar(total: u64, what: &str) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() || total == 0 {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("valid template"),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
+/// A spinner on stderr when it is a terminal; hidden otherwise.
+pub fn spinner(what: &str) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_message(what.to_string());
+    bar.enable_steady_tick(Duration::from_millis(100));
+    bar
+}
+
+/// Bytes referenced by a store's manifests (for fsck's progress bar); 0 if unreadable.
+pub fn store_bytes(store: &Path) -> u64 {
+    let Ok(catalog) = ckptfs::catalog::Catalog::open_existing(store) else {
+        return 0;
+    };
+    let mut sizes = std::collections::BTreeMap::new();
+    for m in catalog.load_all().unwrap_or_default().values() {
+        for b in &m.backends {
+            for f in &b.files {
+                sizes.insert(f.object, f.size);
+            }
+        }
+    }
+    sizes.values().sum()
+}
+
+/// The store behind a mountpoint (from its status), or the path itself.
+fn resolve_store(path: &Path) -> Result<PathBuf, Error> {
+    if path.join(".ckptfs/status").exists() {
+        let status = read_status(path)?;
+        return status["store"]
+            .as_str()
+            .map(PathBuf::from)
+            .ok_or_else(|| Error::Corrupt("status names no store".into()));
+    }
+    Ok(path.to_path_buf())
+}
+
+pub fn graph(path: &Path, format: Option<&str>) -> Result<ExitCode, Error> {
+    let store = resolve_store(path)?;
+    ckptfs::restore::check_is_store(&store)?;
+    let catalog = ckptfs::catalog::Catalog::open_existing(&store)?;
+    let manifests: Vec<_> = catalog.load_all()?.into_values().collect();
+    let dot = ckptfs::graph::dot(&manifests);
+    let have_dot = std::process::Command::new("dot")
+        .arg("-V")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let svg =
+        match format {
+            Some("svg") if !have_dot => return Err(Error::NotFound(
+                "Graphviz `dot` is not installed (apt-get install graphviz), or use --format dot"
+                    .into(),
+            )),
+            Some("svg") => true,
+            Some(_) => false,
+            None => have_dot,
+        };
+    if !svg {
+        print!("{dot}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut child = std::process::Command::new("dot")
+        .arg("-Tsvg")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::inherit())
+        .spawn()
+        .map_err(|e| Error::io("run dot", e))?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(dot.as_bytes())
+        .map_err(|e| Error::io("write to dot", e))?;
+    let status = child.wait().map_err(|e| Error::io("wait for dot", e))?;
+    if !status.success() {
+        return Err(Error::Invalid(format!("dot failed: {status}")));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Options of `-o` that mount(8) passes and that mean nothing to ckptfs.
+const GENERIC_MOUNT_OPTIONS: &[&str] = &[
+    "rw", "defaults", "auto", "noauto", "user", "users", "nouser", "_netdev", "nofail", "dev",
+    "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "relatime",
+];
+
+/// Translate `mount.fuse.ckptfs STORE MOUNTPOINT [-o opt,opt=value,...]` (what mount(8)
+/// runs for `mount -t fuse.ckptfs` and fstab lines) into `ckptfs mount ...` arguments.
+/// Options: state=DIR, backend=NAME (repeatable), retain=N, max_concurrent=N,
+/// interval=DURATION, restore=N, log_file=FILE, format_version=V, allow_other.
+pub fn mount_helper_args(args: Vec<String>) -> Result<Vec<String>, String> {
+    let mut positional = Vec::new();
+    let mut options = Vec::new();
+    let mut it = args.into_iter();
+    while let Some(arg) = it.next() {
+        if arg == "-o" {
+            options.push(it.next().ok_or("-o needs an argument")?);
+        } else if let Some(o) = arg.strip_prefix("-o") {
+            options.push(o.to_string());
+        } else if arg == "-n" || arg == "-s" || arg == "-f" || arg == "-v" {
+            // mount(8) flags: no mtab, sloppy, fake, verbose.
+        } else {
+            positional.push(arg);
+        }
+    }
+    let [store, mountpoint] = <[String; 2]>::try_from(positional)
+        .map_err(|_| "usage: mount.fuse.ckptfs STORE MOUNTPOINT [-o options]".to_string())?;
+    let mut out = vec!["ckptfs".to_string(), "mount".into(), store, mountpoint];
+    for option in options
+        .iter()
+        .flat_map(|o| o.split(','))
+        .filter(|o| !o.is_empty())
+    {
+        let (key, value) = match option.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (option, None),
+        };
+        match (key, value) {
+            ("allow_other", None) => out.push("--allow-other".into()),
+            (
+                "state" | "backend" | "retain" | "max_concurrent" | "interval" | "restore"
+                | "log_file" | "format_version",
+                Some(v),
+            ) => {
+                out.push(format!("--{}", key.replace('_', "-")));
+                out.push(v.to_string());
+            }
+            (k, None) if GENERIC_MOUNT_OPTIONS.contains(&k) => {}
+            _ => return Err(format!("unknown mount option {option:?}")),
+        }
+    }
+    Ok(out)
 }

@@ -544,7 +544,7 @@ impl Engine {
             if let Err(e) = self.inner.store.delete(id) {
                 log::warn!("could not delete object {id}: {e}");
             } else {
-                log::debug!("deleted object {id}");
+                log::info!("deleted object {id}");
             }
         }
     }
@@ -855,10 +855,16 @@ fn sweep(store: &dyn ObjectStore, registry: &Registry) -> Result<(usize, Vec<Obj
 
 /// Write one backend's files of a checkpoint into `dir` (verified), a directory RocksDB
 /// opens. `dir` must be empty or missing.
-pub fn materialize(store: &dyn ObjectStore, snapshot: &BackendSnapshot, dir: &Path) -> Result<()> {
+pub fn materialize(
+    store: &dyn ObjectStore,
+    snapshot: &BackendSnapshot,
+    dir: &Path,
+    progress: &mut dyn FnMut(u64),
+) -> Result<()> {
     std::fs::create_dir_all(dir).ctx("create", dir)?;
     for file in &snapshot.files {
         store.copy_verified(&file.object, file.size, &dir.join(&file.name))?;
+        progress(file.size);
     }
     fsync_dir(dir)
 }
@@ -870,7 +876,7 @@ fn install_snapshot(store: &dyn ObjectStore, snapshot: &BackendSnapshot, dir: &P
     let old = dir.join("db.old");
     remove_tree(&fresh)?;
     remove_tree(&old)?;
-    materialize(store, snapshot, &fresh)?;
+    materialize(store, snapshot, &fresh, &mut |_| {})?;
     let db = Backend::db_dir(dir);
     if db.exists() {
         std::fs::rename(&db, &old).ctx("move aside", &db)?;

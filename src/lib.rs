@@ -13,6 +13,7 @@ pub mod error;
 pub mod fs;
 pub mod fsck;
 pub mod fsutil;
+pub mod graph;
 pub mod lock;
 pub mod names;
 pub mod percent;

@@ -1,7 +1,7 @@
 //! The `ckptfs` command line.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -119,6 +119,18 @@ enum Command {
         checkpoint: u64,
         /// Destination directory; must be missing or empty.
         dest: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Draw the checkpoints and the stored objects they reference, with reference counts.
+    Graph {
+        /// A mountpoint or a store.
+        path: PathBuf,
+        /// dot (Graphviz source) or svg (needs Graphviz `dot`); default svg when `dot` is
+        /// installed, dot otherwise.
+        #[arg(long, value_parser = ["dot", "svg"])]
+        format: Option<String>,
     },
     /// Recount references, verify every object, list orphans, missing and corrupt objects.
     Fsck {
@@ -168,8 +180,29 @@ enum Command {
     },
 }
 
+/// The effective command line (after mount-helper translation), for re-running as daemon.
+static ARGS: std::sync::OnceLock<Vec<std::ffi::OsString>> = std::sync::OnceLock::new();
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Invoked by mount(8) as mount.fuse.ckptfs (or mount.ckptfs): translate its arguments.
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    let invoked_as = Path::new(&argv0)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("");
+    let args: Vec<std::ffi::OsString> = if invoked_as.starts_with("mount.") {
+        match client::mount_helper_args(std::env::args().skip(1).collect()) {
+            Ok(args) => args.into_iter().map(Into::into).collect(),
+            Err(e) => {
+                eprintln!("{invoked_as}: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        std::env::args_os().collect()
+    };
+    let cli = Cli::parse_from(&args);
+    ARGS.set(args).expect("set once");
     let default_level = if matches!(cli.command, Command::Mount { .. }) {
         "info"
     } else {
@@ -207,7 +240,8 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             format_version,
         } => {
             if !foreground {
-                return client::daemonize(&store, log_file.as_deref());
+                let args = ARGS.get().map(|a| &a[1..]).unwrap_or_default();
+                return client::daemonize(&store, log_file.as_deref(), args);
             }
             // Absolute paths: the daemon's log, status and fsname stay meaningful.
             let store =
@@ -239,7 +273,10 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             timeout,
         } => client::umount(&mountpoint, timeout),
         Command::Checkpoint { mountpoint, json } => {
-            let answer = client::request(&mountpoint, "checkpoint")?;
+            let spinner = client::spinner("checkpoint in progress");
+            let answer = client::request(&mountpoint, "checkpoint");
+            spinner.finish_and_clear();
+            let answer = answer?;
             if json {
                 println!("{answer}");
             } else {
@@ -294,23 +331,34 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             store,
             checkpoint,
             dest,
+            json,
         } => {
-            let report = restore::restore_checkpoint(&store, checkpoint, &dest, |_| {})?;
-            println!(
-                "restored checkpoint {checkpoint}: {} backends, {} files, {} bytes into {}",
-                report.backends,
-                report.files,
-                report.bytes,
-                dest.display()
-            );
+            let total = restore::checkpoint_bytes(&store, checkpoint).unwrap_or(0);
+            let bar = client::progress_bar(total, "restoring");
+            let report = restore::restore_checkpoint(&store, checkpoint, &dest, |n| bar.inc(n))?;
+            bar.finish_and_clear();
+            if json {
+                println!("{}", serde_json::to_string(&report).expect("json"));
+            } else {
+                println!(
+                    "restored checkpoint {checkpoint}: {} backends, {} files, {} bytes into {}",
+                    report.backends,
+                    report.files,
+                    report.bytes,
+                    dest.display()
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Graph { path, format } => client::graph(&path, format.as_deref()),
         Command::Fsck {
             store,
             repair,
             json,
         } => {
-            let report = fsck::fsck(&store, repair, |_| {})?;
+            let bar = client::progress_bar(client::store_bytes(&store), "verifying");
+            let report = fsck::fsck(&store, repair, |n| bar.inc(n))?;
+            bar.finish_and_clear();
             if json {
                 println!(
                     "{}",

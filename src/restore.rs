@@ -9,7 +9,7 @@ use crate::fsutil::{is_empty_or_missing, remove_tree};
 use crate::store::LocalStore;
 
 /// What a restore wrote.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct RestoreReport {
     pub backends: usize,
     pub files: usize,
@@ -39,7 +39,7 @@ pub fn restore_checkpoint(
     if !is_empty_or_missing(dest)? {
         return Err(Error::NotEmpty(dest.display().to_string()));
     }
-    let manifest = Catalog::open(store)?.load(id)?;
+    let manifest = Catalog::open_existing(store)?.load(id)?;
     let objects = LocalStore::open(store)?;
     let existed = dest.exists();
     std::fs::create_dir_all(dest).ctx("create", dest)?;
@@ -50,12 +50,15 @@ pub fn restore_checkpoint(
             bytes: 0,
         };
         for snapshot in &manifest.backends {
-            materialize(&objects, snapshot, &dest.join(snapshot.name.rel_path()))?;
+            materialize(
+                &objects,
+                snapshot,
+                &dest.join(snapshot.name.rel_path()),
+                &mut progress,
+            )?;
             report.backends += 1;
             report.files += snapshot.files.len();
-            let bytes: u64 = snapshot.files.iter().map(|f| f.size).sum();
-            report.bytes += bytes;
-            progress(bytes);
+            report.bytes += snapshot.files.iter().map(|f| f.size).sum::<u64>();
         }
         Ok(report)
     })();
@@ -76,6 +79,6 @@ pub fn restore_checkpoint(
 /// Total bytes of a checkpoint, for progress bars.
 pub fn checkpoint_bytes(store: &Path, id: u64) -> Result<u64> {
     check_is_store(store)?;
-    let manifest = Catalog::open(store)?.load(id)?;
+    let manifest = Catalog::open_existing(store)?.load(id)?;
     Ok(manifest.stats.bytes_total)
 }

@@ -701,3 +701,87 @@ fn sigterm_unmounts_cleanly() {
         String::from_utf8_lossy(&report.stdout)
     );
 }
+
+/// mount(8) runs `/sbin/mount.fuse.ckptfs STORE MOUNTPOINT -o OPTIONS` for
+/// `mount -t fuse.ckptfs` and fstab lines; ckptfs answers to that name.
+#[test]
+fn the_mount_helper_name_translates_mount_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let helper = dir.path().join("mount.fuse.ckptfs");
+    std::os::unix::fs::symlink(BIN, &helper).unwrap();
+    let store = dir.path().join("store");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let bad = Command::new(&helper)
+        .args([
+            store.to_str().unwrap(),
+            mnt.to_str().unwrap(),
+            "-o",
+            "rw,frobnicate=1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown mount option"));
+    assert!(!store.exists(), "a refused mount created the store");
+
+    let out = Command::new(&helper)
+        .args([store.to_str().unwrap(), mnt.to_str().unwrap()])
+        .args([
+            "-o",
+            "rw,nosuid,nodev,_netdev,backend=Op/0,backend=Op/1,retain=4,interval=1h",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(mnt.join(".ckptfs/status")).unwrap())
+            .unwrap();
+    assert_eq!(status["backends"], serde_json::json!(["Op/0", "Op/1"]));
+    assert_eq!(status["retain"], 4);
+    ok(ckptfs(&["umount", mnt.to_str().unwrap()]));
+}
+
+#[test]
+fn graph_draws_checkpoints_objects_and_counts() {
+    let m = Mounted::new(&["--backend", "Operator-2/1", "--retain", "2"]);
+    m.put("Operator-2/1", "a", "1");
+    m.checkpoint();
+    m.put("Operator-2/1", "b", "2");
+    m.checkpoint();
+    let dot = ok(ckptfs(&["graph", m.mnt(), "--format", "dot"]));
+    assert!(dot.starts_with("digraph ckptfs"));
+    assert!(dot.contains("\"cp-1\"") && dot.contains("\"cp-2\""));
+    // Objects shared by both checkpoints (at least the first SST) have refs=2.
+    assert!(dot.contains("refs=2"), "{dot}");
+    let edges = dot.matches(" -> ").count();
+    let registry = std::fs::read_to_string(m.mnt.join(".ckptfs/registry")).unwrap();
+    let refs: u64 = registry
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["refcount"]
+                .as_u64()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(edges as u64, refs, "one edge per reference");
+    // The same from the store path, and as SVG through Graphviz.
+    assert_eq!(
+        ok(ckptfs(&[
+            "graph",
+            m.store.to_str().unwrap(),
+            "--format",
+            "dot"
+        ])),
+        dot
+    );
+    let svg = ok(ckptfs(&["graph", m.mnt(), "--format", "svg"]));
+    assert!(
+        svg.contains("<svg"),
+        "Graphviz dot must be installed (scripts/test installs it)"
+    );
+}
