@@ -47,7 +47,17 @@ fn install_signal_handlers() -> Result<()> {
 /// Refuse a mountpoint that is missing, not a directory, or already a mount point.
 pub fn check_mountpoint(mountpoint: &Path) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(mountpoint).ctx("mountpoint", mountpoint)?;
+    let meta = match std::fs::metadata(mountpoint) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            return Err(Error::Busy(format!(
+                "{} is a stale mount of a daemon that died; run `fusermount3 -u {}` first \
+                 (the store itself is safe: recovery runs at the next mount)",
+                mountpoint.display(),
+                mountpoint.display()
+            )))
+        }
+        other => other.ctx("mountpoint", mountpoint)?,
+    };
     if !meta.is_dir() {
         return Err(Error::io(
             format!("mountpoint {}", mountpoint.display()),

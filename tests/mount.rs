@@ -298,7 +298,55 @@ fn cp_r_out_of_the_mount_gives_a_directory_rocksdb_opens() {
             entry.file_name()
         );
     }
-    // tar and du see a normal read-only tree.
+    // find, du and sha256sum see a normal read-only tree.
+    let cp_dir = m.mnt.join(format!("cp-{id}"));
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(m.store.join(format!("checkpoints/{id}.json"))).unwrap(),
+    )
+    .unwrap();
+    let files: Vec<&serde_json::Value> = manifest["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|b| b["files"].as_array().unwrap())
+        .collect();
+    let total: u64 = files.iter().map(|f| f["size"].as_u64().unwrap()).sum();
+    let found = Command::new("find")
+        .arg(&cp_dir)
+        .args(["-type", "f"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&found.stdout).lines().count(),
+        files.len()
+    );
+    let du = Command::new("du")
+        .args(["-sb", "--apparent-size"])
+        .arg(&cp_dir)
+        .output()
+        .unwrap();
+    let du_bytes: u64 = String::from_utf8_lossy(&du.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        du_bytes, total,
+        "du --apparent-size counts exactly the file sizes"
+    );
+    let sum = |p: &Path| {
+        String::from_utf8_lossy(&Command::new("sha256sum").arg(p).output().unwrap().stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        sum(&cp_dir.join("Operator-2/1/CURRENT")),
+        sum(&restored.join("Operator-2/1/CURRENT"))
+    );
+    // tar sees a normal read-only tree.
     let tar = Command::new("tar")
         .arg("-cf")
         .arg(m.root.join("cp.tar"))
@@ -784,4 +832,40 @@ fn graph_draws_checkpoints_objects_and_counts() {
         svg.contains("<svg"),
         "Graphviz dot must be installed (scripts/test installs it)"
     );
+}
+
+/// A daemon killed with SIGKILL leaves a stale mount; the next mount says what to do, and
+/// after `fusermount3 -u` the store comes back with every completed checkpoint.
+#[test]
+fn after_the_daemon_is_killed_the_store_recovers() {
+    let m = Mounted::new(&["--backend", "A/0"]);
+    m.put("A/0", "k", "v");
+    let id = m.checkpoint();
+    let pid = m.status()["pid"].as_i64().unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = ckptfs(&["mount", m.store.to_str().unwrap(), m.mnt()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("fusermount3 -u"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(Command::new("fusermount3")
+        .arg("-u")
+        .arg(&m.mnt)
+        .status()
+        .unwrap()
+        .success());
+    m.mount(&[]);
+    assert_eq!(m.checkpoint_ids(), vec![id]);
+    assert_eq!(scan(&m.mnt.join(format!("cp-{id}/A/0"))), kv(&[("k", "v")]));
 }
