@@ -126,6 +126,17 @@ impl Backend {
         })
     }
 
+    /// Remove the lineage of the backend in `dir` (durably), before its database is
+    /// replaced. A database without lineage gets a new one when opened.
+    pub fn forget_lineage(dir: &Path) -> Result<()> {
+        let path = dir.join("lineage");
+        match fs::remove_file(&path) {
+            Ok(()) => crate::fsutil::fsync_dir(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io(format!("remove {}", path.display()), e)),
+        }
+    }
+
     pub fn name(&self) -> &BackendName {
         &self.name
     }

@@ -472,4 +472,27 @@ mod tests {
             assert!(err.contains(needle), "{input:?}: {err}");
         }
     }
+
+    proptest::proptest! {
+        /// Any input is either parsed or refused with an error, never a panic; and a
+        /// parsed put carries exactly the bytes that were percent-encoded.
+        #[test]
+        fn parsing_never_panics(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
+            let _ = parse_write(&data);
+        }
+
+        #[test]
+        fn put_round_trips_any_key_and_value(
+            key in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+            value in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+        ) {
+            let line = format!("put op/0 {} {}", percent::encode(&key), percent::encode(&value));
+            let parsed = parse_write(line.as_bytes()).unwrap();
+            proptest::prop_assert_eq!(parsed, vec![Command::Put {
+                backend: "op/0".parse().unwrap(),
+                key,
+                value,
+            }]);
+        }
+    }
 }

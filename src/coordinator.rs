@@ -69,6 +69,16 @@ struct State {
     lineages: HashMap<BackendName, String>,
     bases: HashMap<BackendName, Base>,
     last_error: Option<String>,
+    /// Referenced objects found missing at start: never shared, stored again when a
+    /// checkpoint has their bytes (which repairs them).
+    missing: BTreeSet<ObjectId>,
+}
+
+impl State {
+    /// May a checkpoint reference this object without storing its bytes?
+    fn can_share(&self, id: &ObjectId) -> bool {
+        self.registry.is_live(id) && !self.missing.contains(id)
+    }
 }
 
 struct Inner {
@@ -214,6 +224,7 @@ impl Engine {
                     lineages,
                     bases,
                     last_error,
+                    missing: missing.into_iter().collect(),
                 }),
                 slot_freed: Condvar::new(),
                 _lock: lock,
@@ -262,7 +273,7 @@ impl Engine {
         let guard = slot.read().unwrap_or_else(|p| p.into_inner());
         let backend = guard
             .as_ref()
-            .ok_or_else(|| Error::Busy(format!("backend {name} is not open (a restore failed)")))?;
+            .ok_or_else(|| Error::BackendClosed(name.to_string()))?;
         f(backend)
     }
 
@@ -358,6 +369,7 @@ impl Engine {
             sync_micros: clock.elapsed().as_micros() as u64,
             pins: Vec::new(),
             finished: false,
+            keep_objects: false,
         };
         match sync {
             Ok(()) => Ok(pending),
@@ -383,6 +395,7 @@ impl Engine {
                 }
             }
             match self.begin_checkpoint() {
+                // Another caller took the slot between our wait and our begin.
                 Err(Error::Busy(_)) => continue,
                 other => return other,
             }
@@ -491,9 +504,12 @@ impl Engine {
                     continue;
                 };
                 let dir = backend_dir(&self.inner.state_dir, &snapshot.name);
+                // Copy and verify first: a corrupt object fails the restore with the live
+                // database untouched and open.
+                let fresh = prepare_snapshot(self.inner.store.as_ref(), snapshot, &dir)?;
                 let mut guard = slot.write().unwrap_or_else(|p| p.into_inner());
                 *guard = None; // close the live database before replacing its files
-                install_snapshot(self.inner.store.as_ref(), snapshot, &dir)?;
+                swap_in_snapshot(&dir, &fresh)?;
                 let backend =
                     Backend::open_restored(&dir, &snapshot.name, &self.inner.backend_options)?;
                 let mut st = self.state();
@@ -568,6 +584,9 @@ pub struct PendingCheckpoint {
     sync_micros: u64,
     pins: Vec<ObjectId>,
     finished: bool,
+    /// The manifest may exist on disk after a failed commit: delete nothing, let the next
+    /// start decide from what is durable.
+    keep_objects: bool,
 }
 
 impl PendingCheckpoint {
@@ -647,7 +666,7 @@ impl PendingCheckpoint {
                     .filter(|known| known.size == file.size)
                 {
                     let mut st = self.engine.state();
-                    if st.registry.is_live(&known.object) {
+                    if st.can_share(&known.object) {
                         st.registry.pin(known.object);
                         self.pins.push(known.object);
                         stats.files_reused += 1;
@@ -667,7 +686,7 @@ impl PendingCheckpoint {
                 };
                 {
                     let mut st = self.engine.state();
-                    if st.registry.is_live(&id) {
+                    if st.can_share(&id) {
                         // Same content already stored (another backend, a private file that
                         // did not change, or a concurrent checkpoint): share it.
                         st.registry.pin(id);
@@ -689,13 +708,16 @@ impl PendingCheckpoint {
                     )));
                 }
                 let mut st = self.engine.state();
-                if st.registry.is_live(&id) {
+                if st.can_share(&id) {
                     // A concurrent checkpoint published the same bytes first: its copy
                     // survives, ours is the duplicate.
                     inner.store.discard(staged);
                 } else {
                     inner.store.publish(staged)?;
                     stats.bytes_uploaded += size;
+                    if st.missing.remove(&id) {
+                        log::info!("object {id} was missing and is stored again");
+                    }
                 }
                 st.registry.pin(id);
                 self.pins.push(id);
@@ -715,8 +737,11 @@ impl PendingCheckpoint {
         let inner = &engine.inner;
         let mut st = engine.state();
         if let Err(e) = inner.catalog.commit(&manifest) {
-            // The rename may have happened even if a later fsync failed.
+            // The rename may have happened even if a later fsync failed, and even a removed
+            // manifest may come back after a power loss: try to remove it, but leave this
+            // checkpoint's objects to the sweep at the next start.
             let _ = inner.catalog.remove(manifest.id);
+            self.keep_objects = true;
             return Err(e);
         }
         let id = manifest.id;
@@ -776,7 +801,15 @@ impl PendingCheckpoint {
         for pin in self.pins.drain(..) {
             garbage.extend(st.registry.unpin(&pin));
         }
-        engine.delete_objects(&garbage);
+        if self.keep_objects {
+            log::warn!(
+                "checkpoint {}: keeping {} objects for recovery to judge",
+                self.id,
+                garbage.len()
+            );
+        } else {
+            engine.delete_objects(&garbage);
+        }
         st.in_flight.remove(&self.id);
         engine.inner.slot_freed.notify_all();
         if let Some(e) = error {
@@ -869,19 +902,144 @@ pub fn materialize(
     fsync_dir(dir)
 }
 
-/// Replace the database of the backend living in `dir` with a checkpoint's files. The new
-/// files are complete and durable before the old database is moved away.
-fn install_snapshot(store: &dyn ObjectStore, snapshot: &BackendSnapshot, dir: &Path) -> Result<()> {
+/// Write a checkpoint's files for the backend living in `dir` into `dir/restore.tmp`
+/// (verified, durable), leaving the live database alone.
+fn prepare_snapshot(
+    store: &dyn ObjectStore,
+    snapshot: &BackendSnapshot,
+    dir: &Path,
+) -> Result<PathBuf> {
     let fresh = dir.join("restore.tmp");
-    let old = dir.join("db.old");
     remove_tree(&fresh)?;
-    remove_tree(&old)?;
     materialize(store, snapshot, &fresh, &mut |_| {})?;
+    Ok(fresh)
+}
+
+/// Replace the (closed) database in `dir` by a prepared snapshot.
+fn swap_in_snapshot(dir: &Path, fresh: &Path) -> Result<()> {
+    let old = dir.join("db.old");
+    remove_tree(&old)?;
+    // The old lineage must not outlive the old database: if we die after the rename below
+    // but before the restored database gets its new lineage, a stale one would let the
+    // next checkpoint re-reference abandoned files by name.
+    Backend::forget_lineage(dir)?;
     let db = Backend::db_dir(dir);
     if db.exists() {
         std::fs::rename(&db, &old).ctx("move aside", &db)?;
     }
-    std::fs::rename(&fresh, &db).ctx("install restored database", &db)?;
+    std::fs::rename(fresh, &db).ctx("install restored database", &db)?;
     fsync_dir(dir)?;
     remove_tree(&old)
+}
+
+/// Replace the database of the backend living in `dir` with a checkpoint's files. The new
+/// files are complete and durable before the old database is moved away.
+fn install_snapshot(store: &dyn ObjectStore, snapshot: &BackendSnapshot, dir: &Path) -> Result<()> {
+    let fresh = prepare_snapshot(store, snapshot, dir)?;
+    swap_in_snapshot(dir, &fresh)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(store: &Path) -> EngineConfig {
+        let mut config = EngineConfig::new(store);
+        config.backends = vec!["A/0".parse().unwrap()];
+        config.retain = Some(20);
+        config.backend_options.write_buffer_size = Some(64 * 1024);
+        config
+    }
+
+    fn fill(engine: &Engine, tag: &str, range: std::ops::Range<u32>) {
+        let a: BackendName = "A/0".parse().unwrap();
+        let ops: Vec<WriteOp> = range
+            .map(|i| {
+                WriteOp::Put(
+                    format!("k{i:06}").into_bytes(),
+                    format!("{tag}{}", "x".repeat(80)).into_bytes(),
+                )
+            })
+            .collect();
+        engine.write(&a, &ops).unwrap();
+        engine.flush(&a).unwrap();
+    }
+
+    /// A crash after a restored database was renamed into place, but before it got its new
+    /// lineage, must not let the old lineage's files be re-referenced by name.
+    #[test]
+    fn a_crash_in_the_middle_of_a_restore_never_aliases_abandoned_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        let a: BackendName = "A/0".parse().unwrap();
+        let engine = Engine::open(config(&store)).unwrap();
+        fill(&engine, "base", 0..1500);
+        let cp1 = engine.checkpoint().unwrap();
+        for i in 0..3u32 {
+            fill(&engine, "abandoned", i * 250..(i + 1) * 250);
+            engine.checkpoint().unwrap();
+        }
+        let state_dir = engine.state_dir().to_path_buf();
+        drop(engine);
+        // The crash: the restored files are in place, the database never reopened.
+        let objects = LocalStore::open(&store).unwrap();
+        install_snapshot(&objects, &cp1.backends[0], &backend_dir(&state_dir, &a)).unwrap();
+
+        let engine = Engine::open(config(&store)).unwrap();
+        fill(&engine, "after", 0..100);
+        let expected = engine.scan(&a).unwrap();
+        let cp = engine.checkpoint().unwrap();
+        let old_lineage = &cp1.backends[0].lineage;
+        assert_ne!(
+            &cp.backends[0].lineage, old_lineage,
+            "the restored database kept the old lineage"
+        );
+        // With a fresh lineage nothing is re-referenced by name (content may still be shared).
+        assert_eq!(cp.stats.files_reused, 0);
+        let out = dir.path().join("out");
+        crate::restore::restore_checkpoint(&store, cp.id, &out, |_| {}).unwrap();
+        assert_eq!(
+            crate::backend::scan_dir(&out.join("A/0")).unwrap(),
+            expected
+        );
+    }
+
+    /// A closed backend is an error for a waiting checkpoint, not a reason to spin.
+    #[test]
+    fn a_closed_backend_fails_a_waiting_checkpoint_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(config(&dir.path().join("store"))).unwrap();
+        let a: BackendName = "A/0".parse().unwrap();
+        *engine.inner.backends[&a].write().unwrap() = None;
+        let before = engine.state().meta.next_checkpoint;
+        let err = engine.begin_checkpoint_waiting().err().expect("must fail");
+        assert!(matches!(err, Error::BackendClosed(_)), "{err}");
+        assert_eq!(engine.state().meta.next_checkpoint, before + 1);
+        assert!(engine.state().in_flight.is_empty());
+    }
+
+    /// A restore that cannot read its checkpoint leaves the live database open and as it was.
+    #[test]
+    fn a_failed_restore_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(config(&dir.path().join("store"))).unwrap();
+        let a: BackendName = "A/0".parse().unwrap();
+        fill(&engine, "v1", 0..500);
+        let cp = engine.checkpoint().unwrap();
+        fill(&engine, "v2", 0..500);
+        let live = engine.scan(&a).unwrap();
+        let sst = cp.backends[0]
+            .files
+            .iter()
+            .find(|f| f.name.ends_with(".sst"))
+            .unwrap();
+        let path = engine.object_store().local_path(&sst.object).unwrap();
+        std::fs::write(&path, b"garbage").unwrap();
+        assert!(matches!(
+            engine.restore_backends(cp.id),
+            Err(Error::Corrupt(_))
+        ));
+        assert_eq!(engine.scan(&a).unwrap(), live);
+        engine.checkpoint().unwrap();
+    }
 }

@@ -37,6 +37,9 @@ pub enum Error {
     NotEmpty(String),
     #[error("read-only: {0}")]
     ReadOnly(String),
+    /// A backend whose database could not be reopened (after a failed restore).
+    #[error("backend {0} is not open (a restore failed; see the log)")]
+    BackendClosed(String),
     #[error("not found: {0}")]
     NotFound(String),
 }
@@ -55,6 +58,7 @@ impl Error {
             Error::Corrupt(_) => libc::EIO,
             Error::NotEmpty(_) => libc::ENOTEMPTY,
             Error::ReadOnly(_) => libc::EROFS,
+            Error::BackendClosed(_) => libc::EIO,
         }
     }
 

@@ -517,3 +517,38 @@ fn a_restored_directory_opens_in_stock_rocksdb_read_only() {
     assert!(std::fs::read_dir(&empty).unwrap().next().is_none());
     let _ = Catalog::open(&store);
 }
+
+/// An object found missing at start is never shared: the next checkpoint stores its bytes
+/// again, which also repairs the older checkpoints that reference it.
+#[test]
+fn a_missing_object_is_stored_again_not_shared() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
+    put_range(&engine, &name("A/0"), 0..2000, "v");
+    let cp1 = engine.checkpoint().unwrap();
+    let sst = cp1.backends[0]
+        .files
+        .iter()
+        .find(|f| f.name.ends_with(".sst"))
+        .unwrap()
+        .clone();
+    let path = engine.object_store().local_path(&sst.object).unwrap();
+    drop(engine);
+    std::fs::remove_file(&path).unwrap();
+    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
+    assert!(engine.status().last_error.unwrap().contains("missing"));
+    let cp2 = engine.checkpoint().unwrap();
+    assert!(
+        cp2.backends[0].files.iter().any(|f| f.object == sst.object),
+        "test setup: same SST"
+    );
+    assert!(
+        path.exists(),
+        "the missing object was shared instead of stored again"
+    );
+    assert!(cp2.stats.bytes_uploaded >= sst.size);
+    drop(engine);
+    let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}

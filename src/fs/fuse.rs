@@ -418,6 +418,9 @@ impl Filesystem for FuseAdapter {
         reply.ok()
     }
 
+    // No extended attributes. ENOSYS (rather than ENODATA) lets the kernel remember that
+    // and answer EOPNOTSUPP itself: `ls -l` asks three times per entry, and those round
+    // trips dominated listing 1,000 checkpoints.
     fn getxattr(
         &self,
         _req: &Request,
@@ -426,15 +429,26 @@ impl Filesystem for FuseAdapter {
         _size: u32,
         reply: ReplyXattr,
     ) {
-        reply.error(Errno::ENODATA)
+        reply.error(Errno::ENOSYS)
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
-        if size == 0 {
-            reply.size(0)
-        } else {
-            reply.data(&[])
-        }
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::ENOSYS)
+    }
+
+    /// Terminal probes (isatty's TCGETS) and the like: not a terminal, quietly.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY)
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

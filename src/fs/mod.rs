@@ -103,6 +103,8 @@ struct ControlState {
     base: usize,
     /// Unread remainder of a line a reader only took part of.
     partial: Vec<u8>,
+    /// Written text after the last newline: the start of a line the next write completes.
+    unfinished: Vec<u8>,
     waiting: VecDeque<(u32, ReadCallback)>,
 }
 
@@ -259,6 +261,11 @@ impl CkptFs {
         let tree = Arc::new(CheckpointTree::build(&manifest));
         lock(&self.trees).insert(cp, tree.clone());
         lock(&self.shown).insert(cp);
+        // Dropped while we built it? Then the change hook may have run before our insert.
+        if self.controller.engine().manifest(cp).is_none() {
+            lock(&self.trees).remove(&cp);
+            return Err(Error::NoSuchCheckpoint(cp));
+        }
         Ok(tree)
     }
 
@@ -531,8 +538,10 @@ impl CkptFs {
         }
     }
 
-    /// Write control commands. The whole write is parsed and validated first: one bad
-    /// line fails it with EINVAL and nothing runs; the error is the handle's next answer.
+    /// Write control commands. Lines run when complete: text after the last newline waits
+    /// for the next write (or the close), so a line split across writes runs once, whole.
+    /// The complete lines of a write are parsed and validated first: one bad line fails the
+    /// write with EINVAL, nothing runs, and the error is the handle's next answer.
     pub fn write(&self, fh: u64, data: &[u8]) -> Result<usize> {
         let stream = match lock(&self.handles).get(&fh) {
             Some(Handle::Control(stream)) => stream.clone(),
@@ -544,7 +553,33 @@ impl CkptFs {
                 ))
             }
         };
-        let commands = control::parse_write(data).and_then(|c| {
+        let complete = {
+            let mut st = lock(&stream.state);
+            let mut text = std::mem::take(&mut st.unfinished);
+            text.extend_from_slice(data);
+            match text.iter().rposition(|b| *b == b'\n') {
+                Some(end) => {
+                    st.unfinished = text.split_off(end + 1);
+                    text
+                }
+                None => {
+                    st.unfinished = text;
+                    Vec::new()
+                }
+            }
+        };
+        if !complete.is_empty() {
+            if let Err(e) = self.run_lines(&stream, &complete) {
+                lock(&stream.state).unfinished.clear();
+                return Err(e);
+            }
+        }
+        Ok(data.len())
+    }
+
+    /// Parse, validate and run complete lines on behalf of a control handle.
+    fn run_lines(&self, stream: &Arc<ControlStream>, text: &[u8]) -> Result<()> {
+        let commands = control::parse_write(text).and_then(|c| {
             self.controller.validate(&c)?;
             Ok(c)
         });
@@ -552,7 +587,7 @@ impl CkptFs {
             Ok(c) => c,
             Err(e) => {
                 self.controller.engine().record_error(e.to_string());
-                push_answers(&stream, vec![Some(control::error_json(&e))]);
+                push_answers(stream, vec![Some(control::error_json(&e))]);
                 return Err(e);
             }
         };
@@ -562,7 +597,7 @@ impl CkptFs {
             st.slots.extend(std::iter::repeat_n(None, commands.len()));
             first
         };
-        let weak = Arc::downgrade(&stream);
+        let weak = Arc::downgrade(stream);
         let answer: control::AnswerSink = Arc::new(move |index, line| {
             if let Some(stream) = weak.upgrade() {
                 let ready = {
@@ -581,12 +616,17 @@ impl CkptFs {
             }
         });
         self.controller.execute(commands, answer);
-        Ok(data.len())
+        Ok(())
     }
 
     pub fn release(&self, fh: u64) {
         let handle = lock(&self.handles).remove(&fh);
         if let Some(Handle::Control(stream)) = handle {
+            // A last line without a newline (`echo -n checkpoint > ctl`) runs at close.
+            let rest = std::mem::take(&mut lock(&stream.state).unfinished);
+            if !rest.is_empty() {
+                let _ = self.run_lines(&stream, &rest);
+            }
             // Readers still parked (another thread of the process) get end-of-file.
             let waiting: Vec<_> = lock(&stream.state).waiting.drain(..).collect();
             for (_, callback) in waiting {
@@ -741,5 +781,92 @@ fn push_answers(stream: &Arc<ControlStream>, answers: Vec<Option<String>>) {
     };
     for (callback, data) in ready {
         callback(Ok(data));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coordinator::{Engine, EngineConfig};
+
+    fn fs_with_checkpoints(dir: &std::path::Path, n: usize) -> Arc<CkptFs> {
+        let mut config = EngineConfig::new(dir.join("store"));
+        config.backends = vec!["A/0".parse().unwrap()];
+        config.retain = Some(10);
+        let engine = Engine::open(config).unwrap();
+        for i in 0..n {
+            engine
+                .put(&"A/0".parse().unwrap(), b"k", i.to_string().as_bytes())
+                .unwrap();
+            engine.checkpoint().unwrap();
+        }
+        CkptFs::new(Arc::new(Controller::new(engine)))
+    }
+
+    fn ids(fs: &CkptFs) -> Vec<u64> {
+        fs.controller()
+            .engine()
+            .checkpoints()
+            .iter()
+            .map(|m| m.id)
+            .collect()
+    }
+
+    fn ctl(fs: &CkptFs) -> u64 {
+        match fs.open(CTL, true).unwrap() {
+            Opened::Stream { fh, .. } => fh,
+            Opened::Object { .. } => unreachable!(),
+        }
+    }
+
+    fn read_now(fs: &CkptFs, fh: u64) -> Vec<u8> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        fs.read(fh, 0, 4096, Box::new(move |r| tx.send(r.unwrap()).unwrap()));
+        rx.recv_timeout(Duration::from_secs(30)).unwrap()
+    }
+
+    /// `cat cmds > ctl` may split a line across two writes: it must run once, whole.
+    #[test]
+    fn a_line_split_across_writes_runs_once_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs_with_checkpoints(dir.path(), 3);
+        let fh = ctl(&fs);
+        assert_eq!(fs.write(fh, b"delete ").unwrap(), 7);
+        assert_eq!(ids(&fs), vec![1, 2, 3], "half a line ran");
+        assert_eq!(fs.write(fh, b"3\ndel").unwrap(), 5);
+        assert_eq!(ids(&fs), vec![1, 2]);
+        assert_eq!(read_now(&fs, fh), b"{\"ok\":true}\n");
+        // The unfinished "del" + "ete 1" is bad as a whole line: refused, nothing runs.
+        let err = fs.write(fh, b"ete 9\n").unwrap_err();
+        assert_eq!(err.errno(), libc::EINVAL);
+        assert!(String::from_utf8(read_now(&fs, fh))
+            .unwrap()
+            .contains("no such checkpoint 9"));
+        assert_eq!(ids(&fs), vec![1, 2]);
+        // A last line without newline runs when the handle is closed.
+        fs.write(fh, b"delete 1").unwrap();
+        assert_eq!(ids(&fs), vec![1, 2]);
+        fs.release(fh);
+        assert_eq!(ids(&fs), vec![2]);
+    }
+
+    #[test]
+    fn inode_numbers_and_lookups_are_stable() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs_with_checkpoints(dir.path(), 2);
+        let cp = fs.lookup(ROOT, "cp-2").unwrap();
+        assert_eq!(cp.ino, 2 << 32);
+        let op = fs.lookup(cp.ino, "A").unwrap();
+        let sub = fs.lookup(op.ino, "0").unwrap();
+        let current = fs.lookup(sub.ino, "CURRENT").unwrap();
+        assert_eq!(fs.getattr(current.ino).unwrap(), current);
+        assert_eq!(fs.parent_of(sub.ino), op.ino);
+        assert_eq!(fs.readlink(LATEST).unwrap(), "cp-2");
+        for bad in ["cp-02", "cp-", "cp-x", "cp-3", "cp-2/"] {
+            assert!(fs.lookup(ROOT, bad).is_err(), "{bad}");
+        }
+        fs.rmdir(ROOT, "cp-2").unwrap();
+        assert_eq!(fs.lookup(ROOT, "cp-2").unwrap_err().errno(), libc::ENOENT);
+        assert_eq!(fs.readlink(LATEST).unwrap(), "cp-1");
     }
 }
