@@ -56,17 +56,20 @@ pub fn dot(manifests: &[Manifest]) -> String {
         );
     }
     for (id, o) in &objects {
-        let names: Vec<&str> = o.names.iter().map(String::as_str).collect();
+        let names: Vec<String> = o.names.iter().map(|n| escape(n)).collect();
         let shown = if names.len() > 3 {
             format!("{}\\n(+{} more)", names[..3].join("\\n"), names.len() - 3)
         } else {
             names.join("\\n")
         };
+        // SST files (shared across checkpoints) in green, private files in grey.
+        let sst = o.names.iter().any(|n| crate::backend::is_shared_file(n));
         let _ = writeln!(
             out,
-            "  \"{hex}\" [shape=ellipse, label=\"{shown}\\n{short} {size}\\nrefs={refs}\"];",
+            "  \"{hex}\" [shape=ellipse, style=filled, fillcolor=\"{color}\", label=\"{shown}\\n{short} {size}\\nrefs={refs}\"];",
             hex = id.to_hex(),
-            shown = escape(&shown),
+            color = if sst { "#dff0d8" } else { "#eeeeee" },
+            shown = shown,
             short = id.short(),
             size = human(o.size),
             refs = o.referrers.len()
@@ -127,5 +130,15 @@ mod tests {
         assert_eq!(text.matches("refs=1").count(), 3);
         assert!(text.contains("\"cp-3\" [shape=box"));
         assert!(text.contains("Operator-2/1/000012.sst"));
+        assert!(!text.contains("\\\\n"), "a line break was escaped: {text}");
+        let shared = dot(&[manifest(5, &[("000012.sst", "x")]), {
+            let mut m = manifest(6, &[("000012.sst", "x")]);
+            m.backends[0].name = "Operator-2/2".parse().unwrap();
+            m
+        }]);
+        assert!(
+            shared.contains("Operator-2/1/000012.sst\\nOperator-2/2/000012.sst"),
+            "{shared}"
+        );
     }
 }
