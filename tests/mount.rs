@@ -869,3 +869,46 @@ fn after_the_daemon_is_killed_the_store_recovers() {
     assert_eq!(m.checkpoint_ids(), vec![id]);
     assert_eq!(scan(&m.mnt.join(format!("cp-{id}/A/0"))), kv(&[("k", "v")]));
 }
+
+/// Only the mounting user gets in, unless --allow-other; then the kernel checks the modes
+/// (default_permissions): checkpoints readable by all, the control file and drops not.
+#[test]
+fn other_users_get_in_only_with_allow_other_and_then_read_only() {
+    let as_nobody = |script: String| {
+        Command::new("runuser")
+            .args(["-u", "nobody", "--", "sh", "-c", &script])
+            .output()
+            .expect("runuser (util-linux)")
+    };
+    for allow_other in [false, true] {
+        let args: &[&str] = if allow_other {
+            &["--backend", "A/0", "--allow-other"]
+        } else {
+            &["--backend", "A/0"]
+        };
+        let m = Mounted::new(args);
+        std::fs::set_permissions(&m.root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        m.put("A/0", "k", "v");
+        let id = m.checkpoint();
+        let listing = as_nobody(format!(
+            "ls {}/cp-{id}/A/0 && cat {}/cp-{id}/A/0/CURRENT",
+            m.mnt(),
+            m.mnt()
+        ));
+        assert_eq!(
+            listing.status.success(),
+            allow_other,
+            "{}",
+            String::from_utf8_lossy(&listing.stderr)
+        );
+        if allow_other {
+            assert!(String::from_utf8_lossy(&listing.stdout).contains("MANIFEST-"));
+            let ctl = as_nobody(format!("echo checkpoint > {}/.ckptfs/ctl", m.mnt()));
+            assert!(!ctl.status.success());
+            assert!(String::from_utf8_lossy(&ctl.stderr).contains("Permission denied"));
+            let rm = as_nobody(format!("rmdir {}/cp-{id}", m.mnt()));
+            assert!(!rm.status.success());
+            assert_eq!(m.checkpoint_ids(), vec![id]);
+        }
+    }
+}
