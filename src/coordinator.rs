@@ -140,6 +140,12 @@ impl Engine {
             log::info!("removed {leftovers} staged objects of interrupted checkpoints");
         }
         let manifests = catalog.load_all()?;
+        // Refuse a bad --restore before changing anything.
+        if let Some(n) = config.restore_from {
+            if !manifests.contains_key(&n) {
+                return Err(Error::NoSuchCheckpoint(n));
+            }
+        }
         if let Some(last) = manifests.keys().next_back() {
             meta.next_checkpoint = meta.next_checkpoint.max(last + 1);
         }
@@ -159,12 +165,6 @@ impl Engine {
             log::error!("{msg}");
             last_error = Some(msg);
         }
-        if let Some(n) = config.restore_from {
-            if !manifests.contains_key(&n) {
-                return Err(Error::NoSuchCheckpoint(n));
-            }
-        }
-
         let state_dir = config.state.clone().unwrap_or_else(|| root.join("state"));
         std::fs::create_dir_all(&state_dir).ctx("create state directory", &state_dir)?;
         remove_tree(&state_dir.join("staging"))?;
