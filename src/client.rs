@@ -21,7 +21,7 @@ pub fn daemonize(
     log_file: Option<&Path>,
     args: &[std::ffi::OsString],
 ) -> Result<ExitCode, Error> {
-    std::fs::create_dir_all(store).ctx("create store", store)?;
+    ckptfs::coordinator::ensure_store_dir(store)?;
     let log_path = log_file
         .map(Path::to_path_buf)
         .unwrap_or_else(|| store.join("ckptfs.log"));
@@ -430,7 +430,7 @@ const GENERIC_MOUNT_OPTIONS: &[&str] = &[
 /// Translate `mount.fuse.ckptfs STORE MOUNTPOINT [-o opt,opt=value,...]` (what mount(8)
 /// runs for `mount -t fuse.ckptfs` and fstab lines) into `ckptfs mount ...` arguments.
 /// Options: state=DIR, backend=NAME (repeatable), retain=N, max_concurrent=N,
-/// interval=DURATION, restore=N, log_file=FILE, format_version=V, allow_other.
+/// interval=DURATION, restore=N, log_file=FILE, format_version=V, allow_other, no_verify.
 pub fn mount_helper_args(args: Vec<String>) -> Result<Vec<String>, String> {
     let mut positional = Vec::new();
     let mut options = Vec::new();
@@ -460,6 +460,7 @@ pub fn mount_helper_args(args: Vec<String>) -> Result<Vec<String>, String> {
         };
         match (key, value) {
             ("allow_other", None) => out.push("--allow-other".into()),
+            ("no_verify", None) => out.push("--no-verify".into()),
             (
                 "state" | "backend" | "retain" | "max_concurrent" | "interval" | "restore"
                 | "log_file" | "format_version",

@@ -116,7 +116,7 @@ impl Engine {
     /// Open a store (creating it if new), recover, and start the backends.
     pub fn open(config: EngineConfig) -> Result<Engine> {
         let root = config.store.clone();
-        std::fs::create_dir_all(&root).ctx("create store", &root)?;
+        ensure_store_dir(&root)?;
         let lock = StoreLock::acquire(&root)?;
         let store = LocalStore::open(&root)?;
         let catalog = Catalog::open(&root)?;
@@ -825,6 +825,17 @@ impl Drop for PendingCheckpoint {
     fn drop(&mut self) {
         self.release(None);
     }
+}
+
+/// Create the store directory if needed; a path that exists but is no directory is an error.
+pub fn ensure_store_dir(root: &Path) -> Result<()> {
+    if root.exists() && !root.is_dir() {
+        return Err(Error::io(
+            format!("store {}", root.display()),
+            std::io::Error::from_raw_os_error(libc::ENOTDIR),
+        ));
+    }
+    std::fs::create_dir_all(root).ctx("create store", root)
 }
 
 fn validate_retain(retain: u32) -> Result<u32> {

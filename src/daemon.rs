@@ -21,6 +21,8 @@ pub struct MountConfig {
     pub allow_other: bool,
     /// FUSE worker threads.
     pub threads: usize,
+    /// Verify each stored object's checksum at its first open.
+    pub verify: bool,
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -83,7 +85,7 @@ pub fn serve(config: MountConfig, ready: impl FnOnce(Result<()>)) -> Result<()> 
         install_signal_handlers()?;
         let engine = Engine::open(config.engine.clone())?;
         let controller = Arc::new(Controller::new(engine.clone()));
-        let fs = CkptFs::new(controller.clone());
+        let fs = CkptFs::with_verification(controller.clone(), config.verify);
         let mut options = vec![
             MountOption::FSName(format!("ckptfs:{}", engine.store_root().display())),
             MountOption::Subtype("ckptfs".into()),

@@ -58,6 +58,10 @@ enum Command {
         /// Log file of the background daemon (default STORE/ckptfs.log).
         #[arg(long)]
         log_file: Option<PathBuf>,
+        /// Do not verify each stored object's checksum at its first open (faster first
+        /// reads; a corrupt object is then served as it is).
+        #[arg(long)]
+        no_verify: bool,
         /// SST format_version the backends write.
         #[arg(long, default_value_t = DEFAULT_FORMAT_VERSION)]
         format_version: i32,
@@ -237,6 +241,7 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             foreground,
             allow_other,
             log_file,
+            no_verify,
             format_version,
         } => {
             if !foreground {
@@ -264,6 +269,7 @@ fn run(command: Command) -> Result<ExitCode, Error> {
                 interval,
                 allow_other,
                 threads: 4,
+                verify: !no_verify,
             };
             ckptfs::daemon::serve(config, client::notify_ready)?;
             Ok(ExitCode::SUCCESS)

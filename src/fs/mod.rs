@@ -161,6 +161,10 @@ pub struct CkptFs {
     /// Checkpoints the kernel may have cached entries for.
     shown: Mutex<BTreeSet<u64>>,
     invalidator: Mutex<Option<Arc<dyn Invalidator>>>,
+    /// Objects whose checksum this daemon has verified.
+    verified: Mutex<std::collections::HashSet<ObjectId>>,
+    /// Verify each object at its first open (the default); off with `--no-verify`.
+    verify: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -190,6 +194,10 @@ fn make_ino(cp: u64, index: usize) -> u64 {
 
 impl CkptFs {
     pub fn new(controller: Arc<Controller>) -> Arc<Self> {
+        Self::with_verification(controller, true)
+    }
+
+    pub fn with_verification(controller: Arc<Controller>, verify: bool) -> Arc<Self> {
         let fs = Arc::new(CkptFs {
             controller,
             uid: nix::unistd::getuid().as_raw(),
@@ -200,6 +208,8 @@ impl CkptFs {
             next_fh: AtomicU64::new(1),
             shown: Mutex::new(BTreeSet::new()),
             invalidator: Mutex::new(None),
+            verified: Mutex::new(Default::default()),
+            verify,
         });
         let weak = Arc::downgrade(&fs);
         fs.controller.set_change_hook(Arc::new(move || {
@@ -467,7 +477,7 @@ impl CkptFs {
                     .nodes
                     .get(index)
                     .ok_or(Error::NotFound(format!("inode {ino}")))?;
-                let NodeKind::File { object, .. } = &node.kind else {
+                let NodeKind::File { object, size } = &node.kind else {
                     return Err(Error::io(
                         "open",
                         std::io::Error::from_raw_os_error(libc::EISDIR),
@@ -476,6 +486,7 @@ impl CkptFs {
                 if write {
                     return Err(Error::ReadOnly(format!("cp-{cp} is a checkpoint")));
                 }
+                self.verify_once(object, *size)?;
                 let file = Arc::new(self.controller.engine().object_store().open(object)?);
                 let fh = self.new_handle(Handle::Object(file.clone()));
                 Ok(Opened::Object {
@@ -485,6 +496,23 @@ impl CkptFs {
                 })
             }
         }
+    }
+
+    /// Check an object's size and checksum the first time this daemon serves it, so a
+    /// corrupt object is an EIO at open, never silently wrong bytes in a copy. Objects are
+    /// immutable, so once is enough; the cost is one sequential read, which also warms the
+    /// page cache for the reads that follow.
+    fn verify_once(&self, object: &ObjectId, size: u64) -> Result<()> {
+        if !self.verify || lock(&self.verified).contains(object) {
+            return Ok(());
+        }
+        if let Err(e) = self.controller.engine().object_store().verify(object, size) {
+            log::error!("refusing to serve object {object}: {e}");
+            self.controller.engine().record_error(e.to_string());
+            return Err(e);
+        }
+        lock(&self.verified).insert(*object);
+        Ok(())
     }
 
     /// Read from an open handle. `reply` is called now, or later for a control handle
