@@ -215,12 +215,6 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02X}")).collect::<String>()
 }
 
-/// `ldb` output is upper-case hex; rocksdict's `.hex()` lower-case.
-#[test]
-fn hex_helper_matches_both_tools_after_normalising() {
-    assert_eq!(hex(b"\x00\xff"), "00FF");
-}
-
 /// Every subcommand and every long option that `--help` shows is in man/ckptfs.8.
 #[test]
 fn the_man_page_documents_every_subcommand_and_option() {

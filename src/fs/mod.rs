@@ -20,7 +20,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use serde_json::json;
 
@@ -788,10 +788,6 @@ impl CkptFs {
         } else {
             Duration::from_secs(1)
         }
-    }
-
-    pub fn epoch() -> SystemTime {
-        UNIX_EPOCH
     }
 }
 
