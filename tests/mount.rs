@@ -951,3 +951,68 @@ fn a_corrupt_object_is_an_io_error_not_wrong_bytes() {
     let served = std::fs::read(dir.join(sst["name"].as_str().unwrap())).unwrap();
     assert_eq!(served, std::fs::read(&path).unwrap());
 }
+
+/// scripts/ckptfs.service: systemd accepts it, and its ExecStart, run as systemd would
+/// (with the example paths replaced), mounts in the foreground and stops cleanly on the
+/// unit's KillSignal.
+#[test]
+fn the_systemd_unit_is_valid_and_its_command_serves_and_stops() {
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/ckptfs.service"
+    ))
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tested = dir.path().join("ckptfs.service");
+    std::fs::write(&tested, unit.replace("/usr/local/bin/ckptfs", BIN)).unwrap();
+    let verify = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&tested)
+        .output()
+        .expect("systemd-analyze");
+    let complaints = String::from_utf8_lossy(&verify.stderr).into_owned();
+    assert!(
+        verify.status.success() && !complaints.contains(&*tested.to_string_lossy()),
+        "{complaints}"
+    );
+    assert!(unit.contains("KillSignal=SIGTERM"));
+
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .unwrap();
+    let (store, mnt) = (dir.path().join("store"), dir.path().join("mnt"));
+    std::fs::create_dir(&mnt).unwrap();
+    let exec = exec
+        .replace("/srv/ckpt", store.to_str().unwrap())
+        .replace("/mnt/ckpt", mnt.to_str().unwrap());
+    let mut words = exec.split_whitespace();
+    assert_eq!(words.next(), Some("/usr/local/bin/ckptfs"));
+    let mut child = Command::new(BIN)
+        .args(words)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !mnt.join(".ckptfs/status").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the unit's command never mounted"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the unit's command exited"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ok(ckptfs(&["checkpoint", mnt.to_str().unwrap()]));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    assert!(!mnt.join(".ckptfs").exists());
+    assert!(store.join("checkpoints/1.json").exists());
+}
