@@ -6,14 +6,27 @@
 //!    backend), checkpoint 2.
 //! 3. Rewrite another REWRITE_PERCENT, fully compact backend 0, checkpoint 3 (shows the
 //!    upload spike a compaction causes).
+//! 4. Only when the environment variable `BENCH_STEADY_ROUNDS` is N > 0 (default 0: off):
+//!    N more rounds of "rewrite REWRITE_PERCENT (evenly spaced keys, a different offset every
+//!    round) + checkpoint", without forced compaction, so RocksDB's automatic compactions
+//!    happen whenever they happen. Reported: the upload share of every one of these
+//!    checkpoints, its min / median / mean / p90 (nearest rank) / max, the bytes uploaded over
+//!    the bytes rewritten (write amplification as the store sees it), how many checkpoints
+//!    uploaded more than 5% and more than 50% of the state, the mean phase durations, and
+//!    which RocksDB jobs (flushes, compactions; read from each backend's info LOG) produced
+//!    the uploaded SSTs. All of it also goes under "steady" in the JSON line, which has no
+//!    "steady" key when the phase is off.
 //!
 //! For every checkpoint it reports the state size, what was uploaded (split into SST and
 //! private files: MANIFEST, CURRENT, OPTIONS, WAL), the SST files that are new relative to the
 //! previous checkpoint (by backend and file name), the synchronous and asynchronous phase
 //! durations and the file counts; then one JSON line with every figure.
 //!
-//! Usage: `cargo run --example bench_incremental -- [TOTAL_MIB [BACKENDS [REWRITE_PERCENT
-//! [WORKDIR]]]]` (defaults 256, 4, 1, a temporary directory under /tmp removed at the end).
+//! Usage: `[BENCH_STEADY_ROUNDS=N] cargo run --example bench_incremental -- [TOTAL_MIB
+//! [BACKENDS [REWRITE_PERCENT [WORKDIR]]]]` (defaults 256, 4, 1, a temporary directory under
+//! /tmp removed at the end; N = 0). The number of steady rounds is an environment variable
+//! only, not a fifth argument: it would come after WORKDIR, so asking for steady rounds would
+//! force a kept working directory.
 //! This is a benchmark, not a test: targets are reported, never asserted.
 
 use std::collections::HashSet;
@@ -35,18 +48,30 @@ const OPERATOR: &str = "Bench";
 /// Targets for a checkpoint after a small rewrite (reported, not asserted).
 const TARGET_UPLOAD_SHARE: f64 = 0.05;
 const TARGET_UPLOAD_RATIO: f64 = 1.05;
+/// Environment variable: number of steady-state rounds after checkpoint 3 (0 = none).
+const STEADY_ROUNDS_VAR: &str = "BENCH_STEADY_ROUNDS";
+/// Upload shares counted in the steady-state phase ("checkpoints above ...").
+const SPIKE_SHARES: [f64; 2] = [0.05, 0.50];
 
 struct Args {
     total_mib: u64,
     backends: u32,
     rewrite_percent: f64,
     workdir: Option<PathBuf>,
+    /// Steady-state rounds after checkpoint 3 (from BENCH_STEADY_ROUNDS).
+    steady_rounds: u64,
 }
 
 fn usage() -> String {
-    "usage: bench_incremental [TOTAL_MIB [BACKENDS [REWRITE_PERCENT [WORKDIR]]]]\n\
-     defaults: 256 MiB, 4 backends, 1 percent, a temporary directory under /tmp (removed)"
-        .to_string()
+    format!(
+        "usage: [{STEADY_ROUNDS_VAR}=N] bench_incremental [TOTAL_MIB [BACKENDS \
+         [REWRITE_PERCENT [WORKDIR]]]]\n\
+         defaults: 256 MiB, 4 backends, 1 percent, a temporary directory under /tmp (removed)\n\
+         {STEADY_ROUNDS_VAR}=N (environment only; default 0 = off): after checkpoint 3, N more \
+         rounds of\n\
+         REWRITE_PERCENT rewrite + checkpoint (no forced compaction), with upload-share \
+         statistics"
+    )
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -63,6 +88,7 @@ fn parse_args() -> Result<Args, String> {
         backends: 4,
         rewrite_percent: 1.0,
         workdir: None,
+        steady_rounds: 0,
     };
     if let Some(text) = argv.first() {
         args.total_mib = text
@@ -87,6 +113,16 @@ fn parse_args() -> Result<Args, String> {
     }
     if let Some(text) = argv.get(3) {
         args.workdir = Some(PathBuf::from(text));
+    }
+    // Unset or empty: off. Anything else must be a whole number.
+    if let Some(text) = std::env::var_os(STEADY_ROUNDS_VAR) {
+        let text = text.to_string_lossy();
+        if !text.trim().is_empty() {
+            args.steady_rounds = text
+                .trim()
+                .parse()
+                .map_err(|_| bad(STEADY_ROUNDS_VAR, &text))?;
+        }
     }
     Ok(args)
 }

@@ -139,18 +139,21 @@ pub fn serve(config: MountConfig, ready: impl FnOnce(Result<()>)) -> Result<()> 
     while !STOP.load(Ordering::SeqCst) && !background.guard.is_finished() {
         std::thread::sleep(Duration::from_millis(100));
     }
-    let result = if STOP.load(Ordering::SeqCst) {
+    let signalled = STOP.load(Ordering::SeqCst);
+    if signalled {
         log::info!(
             "signal received: unmounting {}",
             config.mountpoint.display()
         );
-        background.umount_and_join()
     } else {
         log::info!("{} was unmounted", config.mountpoint.display());
-        background.join()
-    };
-    if let Err(e) = result {
-        log::warn!("FUSE session ended with: {e}");
+    }
+    // After an external unmount the session has ended and our own unmount fails with
+    // EINVAL; asking explicitly keeps fuser from warning about it on drop.
+    match background.umount_and_join() {
+        Ok(()) => {}
+        Err(e) if !signalled => log::debug!("unmount after an external unmount: {e}"),
+        Err(e) => log::warn!("FUSE session ended with: {e}"),
     }
     // Let in-flight checkpoints finish, then close the databases.
     controller.shutdown();
