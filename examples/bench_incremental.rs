@@ -29,8 +29,8 @@
 //! force a kept working directory.
 //! This is a benchmark, not a test: targets are reported, never asserted.
 
-use std::collections::HashSet;
-use std::path::PathBuf;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
@@ -217,6 +217,8 @@ struct Figures {
     async_micros: u64,
     /// Per backend: SST count and bytes.
     per_backend: Vec<(String, u64, u64, u64)>,
+    /// The SSTs this checkpoint uploaded: backend, file name, size.
+    uploaded_ssts: Vec<(BackendName, String, u64)>,
 }
 
 impl Figures {
@@ -293,6 +295,8 @@ fn measure(
                 f.uploaded_objects += 1;
                 if sst {
                     f.uploaded_sst += file.size;
+                    f.uploaded_ssts
+                        .push((backend.name.clone(), file.name.clone(), file.size));
                 } else {
                     f.uploaded_private += file.size;
                 }
@@ -443,7 +447,56 @@ fn figures_json(f: &Figures) -> Value {
     })
 }
 
-fn run(args: &Args, workdir: &std::path::Path) -> Result<Vec<Figures>, Box<dyn std::error::Error>> {
+/// Write the keys `indices` of every backend as round `round`, compact backend 0 if asked,
+/// checkpoint, and measure the checkpoint against `previous`.
+fn checkpoint_round(
+    engine: &Engine,
+    names: &[BackendName],
+    indices: &[u64],
+    round: u64,
+    label: String,
+    compact: bool,
+    previous: Option<&Manifest>,
+) -> Result<(Figures, Arc<Manifest>), Box<dyn std::error::Error>> {
+    let clock = Instant::now();
+    let bytes_written = write_keys(engine, names, indices, round)?;
+    let write_secs = clock.elapsed().as_secs_f64();
+    let compact_secs = if compact {
+        let clock = Instant::now();
+        engine.compact(&names[0])?;
+        Some(clock.elapsed().as_secs_f64())
+    } else {
+        None
+    };
+    let stored_before = stored_objects(engine);
+    let clock = Instant::now();
+    let manifest = engine.checkpoint()?;
+    let checkpoint_secs = clock.elapsed().as_secs_f64();
+    let mut f = measure(&manifest, previous, &stored_before);
+    f.label = label;
+    f.keys_written = indices.len() as u64 * names.len() as u64;
+    f.bytes_written = bytes_written;
+    f.write_secs = write_secs;
+    f.compact_secs = compact_secs;
+    f.checkpoint_secs = checkpoint_secs;
+    if f.uploaded_sst + f.uploaded_private != f.bytes_uploaded {
+        eprintln!(
+            "note: checkpoint {}: bytes_uploaded {} != new objects' bytes {} + {}",
+            f.checkpoint, f.bytes_uploaded, f.uploaded_sst, f.uploaded_private
+        );
+    }
+    Ok((f, manifest))
+}
+
+/// What the benchmark measured: the three fixed rounds, then the steady-state rounds (empty
+/// when the phase is off) and what produced the SSTs each of those uploaded.
+struct Outcome {
+    rounds: Vec<Figures>,
+    steady: Vec<Figures>,
+    producers: Vec<Producers>,
+}
+
+fn run(args: &Args, workdir: &Path) -> Result<Outcome, Box<dyn std::error::Error>> {
     let store = workdir.join("store");
     if store.exists() {
         return Err(format!(
@@ -490,37 +543,409 @@ fn run(args: &Args, workdir: &std::path::Path) -> Result<Vec<Figures>, Box<dyn s
             round + 1,
             indices.len()
         );
-        let clock = Instant::now();
-        let bytes_written = write_keys(&engine, &names, &indices, round)?;
-        let write_secs = clock.elapsed().as_secs_f64();
-        let compact_secs = if round == 2 {
-            let clock = Instant::now();
-            engine.compact(&names[0])?;
-            Some(clock.elapsed().as_secs_f64())
-        } else {
-            None
-        };
-        let stored_before = stored_objects(&engine);
-        let clock = Instant::now();
-        let manifest = engine.checkpoint()?;
-        let checkpoint_secs = clock.elapsed().as_secs_f64();
-        let mut f = measure(&manifest, previous.as_deref(), &stored_before);
-        f.label = label;
-        f.keys_written = indices.len() as u64 * u64::from(args.backends);
-        f.bytes_written = bytes_written;
-        f.write_secs = write_secs;
-        f.compact_secs = compact_secs;
-        f.checkpoint_secs = checkpoint_secs;
-        if f.uploaded_sst + f.uploaded_private != f.bytes_uploaded {
-            eprintln!(
-                "note: checkpoint {}: bytes_uploaded {} != new objects' bytes {} + {}",
-                f.checkpoint, f.bytes_uploaded, f.uploaded_sst, f.uploaded_private
-            );
-        }
+        let (f, manifest) = checkpoint_round(
+            &engine,
+            &names,
+            &indices,
+            round,
+            label,
+            round == 2,
+            previous.as_deref(),
+        )?;
         rounds.push(f);
         previous = Some(manifest);
     }
-    Ok(rounds)
+
+    let mut steady = Vec::new();
+    if args.steady_rounds > 0 {
+        eprintln!(
+            "rounds 4..{}: steady state, {}% rewrite + checkpoint, no forced compaction ({} \
+             keys per backend)",
+            3 + args.steady_rounds,
+            args.rewrite_percent,
+            rewrite_set(keys, args.rewrite_percent, 3).len()
+        );
+    }
+    for round in 3..3 + args.steady_rounds {
+        let indices = rewrite_set(keys, args.rewrite_percent, round);
+        let label = format!("steady {}: {}% rewrite", round - 2, args.rewrite_percent);
+        let (f, manifest) = checkpoint_round(
+            &engine,
+            &names,
+            &indices,
+            round,
+            label,
+            false,
+            previous.as_deref(),
+        )?;
+        steady.push(f);
+        previous = Some(manifest);
+    }
+
+    // RocksDB buffers its info LOG (flushed every few seconds and at close): read the LOGs
+    // only once every database is closed.
+    let state_dir = engine.state_dir().to_path_buf();
+    drop(engine);
+    let mut producers = Vec::new();
+    if !steady.is_empty() {
+        let mut logs = BTreeMap::new();
+        for name in &names {
+            // The layout of the engine's state directory: backends/<operator>/<subtask>/db.
+            let path = state_dir
+                .join("backends")
+                .join(name.rel_path())
+                .join("db")
+                .join("LOG");
+            match RocksLog::read(&path) {
+                Ok(log) => {
+                    logs.insert(name.clone(), log);
+                }
+                Err(e) => eprintln!(
+                    "note: cannot read {} ({e}): its uploads count as unknown",
+                    path.display()
+                ),
+            }
+        }
+        producers = steady.iter().map(|f| attribute(f, &logs)).collect();
+    }
+    Ok(Outcome {
+        rounds,
+        steady,
+        producers,
+    })
+}
+
+/// What a RocksDB job was, from the EVENT_LOG_v1 lines of the database's info LOG.
+enum Job {
+    Flush,
+    Compaction {
+        reason: String,
+        /// Input files per level.
+        inputs: BTreeMap<u32, usize>,
+        output_level: Option<u64>,
+    },
+}
+
+/// The jobs of one database and the job that wrote each table file.
+#[derive(Default)]
+struct RocksLog {
+    jobs: HashMap<u64, Job>,
+    file_job: HashMap<u64, u64>,
+}
+
+impl RocksLog {
+    fn read(path: &Path) -> std::io::Result<RocksLog> {
+        let text = String::from_utf8_lossy(&std::fs::read(path)?).into_owned();
+        let mut log = RocksLog::default();
+        for line in text.lines() {
+            let Some(at) = line.find("EVENT_LOG_v1 ") else {
+                continue;
+            };
+            let Ok(event) = serde_json::from_str::<Value>(&line[at + "EVENT_LOG_v1 ".len()..])
+            else {
+                continue;
+            };
+            let Some(job) = event["job"].as_u64() else {
+                continue;
+            };
+            match event["event"].as_str().unwrap_or("") {
+                "flush_started" => {
+                    log.jobs.insert(job, Job::Flush);
+                }
+                "compaction_started" => {
+                    let inputs = event
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|(k, v)| {
+                            let level = k.strip_prefix("files_L")?.parse().ok()?;
+                            Some((level, v.as_array()?.len()))
+                        })
+                        .collect();
+                    let reason = event["compaction_reason"].as_str().unwrap_or("?");
+                    log.jobs.insert(
+                        job,
+                        Job::Compaction {
+                            reason: reason.to_string(),
+                            inputs,
+                            output_level: None,
+                        },
+                    );
+                }
+                "compaction_finished" => {
+                    if let Some(Job::Compaction { output_level, .. }) = log.jobs.get_mut(&job) {
+                        *output_level = event["output_level"].as_u64();
+                    }
+                }
+                "table_file_creation" => {
+                    if let Some(number) = event["file_number"].as_u64() {
+                        log.file_job.insert(number, job);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(log)
+    }
+
+    /// The job that wrote SST `name` (e.g. `000123.sst`), if the LOG tells.
+    fn job_of(&self, name: &str) -> Option<(u64, &Job)> {
+        let number: u64 = name.strip_suffix(".sst")?.parse().ok()?;
+        let job = *self.file_job.get(&number)?;
+        Some((job, self.jobs.get(&job)?))
+    }
+}
+
+/// Uploaded bytes of one steady-state checkpoint by the kind of RocksDB job that wrote them.
+#[derive(Default)]
+struct Producers {
+    flush_bytes: u64,
+    compaction_bytes: u64,
+    unknown_bytes: u64,
+    compactions: Vec<CompactionUpload>,
+}
+
+/// The uploaded outputs of one compaction job.
+struct CompactionUpload {
+    backend: String,
+    job: u64,
+    reason: String,
+    inputs: BTreeMap<u32, usize>,
+    output_level: Option<u64>,
+    files: u64,
+    bytes: u64,
+}
+
+impl CompactionUpload {
+    /// E.g. `Bench/1 job 6 LevelL0FilesNum L0x4+L6x1 -> L6`.
+    fn describe(&self) -> String {
+        let inputs: Vec<String> = self
+            .inputs
+            .iter()
+            .map(|(level, n)| format!("L{level}x{n}"))
+            .collect();
+        let output = self
+            .output_level
+            .map_or_else(|| "?".to_string(), |l| format!("L{l}"));
+        format!(
+            "{} job {} {} {} -> {output}",
+            self.backend,
+            self.job,
+            self.reason,
+            inputs.join("+")
+        )
+    }
+}
+
+fn attribute(f: &Figures, logs: &BTreeMap<BackendName, RocksLog>) -> Producers {
+    let mut p = Producers::default();
+    let mut by_job: BTreeMap<(String, u64), CompactionUpload> = BTreeMap::new();
+    for (backend, name, size) in &f.uploaded_ssts {
+        match logs.get(backend).and_then(|log| log.job_of(name)) {
+            Some((_, Job::Flush)) => p.flush_bytes += size,
+            Some((
+                job,
+                Job::Compaction {
+                    reason,
+                    inputs,
+                    output_level,
+                },
+            )) => {
+                p.compaction_bytes += size;
+                let entry =
+                    by_job
+                        .entry((backend.to_string(), job))
+                        .or_insert_with(|| CompactionUpload {
+                            backend: backend.to_string(),
+                            job,
+                            reason: reason.clone(),
+                            inputs: inputs.clone(),
+                            output_level: *output_level,
+                            files: 0,
+                            bytes: 0,
+                        });
+                entry.files += 1;
+                entry.bytes += size;
+            }
+            None => p.unknown_bytes += size,
+        }
+    }
+    p.compactions = by_job.into_values().collect();
+    p
+}
+
+/// Min, median, mean, p90 (nearest rank) and max of a non-empty list.
+struct Spread {
+    min: f64,
+    median: f64,
+    mean: f64,
+    p90: f64,
+    max: f64,
+}
+
+fn spread(values: &[f64]) -> Spread {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    let median = if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    };
+    let rank = ((0.9 * n as f64).ceil() as usize).clamp(1, n);
+    Spread {
+        min: sorted[0],
+        median,
+        mean: sorted.iter().sum::<f64>() / n as f64,
+        p90: sorted[rank - 1],
+        max: sorted[n - 1],
+    }
+}
+
+/// The steady-state figures: printed, and the "steady" object of the JSON line.
+fn steady_report(steady: &[Figures], producers: &[Producers], rewrite_percent: f64) -> Value {
+    let n = steady.len() as u64;
+    let shares: Vec<f64> = steady.iter().map(Figures::upload_share).collect();
+    let s = spread(&shares);
+    let uploaded: u64 = steady.iter().map(|f| f.bytes_uploaded).sum();
+    let written: u64 = steady.iter().map(|f| f.bytes_written).sum();
+    let amplification = ratio(uploaded, written);
+    let above: Vec<usize> = SPIKE_SHARES
+        .iter()
+        .map(|&limit| shares.iter().filter(|&&x| x > limit).count())
+        .collect();
+    let mean_sync = steady.iter().map(|f| f.sync_micros).sum::<u64>() as f64 / n as f64;
+    let mean_async = steady.iter().map(|f| f.async_micros).sum::<u64>() as f64 / n as f64;
+    let mean_wall = steady.iter().map(|f| f.checkpoint_secs).sum::<f64>() / n as f64;
+    let flush: u64 = producers.iter().map(|p| p.flush_bytes).sum();
+    let compaction: u64 = producers.iter().map(|p| p.compaction_bytes).sum();
+    let unknown: u64 = producers.iter().map(|p| p.unknown_bytes).sum();
+    let private: u64 = steady.iter().map(|f| f.uploaded_private).sum();
+    let (first, last) = (steady[0].checkpoint, steady[steady.len() - 1].checkpoint);
+
+    println!(
+        "steady state: {n} rounds of {rewrite_percent}% rewrite + checkpoint, no forced \
+         compaction (checkpoints {first}..{last})"
+    );
+    println!("upload share per checkpoint (% of state):");
+    for chunk in steady.chunks(10) {
+        let cells: Vec<String> = chunk
+            .iter()
+            .map(|f| format!("{:6.2}", f.upload_share() * 100.0))
+            .collect();
+        println!(
+            "  cp {:>3}-{:<3} {}",
+            chunk[0].checkpoint,
+            chunk[chunk.len() - 1].checkpoint,
+            cells.join(" ")
+        );
+    }
+    println!(
+        "upload share: min {}, median {}, mean {}, p90 {}, max {}",
+        pct(s.min),
+        pct(s.median),
+        pct(s.mean),
+        pct(s.p90),
+        pct(s.max)
+    );
+    println!(
+        "uploaded / rewritten: {} / {} = {} (write amplification seen by the store)",
+        mib(uploaded),
+        mib(written),
+        times(amplification)
+    );
+    println!(
+        "checkpoints above {}: {} of {n}; above {}: {} of {n}",
+        pct(SPIKE_SHARES[0]),
+        above[0],
+        pct(SPIKE_SHARES[1]),
+        above[1]
+    );
+    println!(
+        "mean phases: sync {}, async {} (checkpoint wall time {:.1} ms)",
+        ms(mean_sync.round() as u64),
+        ms(mean_async.round() as u64),
+        mean_wall * 1000.0
+    );
+    println!(
+        "mean upload share {} < target {}: {} ({} of {n} single checkpoints below it)",
+        pct(s.mean),
+        pct(TARGET_UPLOAD_SHARE),
+        verdict(s.mean < TARGET_UPLOAD_SHARE),
+        shares.iter().filter(|&&x| x < TARGET_UPLOAD_SHARE).count()
+    );
+    println!(
+        "uploaded bytes by producer (RocksDB LOG): flushes {}, compactions {}, private files \
+         {}, unknown {}",
+        mib(flush),
+        mib(compaction),
+        mib(private),
+        mib(unknown)
+    );
+    println!("compactions whose outputs a checkpoint uploaded:");
+    let mut any = false;
+    for (f, p) in steady.iter().zip(producers) {
+        for (i, c) in p.compactions.iter().enumerate() {
+            any = true;
+            let head = if i == 0 {
+                format!("cp {:>3} ({:>6})", f.checkpoint, pct(f.upload_share()))
+            } else {
+                String::new()
+            };
+            println!(
+                "  {head:<16} {}: {} file(s), {}",
+                c.describe(),
+                c.files,
+                mib(c.bytes)
+            );
+        }
+    }
+    if !any {
+        println!("  none");
+    }
+
+    json!({
+        "rounds": n,
+        "first_checkpoint": first,
+        "last_checkpoint": last,
+        "upload_shares": shares,
+        "bytes_uploaded": steady.iter().map(|f| f.bytes_uploaded).collect::<Vec<_>>(),
+        "upload_share": {
+            "min": s.min,
+            "median": s.median,
+            "mean": s.mean,
+            "p90": s.p90,
+            "max": s.max,
+        },
+        "bytes_uploaded_total": uploaded,
+        "bytes_written_total": written,
+        "write_amplification": amplification,
+        "checkpoints_above_5pct": above[0],
+        "checkpoints_above_50pct": above[1],
+        "mean_sync_micros": mean_sync,
+        "mean_async_micros": mean_async,
+        "mean_checkpoint_secs": mean_wall,
+        "mean_upload_share_met": s.mean < TARGET_UPLOAD_SHARE,
+        "uploaded_by_producer": {
+            "flush_bytes": flush,
+            "compaction_bytes": compaction,
+            "private_bytes": private,
+            "unknown_bytes": unknown,
+        },
+        "compactions": steady.iter().zip(producers).flat_map(|(f, p)| {
+            p.compactions.iter().map(move |c| json!({
+                "checkpoint": f.checkpoint,
+                "backend": c.backend,
+                "job": c.job,
+                "reason": c.reason,
+                "inputs": c.inputs.iter().map(|(l, n)| (format!("L{l}"), json!(n)))
+                    .collect::<serde_json::Map<_, _>>(),
+                "output_level": c.output_level,
+                "uploaded_files": c.files,
+                "uploaded_bytes": c.bytes,
+            }))
+        }).collect::<Vec<_>>(),
+    })
 }
 
 fn main() -> ExitCode {
@@ -554,8 +979,12 @@ fn main() -> ExitCode {
             eprintln!("could not remove {}: {e}", workdir.display());
         }
     }
-    let rounds = match result {
-        Ok(rounds) => rounds,
+    let Outcome {
+        rounds,
+        steady,
+        producers,
+    } = match result {
+        Ok(outcome) => outcome,
         Err(e) => {
             eprintln!("bench_incremental failed: {e}");
             return ExitCode::FAILURE;
@@ -598,7 +1027,13 @@ fn main() -> ExitCode {
             .map_or_else(|| "n/a".to_string(), |r| format!("{r:.1}")),
         second.checkpoint,
     );
-    let out = json!({
+    let steady_json = if steady.is_empty() {
+        None
+    } else {
+        println!();
+        Some(steady_report(&steady, &producers, args.rewrite_percent))
+    };
+    let mut out = json!({
         "bench": "incremental",
         "total_mib": args.total_mib,
         "backends": args.backends,
@@ -614,6 +1049,9 @@ fn main() -> ExitCode {
         },
         "checkpoints": rounds.iter().map(figures_json).collect::<Vec<_>>(),
     });
+    if let Some(steady) = steady_json {
+        out["steady"] = steady;
+    }
     println!("{out}");
     ExitCode::SUCCESS
 }
