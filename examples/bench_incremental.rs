@@ -511,6 +511,11 @@ fn run(args: &Args, workdir: &Path) -> Result<Outcome, Box<dyn std::error::Error
     let mut config = EngineConfig::new(&store);
     config.backends = names.clone();
     config.retain = Some(3);
+    // The same option string `ckptfs mount --rocksdb-options` takes.
+    config.backend_options.rocksdb_options = std::env::var("BENCH_ROCKSDB_OPTIONS").ok();
+    if let Some(options) = &config.backend_options.rocksdb_options {
+        println!("RocksDB options: {options}");
+    }
     let engine = Engine::open(config)?;
 
     let per_entry = (KEY_SIZE + VALUE_SIZE) as u64;

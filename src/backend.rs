@@ -20,6 +20,9 @@ pub struct BackendOptions {
     pub format_version: i32,
     /// Memtable size; small values make more, smaller SSTs (tests use this).
     pub write_buffer_size: Option<usize>,
+    /// Further RocksDB options in RocksDB's own `name=value;name=value` syntax, applied
+    /// last, e.g. `target_file_size_base=8388608;max_bytes_for_level_base=33554432`.
+    pub rocksdb_options: Option<String>,
 }
 
 impl Default for BackendOptions {
@@ -27,12 +30,18 @@ impl Default for BackendOptions {
         BackendOptions {
             format_version: DEFAULT_FORMAT_VERSION,
             write_buffer_size: None,
+            rocksdb_options: None,
         }
     }
 }
 
 impl BackendOptions {
-    fn rocksdb_options(&self, create: bool) -> Options {
+    /// Check the options (RocksDB parses the option string) before anything is opened.
+    pub fn validate(&self) -> Result<()> {
+        self.rocksdb_options(false).map(|_| ())
+    }
+
+    fn rocksdb_options(&self, create: bool) -> Result<Options> {
         let mut opts = Options::default();
         opts.create_if_missing(create);
         opts.set_max_background_jobs(2);
@@ -43,7 +52,16 @@ impl BackendOptions {
         if let Some(size) = self.write_buffer_size {
             opts.set_write_buffer_size(size);
         }
-        opts
+        match self
+            .rocksdb_options
+            .as_deref()
+            .filter(|s| !s.trim().is_empty())
+        {
+            None => Ok(opts),
+            Some(text) => opts.get_options_from_string(text).map_err(|e| {
+                Error::Invalid(format!("RocksDB options {text:?}: {}", e.into_string()))
+            }),
+        }
     }
 }
 
@@ -87,7 +105,7 @@ impl Backend {
         let db_dir = Self::db_dir(dir);
         let create = !db_dir.join("CURRENT").exists();
         fs::create_dir_all(dir).ctx("create", dir)?;
-        let db = DB::open(&opts.rocksdb_options(create), &db_dir)?;
+        let db = DB::open(&opts.rocksdb_options(create)?, &db_dir)?;
         let lineage = match fs::read_to_string(dir.join("lineage")) {
             Ok(text) if !create && !text.trim().is_empty() => text.trim().to_string(),
             _ => {
@@ -115,7 +133,7 @@ impl Backend {
                 db_dir.display()
             )));
         }
-        let db = DB::open(&opts.rocksdb_options(false), &db_dir)?;
+        let db = DB::open(&opts.rocksdb_options(false)?, &db_dir)?;
         let lineage = new_lineage(name);
         write_atomic(&dir.join("lineage"), lineage.as_bytes())?;
         Ok(Backend {

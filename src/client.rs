@@ -463,7 +463,7 @@ pub fn mount_helper_args(args: Vec<String>) -> Result<Vec<String>, String> {
             ("no_verify", None) => out.push("--no-verify".into()),
             (
                 "state" | "backend" | "retain" | "max_concurrent" | "interval" | "restore"
-                | "log_file" | "format_version",
+                | "log_file" | "format_version" | "rocksdb_options",
                 Some(v),
             ) => {
                 out.push(format!("--{}", key.replace('_', "-")));

@@ -116,6 +116,7 @@ impl Engine {
     /// Open a store (creating it if new), recover, and start the backends.
     pub fn open(config: EngineConfig) -> Result<Engine> {
         let root = config.store.clone();
+        config.backend_options.validate()?;
         ensure_store_dir(&root)?;
         let lock = StoreLock::acquire(&root)?;
         let store = LocalStore::open(&root)?;

@@ -62,6 +62,10 @@ enum Command {
         /// reads; a corrupt object is then served as it is).
         #[arg(long)]
         no_verify: bool,
+        /// Further RocksDB options for the backends, in RocksDB's name=value;name=value
+        /// syntax (e.g. target_file_size_base=8388608;max_bytes_for_level_base=33554432).
+        #[arg(long)]
+        rocksdb_options: Option<String>,
         /// SST format_version the backends write.
         #[arg(long, default_value_t = DEFAULT_FORMAT_VERSION)]
         format_version: i32,
@@ -181,6 +185,9 @@ enum Command {
         /// SST format_version written by the backends.
         #[arg(long, default_value_t = DEFAULT_FORMAT_VERSION)]
         format_version: i32,
+        /// Further RocksDB options for the backends (name=value;name=value).
+        #[arg(long)]
+        rocksdb_options: Option<String>,
     },
 }
 
@@ -242,8 +249,16 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             allow_other,
             log_file,
             no_verify,
+            rocksdb_options,
             format_version,
         } => {
+            let backend_options = BackendOptions {
+                format_version,
+                rocksdb_options,
+                ..BackendOptions::default()
+            };
+            // Refuse bad options before anything is created or started.
+            backend_options.validate()?;
             if !foreground {
                 let args = ARGS.get().map(|a| &a[1..]).unwrap_or_default();
                 return client::daemonize(&store, log_file.as_deref(), args);
@@ -259,10 +274,7 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             engine.retain = retain;
             engine.max_concurrent = max_concurrent;
             engine.restore_from = restore;
-            engine.backend_options = BackendOptions {
-                format_version,
-                ..BackendOptions::default()
-            };
+            engine.backend_options = backend_options;
             let config = ckptfs::daemon::MountConfig {
                 engine,
                 mountpoint,
@@ -405,6 +417,7 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             retain,
             compact_every,
             format_version,
+            rocksdb_options,
         } => {
             let mut config = EngineConfig::new(store);
             config.state = state;
@@ -416,6 +429,7 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             config.retain = retain;
             config.backend_options = BackendOptions {
                 format_version,
+                rocksdb_options,
                 ..BackendOptions::default()
             };
             let engine = Engine::open(config)?;

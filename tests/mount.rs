@@ -1016,3 +1016,55 @@ fn the_systemd_unit_is_valid_and_its_command_serves_and_stops() {
     assert!(!mnt.join(".ckptfs").exists());
     assert!(store.join("checkpoints/1.json").exists());
 }
+
+/// --rocksdb-options reaches the backends (it shows in the checkpoint's OPTIONS file,
+/// next to ckptfs's own format_version); a bad option string is refused before anything
+/// is created.
+#[test]
+fn rocksdb_options_reach_the_backends_and_bad_ones_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad_store = dir.path().join("bad-store");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let out = ckptfs(&[
+        "mount",
+        bad_store.to_str().unwrap(),
+        mnt.to_str().unwrap(),
+        "--rocksdb-options",
+        "no_such_option=1",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no_such_option"));
+    assert!(!bad_store.exists(), "a refused mount created the store");
+
+    let m = Mounted::new(&[
+        "--backend",
+        "A/0",
+        "--rocksdb-options",
+        "target_file_size_base=8388608;max_bytes_for_level_base=33554432",
+    ]);
+    m.put("A/0", "k", "v");
+    let id = m.checkpoint();
+    let dir = m.mnt.join(format!("cp-{id}/A/0"));
+    let options = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("OPTIONS-")
+        })
+        .unwrap();
+    let text = std::fs::read_to_string(options).unwrap();
+    assert!(
+        text.contains("target_file_size_base=8388608"),
+        "option not applied"
+    );
+    assert!(text.contains("max_bytes_for_level_base=33554432"));
+    assert!(
+        text.contains("format_version=5"),
+        "the option string reset the table format"
+    );
+}
