@@ -36,9 +36,24 @@ impl Default for BackendOptions {
 }
 
 impl BackendOptions {
-    /// Check the options (RocksDB parses the option string) before anything is opened.
+    /// Check the options before anything is opened: RocksDB parses the option string, then
+    /// a scratch database is created and opened with them (which catches values RocksDB
+    /// only refuses at open, such as a compression this build lacks).
     pub fn validate(&self) -> Result<()> {
-        self.rocksdb_options(false).map(|_| ())
+        let opts = self.rocksdb_options(true)?;
+        if self.rocksdb_options.is_none() {
+            return Ok(());
+        }
+        let scratch = tempfile::tempdir().map_err(|e| Error::io("create scratch directory", e))?;
+        let db = DB::open(&opts, scratch.path().join("db")).map_err(|e| {
+            Error::Invalid(format!(
+                "RocksDB options {:?}: {}",
+                self.rocksdb_options.as_deref().unwrap_or(""),
+                e.into_string()
+            ))
+        })?;
+        drop(db);
+        Ok(())
     }
 
     fn rocksdb_options(&self, create: bool) -> Result<Options> {
@@ -142,6 +157,19 @@ impl Backend {
             db,
             lineage,
         })
+    }
+
+    /// Open the database in `db_dir` once and close it: proves that a prepared restore
+    /// opens with these options before anything live is replaced. Never creates one.
+    pub fn check_opens(db_dir: &Path, opts: &BackendOptions) -> Result<()> {
+        if !db_dir.join("CURRENT").exists() {
+            return Err(Error::Corrupt(format!(
+                "restored database {} has no CURRENT file",
+                db_dir.display()
+            )));
+        }
+        drop(DB::open(&opts.rocksdb_options(false)?, db_dir)?);
+        Ok(())
     }
 
     /// Remove the lineage of the backend in `dir` (durably), before its database is

@@ -292,6 +292,21 @@ pub fn load(
     let mut batch: Vec<String> = Vec::new();
     let mut batch_bytes = 0;
     let mut loaded = 0usize;
+    // Each batch is one atomic write; a refused batch stops the load, and we say how far
+    // it got.
+    let send = |batch: &mut Vec<String>, loaded: &mut usize| -> Result<(), Error> {
+        match requests(mountpoint, batch) {
+            Ok(answers) => {
+                *loaded += answers.len();
+                batch.clear();
+                Ok(())
+            }
+            Err(e) => Err(Error::Invalid(format!(
+                "{e} ({loaded} keys were loaded before this batch of {})",
+                batch.len()
+            ))),
+        }
+    };
     for (n, line) in input.lines().enumerate() {
         let line = line.map_err(|e| Error::io("read input", e))?;
         if line.is_empty() {
@@ -300,20 +315,30 @@ pub fn load(
         let (k, v) = line
             .split_once('\t')
             .ok_or_else(|| Error::Invalid(format!("line {}: expected KEY<TAB>VALUE", n + 1)))?;
-        percent::decode(k)
-            .and_then(|_| percent::decode(v))
-            .map_err(|e| Error::Invalid(format!("line {}: {e}", n + 1)))?;
-        let command = format!("put {backend} {k} {v}");
+        // Decode and re-encode: the daemon gets canonical fields (no raw spaces), so only
+        // this line's number can be wrong, and it is reported here.
+        let (k, v) = percent::decode(k)
+            .and_then(|k| Ok((k, percent::decode(v)?)))
+            .map_err(|e| {
+                Error::Invalid(format!(
+                    "line {}: {e} ({loaded} keys were loaded before it)",
+                    n + 1
+                ))
+            })?;
+        let command = format!(
+            "put {backend} {} {}",
+            percent::encode(&k),
+            percent::encode(&v)
+        );
         if batch_bytes + command.len() + 1 > LOAD_CHUNK && !batch.is_empty() {
-            loaded += requests(mountpoint, &batch)?.len();
-            batch.clear();
+            send(&mut batch, &mut loaded)?;
             batch_bytes = 0;
         }
         batch_bytes += command.len() + 1;
         batch.push(command);
     }
     if !batch.is_empty() {
-        loaded += requests(mountpoint, &batch)?.len();
+        send(&mut batch, &mut loaded)?;
     }
     println!("loaded {loaded} keys into {backend}");
     Ok(ExitCode::SUCCESS)

@@ -98,9 +98,13 @@ pub fn parse_line(line: &str) -> Result<Command> {
             Ok(Command::Delete(number(1)?))
         }
         "" => Err(Error::Invalid(format!("empty command; {USAGE}"))),
-        other => Err(Error::Invalid(format!(
-            "unknown command {other:?}; {USAGE}"
-        ))),
+        other => {
+            let shown: String = other.chars().take(40).collect();
+            let more = if shown.len() < other.len() { "..." } else { "" };
+            Err(Error::Invalid(format!(
+                "unknown command {shown:?}{more}; {USAGE}"
+            )))
+        }
     }
 }
 

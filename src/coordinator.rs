@@ -117,6 +117,11 @@ impl Engine {
     pub fn open(config: EngineConfig) -> Result<Engine> {
         let root = config.store.clone();
         config.backend_options.validate()?;
+        if let Some(n) = config.restore_from {
+            if !root.join("ckptfs.json").is_file() {
+                return Err(Error::NoSuchCheckpoint(n));
+            }
+        }
         ensure_store_dir(&root)?;
         let lock = StoreLock::acquire(&root)?;
         let store = LocalStore::open(&root)?;
@@ -174,9 +179,10 @@ impl Engine {
             .into_iter()
             .map(|(id, m)| (id, Arc::new(m)))
             .collect();
-        let mut backends = BTreeMap::new();
-        let mut lineages = HashMap::new();
-        let mut bases = HashMap::new();
+        // Backends that start from a checkpoint: every snapshot is copied, verified and
+        // opened once before any live database is replaced, so a bad object or option fails
+        // the start with all local state as it was.
+        let mut sources = BTreeMap::new();
         for name in &meta.backends {
             let dir = backend_dir(&state_dir, name);
             let has_local = Backend::db_dir(&dir).join("CURRENT").exists();
@@ -185,12 +191,29 @@ impl Engine {
                 None if !has_local => latest_snapshot(&manifests, name),
                 None => None,
             };
-            let backend = match source {
+            if let Some(source) = source {
+                sources.insert(name.clone(), source);
+            }
+        }
+        let items: Vec<(PathBuf, &BackendSnapshot)> = sources
+            .iter()
+            .map(|(name, (_, snapshot))| (backend_dir(&state_dir, name), snapshot))
+            .collect();
+        let prepared = prepare_all(&store, &config.backend_options, &items)?;
+        for ((dir, _), fresh) in items.iter().zip(&prepared) {
+            swap_in_snapshot(dir, fresh)?;
+        }
+
+        let mut backends = BTreeMap::new();
+        let mut lineages = HashMap::new();
+        let mut bases = HashMap::new();
+        for name in &meta.backends {
+            let dir = backend_dir(&state_dir, name);
+            let backend = match sources.get(name) {
                 Some((checkpoint, snapshot)) => {
                     log::info!("starting backend {name} from checkpoint {checkpoint}");
-                    install_snapshot(&store, &snapshot, &dir)?;
                     let backend = Backend::open_restored(&dir, name, &config.backend_options)?;
-                    bases.insert(name.clone(), base_of(checkpoint, &snapshot));
+                    bases.insert(name.clone(), base_of(*checkpoint, snapshot));
                     backend
                 }
                 None => {
@@ -496,23 +519,38 @@ impl Engine {
             manifest
         };
         let result = (|| -> Result<()> {
-            for snapshot in &manifest.backends {
-                let Some(slot) = self.inner.backends.get(&snapshot.name) else {
-                    log::warn!(
-                        "checkpoint {id} holds backend {} which is not hosted",
-                        snapshot.name
-                    );
-                    continue;
-                };
-                let dir = backend_dir(&self.inner.state_dir, &snapshot.name);
-                // Copy and verify first: a corrupt object fails the restore with the live
-                // database untouched and open.
-                let fresh = prepare_snapshot(self.inner.store.as_ref(), snapshot, &dir)?;
+            let hosted: Vec<&BackendSnapshot> = manifest
+                .backends
+                .iter()
+                .filter(|s| {
+                    let hosted = self.inner.backends.contains_key(&s.name);
+                    if !hosted {
+                        log::warn!(
+                            "checkpoint {id} holds backend {} which is not hosted",
+                            s.name
+                        );
+                    }
+                    hosted
+                })
+                .collect();
+            let items: Vec<(PathBuf, &BackendSnapshot)> = hosted
+                .iter()
+                .map(|s| (backend_dir(&self.inner.state_dir, &s.name), *s))
+                .collect();
+            // Copy, verify and open every snapshot first: a bad object fails the restore
+            // with every live database untouched and open.
+            let prepared = prepare_all(
+                self.inner.store.as_ref(),
+                &self.inner.backend_options,
+                &items,
+            )?;
+            for ((dir, snapshot), fresh) in items.iter().zip(&prepared) {
+                let slot = &self.inner.backends[&snapshot.name];
                 let mut guard = slot.write().unwrap_or_else(|p| p.into_inner());
                 *guard = None; // close the live database before replacing its files
-                swap_in_snapshot(&dir, &fresh)?;
+                swap_in_snapshot(dir, fresh)?;
                 let backend =
-                    Backend::open_restored(&dir, &snapshot.name, &self.inner.backend_options)?;
+                    Backend::open_restored(dir, &snapshot.name, &self.inner.backend_options)?;
                 let mut st = self.state();
                 st.lineages
                     .insert(snapshot.name.clone(), backend.lineage().to_string());
@@ -738,11 +776,13 @@ impl PendingCheckpoint {
         let inner = &engine.inner;
         let mut st = engine.state();
         if let Err(e) = inner.catalog.commit(&manifest) {
-            // The rename may have happened even if a later fsync failed, and even a removed
-            // manifest may come back after a power loss: try to remove it, but leave this
-            // checkpoint's objects to the sweep at the next start.
-            let _ = inner.catalog.remove(manifest.id);
-            self.keep_objects = true;
+            // The rename may have happened even if a later fsync failed. If the manifest
+            // cannot be removed (durably), it may still name our objects: leave them to the
+            // sweep at the next start instead of deleting them.
+            if let Err(remove) = inner.catalog.remove(manifest.id) {
+                log::warn!("checkpoint {}: manifest may remain: {remove}", manifest.id);
+                self.keep_objects = true;
+            }
             return Err(e);
         }
         let id = manifest.id;
@@ -927,6 +967,33 @@ fn prepare_snapshot(
     Ok(fresh)
 }
 
+/// Prepare the snapshots of several backends, each copied, verified and opened once (then
+/// closed), before any live database is replaced. On error, nothing prepared is left.
+fn prepare_all(
+    store: &dyn ObjectStore,
+    options: &BackendOptions,
+    items: &[(PathBuf, &BackendSnapshot)],
+) -> Result<Vec<PathBuf>> {
+    let mut prepared = Vec::new();
+    for (dir, snapshot) in items {
+        let result = prepare_snapshot(store, snapshot, dir)
+            .and_then(|fresh| Backend::check_opens(&fresh, options).map(|_| fresh));
+        match result {
+            Ok(fresh) => prepared.push(fresh),
+            Err(e) => {
+                for path in prepared
+                    .iter()
+                    .chain(std::iter::once(&dir.join("restore.tmp")))
+                {
+                    let _ = remove_tree(path);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(prepared)
+}
+
 /// Replace the (closed) database in `dir` by a prepared snapshot.
 fn swap_in_snapshot(dir: &Path, fresh: &Path) -> Result<()> {
     let old = dir.join("db.old");
@@ -944,8 +1011,9 @@ fn swap_in_snapshot(dir: &Path, fresh: &Path) -> Result<()> {
     remove_tree(&old)
 }
 
-/// Replace the database of the backend living in `dir` with a checkpoint's files. The new
-/// files are complete and durable before the old database is moved away.
+/// Replace the database of the backend living in `dir` with a checkpoint's files (the
+/// tests use it to stop a restore half way).
+#[cfg(test)]
 fn install_snapshot(store: &dyn ObjectStore, snapshot: &BackendSnapshot, dir: &Path) -> Result<()> {
     let fresh = prepare_snapshot(store, snapshot, dir)?;
     swap_in_snapshot(dir, &fresh)

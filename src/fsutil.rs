@@ -22,7 +22,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
-    {
+    let written = (|| {
         let mut file = OpenOptions::new()
             .write(true)
             .create(true)
@@ -31,8 +31,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
             .ctx("create", &tmp)?;
         file.write_all(bytes).ctx("write", &tmp)?;
         file.sync_all().ctx("fsync", &tmp)?;
+        fs::rename(&tmp, path).ctx("rename into place", path)
+    })();
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
     }
-    fs::rename(&tmp, path).ctx("rename into place", path)?;
+    written?;
     fsync_dir(dir)
 }
 

@@ -23,6 +23,7 @@ pub fn decode(text: &str) -> Result<Vec<u8>> {
         if bytes[i] == b'%' {
             let hex = bytes
                 .get(i + 1..i + 3)
+                .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
                 .and_then(|h| std::str::from_utf8(h).ok())
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
                 .ok_or_else(|| {
@@ -61,7 +62,7 @@ mod tests {
 
     #[test]
     fn rejects_broken_escapes() {
-        for bad in ["%", "%4", "%zz", "a%2"] {
+        for bad in ["%", "%4", "%zz", "a%2", "%+1", "%-1"] {
             assert!(decode(bad).is_err(), "{bad:?}");
         }
     }

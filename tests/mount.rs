@@ -1036,6 +1036,16 @@ fn rocksdb_options_reach_the_backends_and_bad_ones_change_nothing() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no_such_option"));
     assert!(!bad_store.exists(), "a refused mount created the store");
+    // RocksDB parses this one, but refuses it only when a database opens.
+    let out = ckptfs(&[
+        "mount",
+        bad_store.to_str().unwrap(),
+        mnt.to_str().unwrap(),
+        "--rocksdb-options",
+        "compression=kXpressCompression",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!bad_store.exists(), "a refused mount created the store");
 
     let m = Mounted::new(&[
         "--backend",
@@ -1067,4 +1077,30 @@ fn rocksdb_options_reach_the_backends_and_bad_ones_change_nothing() {
         text.contains("format_version=5"),
         "the option string reset the table format"
     );
+}
+
+/// `load` re-encodes what it reads, reports the input line of a bad escape, and says how
+/// far it got.
+#[test]
+fn load_reports_input_lines_and_progress() {
+    let m = Mounted::new(&["--backend", "A/0"]);
+    let file = m.root.join("in.tsv");
+    std::fs::write(&file, "a b\tvalue with spaces\nk2\tv%252\n").unwrap();
+    let out = ok(ckptfs(&["load", m.mnt(), "A/0", file.to_str().unwrap()]));
+    assert!(out.contains("loaded 2 keys"), "{out}");
+    let id = m.checkpoint();
+    assert_eq!(
+        scan(&m.mnt.join(format!("cp-{id}/A/0"))),
+        kv(&[("a b", "value with spaces"), ("k2", "v%2")])
+    );
+    let lines: String = (0..5000)
+        .map(|i| format!("key{i}\tv\n"))
+        .collect::<String>()
+        + "bad\tx%zz\n";
+    std::fs::write(&file, lines).unwrap();
+    let out = ckptfs(&["load", m.mnt(), "A/0", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 5001"), "{err}");
+    assert!(err.contains("keys were loaded before it"), "{err}");
 }

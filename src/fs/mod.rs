@@ -38,6 +38,9 @@ pub const LATEST: u64 = 6;
 
 const META_DIR_NAME: &str = ".ckptfs";
 
+/// Longest control line accepted (a put of a large value fits; a stray binary stream not).
+pub const MAX_LINE: usize = 4 << 20;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Dir,
@@ -486,8 +489,20 @@ impl CkptFs {
                 if write {
                     return Err(Error::ReadOnly(format!("cp-{cp} is a checkpoint")));
                 }
-                self.verify_once(object, *size)?;
-                let file = Arc::new(self.controller.engine().object_store().open(object)?);
+                let opened = self
+                    .verify_once(object, *size)
+                    .and_then(|_| self.controller.engine().object_store().open(object));
+                let file = match opened {
+                    Ok(file) => Arc::new(file),
+                    // Dropped between lookup and open: gone, not corrupt.
+                    Err(_) if self.controller.engine().manifest(cp).is_none() => {
+                        return Err(Error::NoSuchCheckpoint(cp))
+                    }
+                    Err(e) => {
+                        self.controller.engine().record_error(e.to_string());
+                        return Err(e);
+                    }
+                };
                 let fh = self.new_handle(Handle::Object(file.clone()));
                 Ok(Opened::Object {
                     fh,
@@ -506,11 +521,11 @@ impl CkptFs {
         if !self.verify || lock(&self.verified).contains(object) {
             return Ok(());
         }
-        if let Err(e) = self.controller.engine().object_store().verify(object, size) {
-            log::error!("refusing to serve object {object}: {e}");
-            self.controller.engine().record_error(e.to_string());
-            return Err(e);
-        }
+        self.controller
+            .engine()
+            .object_store()
+            .verify(object, size)
+            .inspect_err(|e| log::error!("refusing to serve object {object}: {e}"))?;
         lock(&self.verified).insert(*object);
         Ok(())
     }
@@ -583,19 +598,29 @@ impl CkptFs {
         };
         let complete = {
             let mut st = lock(&stream.state);
-            let mut text = std::mem::take(&mut st.unfinished);
-            text.extend_from_slice(data);
-            match text.iter().rposition(|b| *b == b'\n') {
+            // Only the new bytes can hold the last newline: no rescans of old text.
+            match data.iter().rposition(|b| *b == b'\n') {
                 Some(end) => {
-                    st.unfinished = text.split_off(end + 1);
+                    let mut text = std::mem::take(&mut st.unfinished);
+                    text.extend_from_slice(&data[..=end]);
+                    st.unfinished = data[end + 1..].to_vec();
                     text
                 }
                 None => {
-                    st.unfinished = text;
+                    st.unfinished.extend_from_slice(data);
                     Vec::new()
                 }
             }
         };
+        if lock(&stream.state).unfinished.len() > MAX_LINE {
+            lock(&stream.state).unfinished.clear();
+            let e = Error::Invalid(format!(
+                "a control line is longer than {MAX_LINE} bytes; nothing of it runs"
+            ));
+            self.controller.engine().record_error(e.to_string());
+            push_answers(&stream, vec![Some(control::error_json(&e))]);
+            return Err(e);
+        }
         if !complete.is_empty() {
             if let Err(e) = self.run_lines(&stream, &complete) {
                 lock(&stream.state).unfinished.clear();
@@ -872,6 +897,30 @@ mod tests {
         assert_eq!(ids(&fs), vec![1, 2]);
         fs.release(fh);
         assert_eq!(ids(&fs), vec![2]);
+    }
+
+    /// A stream without newlines (say `cat /dev/zero > ctl`) is refused once it passes
+    /// the line limit, instead of growing without bound; the handle works on afterwards.
+    #[test]
+    fn an_endless_line_is_refused_and_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs_with_checkpoints(dir.path(), 1);
+        let fh = ctl(&fs);
+        let chunk = vec![b'x'; 1 << 20];
+        let mut refused = None;
+        for _ in 0..(MAX_LINE >> 20) + 2 {
+            if let Err(e) = fs.write(fh, &chunk) {
+                refused = Some(e);
+                break;
+            }
+        }
+        assert_eq!(refused.expect("never refused").errno(), libc::EINVAL);
+        assert!(String::from_utf8(read_now(&fs, fh))
+            .unwrap()
+            .contains("longer than"));
+        fs.write(fh, b"delete 1\n").unwrap();
+        assert_eq!(read_now(&fs, fh), b"{\"ok\":true}\n");
+        assert!(ids(&fs).is_empty());
     }
 
     #[test]
