@@ -714,41 +714,52 @@ impl PendingCheckpoint {
                     }
                 }
                 stats.files_new += 1;
-                let (id, size) = hash_file(&file.path)?;
-                if shared {
-                    stats.bytes_new_sst += size;
-                }
-                let entry = FileEntry {
-                    name: file.name.clone(),
-                    object: id,
-                    size,
-                };
-                {
+                // A new SST of an established lineage is almost never stored yet: copy it
+                // in one pass. Anything else (private files, the first checkpoint of a
+                // lineage, e.g. after a restore) is hashed first, because its content is
+                // often stored already and the copy can be skipped.
+                let hash_first = !(shared && part.base.is_some());
+                let expected = if hash_first {
+                    let (id, size) = hash_file(&file.path)?;
                     let mut st = self.engine.state();
                     if st.can_share(&id) {
                         // Same content already stored (another backend, a private file that
-                        // did not change, or a concurrent checkpoint): share it.
+                        // did not change, a restored file, or a concurrent checkpoint).
                         st.registry.pin(id);
                         self.pins.push(id);
-                        entries.push(entry);
+                        if shared {
+                            stats.bytes_new_sst += size;
+                        }
+                        entries.push(FileEntry {
+                            name: file.name.clone(),
+                            object: id,
+                            size,
+                        });
                         continue;
                     }
-                }
+                    Some((id, size))
+                } else {
+                    None
+                };
                 if upload_budget == 0 {
                     return Err(Error::Busy("simulated crash".into()));
                 }
                 upload_budget -= 1;
                 let staged = inner.store.stage(&file.path)?;
-                if staged.id != id || staged.size != size {
+                let (id, size) = (staged.id, staged.size);
+                if expected.is_some_and(|e| e != (id, size)) {
                     inner.store.discard(staged);
                     return Err(Error::Corrupt(format!(
                         "{} changed while it was being checkpointed",
                         file.path.display()
                     )));
                 }
+                if shared {
+                    stats.bytes_new_sst += size;
+                }
                 let mut st = self.engine.state();
                 if st.can_share(&id) {
-                    // A concurrent checkpoint published the same bytes first: its copy
+                    // Stored already (by a concurrent checkpoint, or elsewhere): that copy
                     // survives, ours is the duplicate.
                     inner.store.discard(staged);
                 } else {
@@ -760,7 +771,11 @@ impl PendingCheckpoint {
                 }
                 st.registry.pin(id);
                 self.pins.push(id);
-                entries.push(entry);
+                entries.push(FileEntry {
+                    name: file.name.clone(),
+                    object: id,
+                    size,
+                });
             }
             snapshots.push(BackendSnapshot {
                 name: part.name.clone(),
