@@ -250,3 +250,39 @@ fn the_man_page_documents_every_subcommand_and_option() {
         }
     }
 }
+
+/// Progress shows on a terminal (script(1) gives the command a pty) and nowhere else.
+#[test]
+fn restore_shows_progress_only_on_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    workload(&store, "2");
+    let quiet = ckptfs(&[
+        "restore",
+        store.to_str().unwrap(),
+        "2",
+        dir.path().join("a").to_str().unwrap(),
+    ]);
+    assert!(quiet.status.success());
+    assert!(
+        !text(&quiet.stderr).contains("restoring"),
+        "{}",
+        text(&quiet.stderr)
+    );
+    let command = format!(
+        "{} restore {} 2 {}",
+        env!("CARGO_BIN_EXE_ckptfs"),
+        store.display(),
+        dir.path().join("b").display()
+    );
+    let tty = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .output()
+        .expect("script(1) from util-linux");
+    assert!(tty.status.success(), "{}", text(&tty.stderr));
+    let shown = text(&tty.stdout);
+    assert!(
+        shown.contains("restoring") && shown.contains("KiB"),
+        "{shown:?}"
+    );
+}
