@@ -282,6 +282,17 @@ impl CkptFs {
         Ok(tree)
     }
 
+    /// The checkpoint, node index and tree of an inode inside a checkpoint.
+    fn resolve(&self, ino: u64) -> Result<(u64, usize, Arc<CheckpointTree>)> {
+        let missing = || Error::NotFound(format!("inode {ino}"));
+        let (cp, index) = split_ino(ino).ok_or_else(missing)?;
+        let tree = self.tree(cp)?;
+        if index >= tree.nodes.len() {
+            return Err(missing());
+        }
+        Ok((cp, index, tree))
+    }
+
     fn latest(&self) -> Option<u64> {
         self.controller.engine().checkpoints().last().map(|m| m.id)
     }
@@ -325,12 +336,8 @@ impl CkptFs {
                 Ok(self.attr(LATEST, Kind::Symlink, len, 0o777, 1, self.mounted_at))
             }
             _ => {
-                let (cp, index) = split_ino(ino).ok_or(Error::NotFound(format!("inode {ino}")))?;
-                let tree = self.tree(cp)?;
-                let node = tree
-                    .nodes
-                    .get(index)
-                    .ok_or(Error::NotFound(format!("inode {ino}")))?;
+                let (_, index, tree) = self.resolve(ino)?;
+                let node = &tree.nodes[index];
                 let mut attr = match &node.kind {
                     NodeKind::Dir(children) => {
                         let subdirs = children
@@ -404,8 +411,7 @@ impl CkptFs {
                 entry("status", STATUS)?,
             ]),
             _ => {
-                let (cp, index) = split_ino(ino).ok_or(Error::NotFound(format!("inode {ino}")))?;
-                let tree = self.tree(cp)?;
+                let (cp, index, tree) = self.resolve(ino)?;
                 match &tree.nodes.get(index).map(|n| &n.kind) {
                     Some(NodeKind::Dir(children)) => children
                         .iter()
@@ -423,17 +429,9 @@ impl CkptFs {
 
     /// The parent inode of a directory (for `..`).
     pub fn parent_of(&self, ino: u64) -> u64 {
-        match split_ino(ino) {
-            Some((cp, 0)) => {
-                let _ = cp;
-                ROOT
-            }
-            Some((cp, index)) => self
-                .tree(cp)
-                .ok()
-                .and_then(|t| t.nodes.get(index).map(|n| make_ino(cp, n.parent)))
-                .unwrap_or(ROOT),
-            None => ROOT,
+        match self.resolve(ino) {
+            Ok((cp, index, tree)) if index > 0 => make_ino(cp, tree.nodes[index].parent),
+            _ => ROOT,
         }
     }
 
@@ -474,12 +472,8 @@ impl CkptFs {
             META_DIR | ROOT | LATEST => Err(Error::Invalid("not a regular file".into())),
             STATUS | REGISTRY => Err(Error::ReadOnly(".ckptfs status files are read-only".into())),
             _ => {
-                let (cp, index) = split_ino(ino).ok_or(Error::NotFound(format!("inode {ino}")))?;
-                let tree = self.tree(cp)?;
-                let node = tree
-                    .nodes
-                    .get(index)
-                    .ok_or(Error::NotFound(format!("inode {ino}")))?;
+                let (cp, index, tree) = self.resolve(ino)?;
+                let node = &tree.nodes[index];
                 let NodeKind::File { object, size } = &node.kind else {
                     return Err(Error::io(
                         "open",
