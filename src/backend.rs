@@ -119,7 +119,8 @@ impl Backend {
     pub fn open_or_create(dir: &Path, name: &BackendName, opts: &BackendOptions) -> Result<Self> {
         let db_dir = Self::db_dir(dir);
         let create = !db_dir.join("CURRENT").exists();
-        fs::create_dir_all(dir).ctx("create", dir)?;
+        // RocksDB would create its directory under the process umask.
+        crate::fsutil::create_private_dir_all(&db_dir)?;
         let db = DB::open(&opts.rocksdb_options(create)?, &db_dir)?;
         let lineage = match fs::read_to_string(dir.join("lineage")) {
             Ok(text) if !create && !text.trim().is_empty() => text.trim().to_string(),

@@ -11,11 +11,75 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, IoContext, Result};
-use crate::fsutil::{fsync_dir, write_atomic};
+use crate::fsutil::{
+    create_private_dir_all, fsync_dir, is_atomic_leftover, remove_tree, write_atomic,
+};
 use crate::names::BackendName;
 use crate::store::ObjectId;
 
-pub const FORMAT: u32 = 1;
+/// The format written: manifests and `ckptfs.json` carry a checksum of their content.
+pub const FORMAT: u32 = 2;
+/// The oldest format still read: format 1 files have no checksum.
+pub const OLDEST_FORMAT: u32 = 1;
+
+/// Serialize with a `checksum` field: the BLAKE3 hash of the value's compact JSON (fields in
+/// declaration order). A flipped digit in a size, an object id or `retain` is then caught
+/// at load instead of acted upon (a changed object id would make its object an orphan).
+fn seal<T: Serialize>(value: &T) -> Vec<u8> {
+    let canonical = serde_json::to_vec(value).expect("serializes");
+    let mut tree = serde_json::to_value(value).expect("serializes");
+    if let Some(fields) = tree.as_object_mut() {
+        fields.insert(
+            "checksum".into(),
+            blake3::hash(&canonical).to_hex().to_string().into(),
+        );
+    }
+    let mut bytes = serde_json::to_vec_pretty(&tree).expect("serializes");
+    bytes.push(b'\n');
+    bytes
+}
+
+/// Parse what [`seal`] wrote; returns whether a checksum was present (and it matched).
+fn unseal<T: Serialize + serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    path: &Path,
+) -> Result<(T, bool)> {
+    let corrupt =
+        |why: String| Error::Corrupt(format!("{} cannot be parsed: {why}", path.display()));
+    let mut tree: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
+    let checksum = match tree.as_object_mut() {
+        Some(fields) => fields.remove("checksum"),
+        None => return Err(corrupt("not a JSON object".into())),
+    };
+    let value: T = serde_json::from_value(tree).map_err(|e| corrupt(e.to_string()))?;
+    let Some(checksum) = checksum else {
+        return Ok((value, false));
+    };
+    let canonical = serde_json::to_vec(&value).expect("serializes");
+    if checksum.as_str() != Some(blake3::hash(&canonical).to_hex().as_str()) {
+        return Err(Error::Corrupt(format!(
+            "{} does not match its checksum (damaged or edited)",
+            path.display()
+        )));
+    }
+    Ok((value, true))
+}
+
+/// Check a format number read from disk, and that a checksum is there when it must be.
+fn check_format(format: u32, sealed: bool) -> Result<()> {
+    if !(OLDEST_FORMAT..=FORMAT).contains(&format) {
+        return Err(Error::Invalid(format!(
+            "format {format} (this ckptfs reads formats {OLDEST_FORMAT} to {FORMAT})"
+        )));
+    }
+    if format >= 2 && !sealed {
+        return Err(Error::Invalid(format!(
+            "format {format} without its checksum"
+        )));
+    }
+    Ok(())
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct FileEntry {
@@ -58,7 +122,60 @@ pub struct Manifest {
     pub stats: CheckpointStats,
 }
 
+/// Check that a file name read from a store is one plain path component: 1 to 255 bytes
+/// of ASCII letters, digits, `-`, `_` and `.` (every name RocksDB writes), not `.` or `..`.
+/// Manifests are untrusted input: a name like `../../x` must never reach a path join.
+pub fn validate_file_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 255
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        let shown: String = name.chars().take(80).collect();
+        Err(Error::Invalid(format!("invalid file name {shown:?}")))
+    }
+}
+
 impl Manifest {
+    /// Check everything a manifest read from disk claims before any of it is used: its
+    /// format, one entry per backend, and per backend unique, plain file names; an object
+    /// has one size.
+    pub fn validate(&self) -> Result<()> {
+        let mut backends = BTreeSet::new();
+        let mut sizes: BTreeMap<ObjectId, u64> = BTreeMap::new();
+        for backend in &self.backends {
+            if !backends.insert(&backend.name) {
+                return Err(Error::Invalid(format!(
+                    "backend {} appears twice",
+                    backend.name
+                )));
+            }
+            let mut names = BTreeSet::new();
+            for file in &backend.files {
+                validate_file_name(&file.name)
+                    .map_err(|e| Error::Invalid(format!("backend {}: {e}", backend.name)))?;
+                if !names.insert(&file.name) {
+                    return Err(Error::Invalid(format!(
+                        "backend {}: file {} appears twice",
+                        backend.name, file.name
+                    )));
+                }
+                if *sizes.entry(file.object).or_insert(file.size) != file.size {
+                    return Err(Error::Invalid(format!(
+                        "object {} is listed with two sizes",
+                        file.object
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub fn objects(&self) -> BTreeSet<ObjectId> {
         self.backends
             .iter()
@@ -101,7 +218,7 @@ pub struct Catalog {
 impl Catalog {
     pub fn open(root: &Path) -> Result<Self> {
         let dir = root.join("checkpoints");
-        fs::create_dir_all(&dir).ctx("create", &dir)?;
+        create_private_dir_all(&dir)?;
         Ok(Catalog {
             root: root.to_path_buf(),
             dir,
@@ -127,18 +244,27 @@ impl Catalog {
         self.root.join("ckptfs.json")
     }
 
+    /// Where `fsck --repair` moves manifests that cannot be read.
+    pub fn quarantine_dir(&self) -> PathBuf {
+        self.root.join("quarantine")
+    }
+
     pub fn load_meta(&self) -> Result<Option<StoreMeta>> {
         let path = self.meta_path();
         match fs::read(&path) {
             Ok(bytes) => {
-                let meta: StoreMeta = serde_json::from_slice(&bytes).map_err(|e| {
-                    Error::Corrupt(format!("{} cannot be parsed: {e}", path.display()))
-                })?;
-                if meta.format != FORMAT {
-                    return Err(Error::Invalid(format!(
-                        "{} has format {}, this ckptfs reads format {FORMAT}",
+                let advice = "nothing was changed; move it aside to have it rebuilt from the \
+                              checkpoint manifests at the next mount";
+                let (meta, sealed): (StoreMeta, bool) =
+                    unseal(&bytes, &path).map_err(|e| Error::Corrupt(format!("{e}; {advice}")))?;
+                check_format(meta.format, sealed)
+                    .map_err(|e| Error::Corrupt(format!("{} has {e}; {advice}", path.display())))?;
+                if meta.retain == 0 || meta.next_checkpoint == 0 {
+                    return Err(Error::Corrupt(format!(
+                        "{} is invalid (retain {}, next checkpoint {}); {advice}",
                         path.display(),
-                        meta.format
+                        meta.retain,
+                        meta.next_checkpoint
                     )));
                 }
                 Ok(Some(meta))
@@ -149,8 +275,7 @@ impl Catalog {
     }
 
     pub fn save_meta(&self, meta: &StoreMeta) -> Result<()> {
-        let bytes = serde_json::to_vec_pretty(meta).expect("meta serializes");
-        write_atomic(&self.meta_path(), &bytes)
+        write_atomic(&self.meta_path(), &seal(meta))
     }
 
     fn manifest_path(&self, id: u64) -> PathBuf {
@@ -159,8 +284,7 @@ impl Catalog {
 
     /// Durably write a manifest: from here on the checkpoint exists.
     pub fn commit(&self, manifest: &Manifest) -> Result<()> {
-        let bytes = serde_json::to_vec_pretty(manifest).expect("manifest serializes");
-        write_atomic(&self.manifest_path(manifest.id), &bytes)
+        write_atomic(&self.manifest_path(manifest.id), &seal(manifest))
     }
 
     /// Durably remove a manifest: from here on the checkpoint is gone.
@@ -182,8 +306,10 @@ impl Catalog {
                 Error::io(format!("read {}", path.display()), e)
             }
         })?;
-        let manifest: Manifest = serde_json::from_slice(&bytes)
-            .map_err(|e| Error::Corrupt(format!("{} cannot be parsed: {e}", path.display())))?;
+        let (manifest, sealed): (Manifest, bool) = unseal(&bytes, &path)?;
+        check_format(manifest.format, sealed)
+            .and_then(|_| manifest.validate())
+            .map_err(|e| Error::Corrupt(format!("{} is invalid: {e}", path.display())))?;
         if manifest.id != id {
             return Err(Error::Corrupt(format!(
                 "{} claims to be checkpoint {}",
@@ -194,27 +320,147 @@ impl Catalog {
         Ok(manifest)
     }
 
-    /// Every committed manifest; leftovers of interrupted atomic writes are removed.
+    /// Every committed manifest. Any unreadable manifest fails the whole load: a checkpoint
+    /// the catalog cannot read must never look like one that does not exist (its objects
+    /// would be swept). Leftovers of interrupted writes are skipped, not removed: only the
+    /// lock holder removes anything ([`Catalog::clear_leftovers`]).
     pub fn load_all(&self) -> Result<BTreeMap<u64, Manifest>> {
+        let (manifests, unreadable) = self.load_all_lenient()?;
+        match unreadable.into_iter().next() {
+            Some((_, e)) => Err(e),
+            None => Ok(manifests),
+        }
+    }
+
+    /// Every readable manifest, and the file names of the unreadable ones with their errors.
+    pub fn load_all_lenient(&self) -> Result<(BTreeMap<u64, Manifest>, Vec<Unreadable>)> {
         let mut manifests = BTreeMap::new();
+        let mut unreadable = Vec::new();
         for entry in fs::read_dir(&self.dir).ctx("list", &self.dir)? {
             let entry = entry.ctx("list", &self.dir)?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with('.') && name.contains(".tmp-") {
-                fs::remove_file(entry.path()).ctx("remove leftover", &entry.path())?;
+            if is_atomic_leftover(&name) {
                 continue;
             }
             let Some(id) = name
                 .strip_suffix(".json")
                 .and_then(|n| n.parse::<u64>().ok())
+                .filter(|id| format!("{id}.json") == name)
             else {
                 log::warn!("ignoring stray file {}", entry.path().display());
                 continue;
             };
-            manifests.insert(id, self.load(id)?);
+            match self.load(id) {
+                Ok(m) => {
+                    manifests.insert(id, m);
+                }
+                // Dropped by a live daemon between the listing and the read.
+                Err(Error::NoSuchCheckpoint(_)) => {}
+                Err(e) => unreadable.push((name, e)),
+            }
         }
-        Ok(manifests)
+        Ok((manifests, unreadable))
     }
+
+    /// Leftovers of interrupted atomic writes of manifests and metadata.
+    pub fn leftovers(&self) -> Result<Vec<PathBuf>> {
+        let mut found = Vec::new();
+        for dir in [&self.dir, &self.root] {
+            for entry in fs::read_dir(dir).ctx("list", dir)? {
+                let entry = entry.ctx("list", dir)?;
+                if is_atomic_leftover(&entry.file_name().to_string_lossy()) {
+                    found.push(entry.path());
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// Remove leftovers of interrupted atomic writes (lock holders only).
+    pub fn clear_leftovers(&self) -> Result<usize> {
+        let found = self.leftovers()?;
+        for path in &found {
+            if path.is_dir() {
+                remove_tree(path)?;
+            } else {
+                fs::remove_file(path).ctx("remove leftover", path)?;
+            }
+        }
+        Ok(found.len())
+    }
+
+    /// True if the store holds manifests (committed or not readable).
+    pub fn has_manifests(&self) -> Result<bool> {
+        for entry in fs::read_dir(&self.dir).ctx("list", &self.dir)? {
+            let name = entry.ctx("list", &self.dir)?.file_name();
+            if name.to_string_lossy().ends_with(".json") {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Move an unreadable manifest out of the way into `quarantine/`, never deleting it.
+    pub fn quarantine(&self, name: &str) -> Result<PathBuf> {
+        validate_file_name(name)?;
+        let qdir = self.quarantine_dir();
+        create_private_dir_all(&qdir)?;
+        let mut dest = qdir.join(name);
+        let mut n = 1;
+        while dest.exists() {
+            dest = qdir.join(format!("{name}.{n}"));
+            n += 1;
+        }
+        let src = self.dir.join(name);
+        fs::rename(&src, &dest).ctx("quarantine", &src)?;
+        fsync_dir(&qdir)?;
+        fsync_dir(&self.dir)?;
+        Ok(dest)
+    }
+
+    /// Objects that quarantined manifests may name: every 64-hex-digit token in them. They
+    /// are never deleted as orphans, so a quarantined manifest can still be repaired by hand.
+    pub fn quarantined_objects(&self) -> Result<BTreeSet<ObjectId>> {
+        let mut ids = BTreeSet::new();
+        let qdir = self.quarantine_dir();
+        let entries = match fs::read_dir(&qdir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ids),
+            Err(e) => return Err(Error::io(format!("list {}", qdir.display()), e)),
+        };
+        for entry in entries {
+            let path = entry.ctx("list", &qdir)?.path();
+            let bytes = fs::read(&path).ctx("read", &path)?;
+            ids.extend(hex_tokens(&bytes));
+        }
+        Ok(ids)
+    }
+}
+
+/// A manifest file that cannot be read, and why.
+pub type Unreadable = (String, Error);
+
+/// Every maximal run of exactly 64 hex digits that parses as an object id.
+fn hex_tokens(bytes: &[u8]) -> Vec<ObjectId> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for (i, b) in bytes.iter().chain(std::iter::once(&b' ')).enumerate() {
+        match (b.is_ascii_hexdigit(), start) {
+            (true, None) => start = Some(i),
+            (false, Some(s)) => {
+                if i - s == 64 {
+                    if let Ok(text) = std::str::from_utf8(&bytes[s..i]) {
+                        if let Ok(id) = text.to_ascii_lowercase().parse() {
+                            out.push(id);
+                        }
+                    }
+                }
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 #[cfg(test)]

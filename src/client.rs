@@ -25,7 +25,7 @@ pub fn daemonize(
     let log_path = log_file
         .map(Path::to_path_buf)
         .unwrap_or_else(|| store.join("ckptfs.log"));
-    let log = OpenOptions::new()
+    let log = ckptfs::fsutil::open_private()
         .create(true)
         .append(true)
         .open(&log_path)
@@ -136,12 +136,15 @@ pub fn requests(mountpoint: &Path, lines: &[String]) -> Result<Vec<serde_json::V
         let value: serde_json::Value = serde_json::from_str(&line)
             .map_err(|e| Error::Corrupt(format!("unreadable answer {line:?}: {e}")))?;
         if value["ok"] != true {
-            return Err(Error::Invalid(
-                value["error"]
-                    .as_str()
-                    .unwrap_or("command failed")
-                    .to_string(),
-            ));
+            let message = value["error"]
+                .as_str()
+                .unwrap_or("command failed")
+                .to_string();
+            return Err(if value["errno"] == libc::EBUSY {
+                Error::Busy(message)
+            } else {
+                Error::Invalid(message)
+            });
         }
         answers.push(value);
     }
@@ -153,6 +156,26 @@ pub fn request(mountpoint: &Path, line: &str) -> Result<serde_json::Value, Error
     requests(mountpoint, &[line.to_string()])?
         .pop()
         .ok_or_else(|| Error::Corrupt("the daemon gave no answer".into()))
+}
+
+/// Like [`request`], but a busy answer (a checkpoint slot taken) is retried until `wait`
+/// has passed.
+pub fn request_retrying_busy(
+    mountpoint: &Path,
+    line: &str,
+    wait: Duration,
+) -> Result<serde_json::Value, Error> {
+    let deadline = Instant::now() + wait;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match request(mountpoint, line) {
+            Err(Error::Busy(_)) if Instant::now() + pause < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            other => return other,
+        }
+    }
 }
 
 fn read_status(mountpoint: &Path) -> Result<serde_json::Value, Error> {

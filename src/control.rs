@@ -26,7 +26,8 @@ pub enum Command {
 }
 
 impl Command {
-    /// put and del: applied as one atomic batch per backend within a write.
+    /// put and del: a run of consecutive data lines of one write is applied as one atomic
+    /// batch per backend.
     pub fn is_data(&self) -> bool {
         matches!(self, Command::Put { .. } | Command::Del { .. })
     }
@@ -52,10 +53,16 @@ pub fn parse_line(line: &str) -> Result<Command> {
         }
     };
     let backend = |i: usize| -> Result<BackendName> { fields[i].parse() };
+    // Plain ASCII digits only: no sign, no spaces, no other numerals.
     let number = |i: usize| -> Result<u64> {
-        fields[i]
-            .parse::<u64>()
-            .map_err(|_| Error::Invalid(format!("{:?} is not a non-negative integer", fields[i])))
+        let text = fields[i];
+        if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(Error::Invalid(format!(
+                "{text:?} is not a non-negative integer"
+            )));
+        }
+        text.parse::<u64>()
+            .map_err(|_| Error::Invalid(format!("{text:?} is too large")))
     };
     match fields[0] {
         "checkpoint" => {
@@ -192,6 +199,11 @@ impl Controller {
         &self.engine
     }
 
+    #[cfg(test)]
+    pub(crate) fn workers_for_tests(&self) -> &std::sync::Mutex<Vec<std::thread::JoinHandle<()>>> {
+        &self.workers
+    }
+
     pub fn set_change_hook(&self, hook: ChangeHook) {
         *self.on_change.lock().unwrap_or_else(|p| p.into_inner()) = Some(hook);
     }
@@ -243,18 +255,25 @@ impl Controller {
         Ok(())
     }
 
-    /// Run validated commands in order. The data lines (put, del) of one write are applied
-    /// as one atomic batch per backend, at the position of the first data line.
+    /// Run validated commands in the order of their lines. A run of consecutive data lines
+    /// (put, del) is applied as one atomic batch per backend at its position; any other
+    /// command ends the run. A `checkpoint` takes its synchronous phase right here, so it
+    /// holds exactly the data lines before it and none after.
     pub fn execute(self: &std::sync::Arc<Self>, commands: Vec<Command>, answer: AnswerSink) {
-        let mut data_done = false;
-        for (i, command) in commands.iter().enumerate() {
+        let mut i = 0;
+        while i < commands.len() {
+            let command = &commands[i];
+            if command.is_data() {
+                let end = commands[i..]
+                    .iter()
+                    .position(|c| !c.is_data())
+                    .map_or(commands.len(), |n| i + n);
+                self.apply_data(i, &commands[i..end], &answer);
+                i = end;
+                continue;
+            }
             match command {
-                Command::Put { .. } | Command::Del { .. } => {
-                    if !data_done {
-                        data_done = true;
-                        self.apply_data(&commands, &answer);
-                    }
-                }
+                Command::Put { .. } | Command::Del { .. } => unreachable!("data runs above"),
                 Command::Checkpoint => self.start_checkpoint(i, answer.clone()),
                 Command::Flush(b) => answer(i, self.simple(self.engine.flush(b))),
                 Command::Compact(b) => answer(i, self.simple(self.engine.compact(b))),
@@ -269,6 +288,7 @@ impl Controller {
                     answer(i, self.simple(result));
                 }
             }
+            i += 1;
         }
     }
 
@@ -282,7 +302,9 @@ impl Controller {
         }
     }
 
-    fn apply_data(&self, commands: &[Command], answer: &AnswerSink) {
+    /// Apply a run of data lines (starting at index `first` of the write) as one atomic
+    /// batch per backend.
+    fn apply_data(&self, first: usize, commands: &[Command], answer: &AnswerSink) {
         let mut batches: std::collections::BTreeMap<&BackendName, Vec<crate::WriteOp>> =
             Default::default();
         for command in commands {
@@ -305,26 +327,34 @@ impl Controller {
         let mut results = std::collections::BTreeMap::new();
         for (backend, ops) in &batches {
             let r = self.engine.write(backend, ops);
+            if let Err(e) = &r {
+                self.engine
+                    .record_error(format!("write to {backend} failed: {e}"));
+            }
             results.insert(*backend, r.map_err(|e| error_json(&e)));
         }
         for (i, command) in commands.iter().enumerate() {
             if let Command::Put { backend, .. } | Command::Del { backend, .. } = command {
                 match &results[backend] {
-                    Ok(()) => answer(i, ok_json(Default::default())),
-                    Err(json) => answer(i, json.clone()),
+                    Ok(()) => answer(first + i, ok_json(Default::default())),
+                    Err(json) => answer(first + i, json.clone()),
                 }
             }
         }
     }
 
-    /// The synchronous phase runs now when a slot is free, so the checkpoint holds exactly
-    /// what was written before the command; the upload runs on its own thread.
+    /// The synchronous phase runs now, in line order, so the checkpoint holds exactly what
+    /// was written before the command; the upload runs on its own thread. With no free
+    /// slot (`max_concurrent` checkpoints in flight, or a restore running) the answer is
+    /// EBUSY at once: nothing queues up behind a slow upload, and a checkpoint never holds
+    /// data written after its line. `ckptfs checkpoint` retries busy answers.
     fn start_checkpoint(self: &std::sync::Arc<Self>, index: usize, answer: AnswerSink) {
         let pending = match self.engine.begin_checkpoint() {
-            Ok(p) => Some(p),
-            Err(Error::Busy(_)) => None,
+            Ok(p) => p,
             Err(e) => {
-                self.engine.record_error(e.to_string());
+                if !matches!(e, Error::Busy(_)) {
+                    self.engine.record_error(e.to_string());
+                }
                 answer(index, error_json(&e));
                 return;
             }
@@ -334,16 +364,9 @@ impl Controller {
         let handle = std::thread::Builder::new()
             .name("ckptfs-checkpoint".into())
             .spawn(move || {
-                let answer = answer_later;
-                let result = match pending {
-                    Some(p) => p.complete(),
-                    None => this
-                        .engine
-                        .begin_checkpoint_waiting()
-                        .and_then(|p| p.complete()),
-                };
+                let result = pending.complete();
                 this.changed();
-                answer(
+                answer_later(
                     index,
                     match result {
                         Ok(m) => checkpoint_json(&m),
@@ -357,6 +380,8 @@ impl Controller {
                 workers.retain(|w| !w.is_finished());
                 workers.push(h);
             }
+            // The pending checkpoint moved into the closure that failed to start and was
+            // dropped there, which aborted it.
             Err(e) => answer(index, error_json(&Error::io("spawn checkpoint thread", e))),
         }
     }

@@ -17,8 +17,8 @@ use crate::catalog::{
     BackendSnapshot, Catalog, CheckpointStats, FileEntry, Manifest, StoreMeta, FORMAT,
 };
 use crate::error::{Error, IoContext, Result};
-use crate::fsutil::{fsync_dir, now_unix_ms, remove_tree};
-use crate::lock::StoreLock;
+use crate::fsutil::{create_private_dir_all, fsync_dir, make_private, now_unix_ms, remove_tree};
+use crate::lock::{DirLock, StoreLock};
 use crate::names::BackendName;
 use crate::registry::Registry;
 use crate::store::{hash_file, LocalStore, ObjectId, ObjectStore};
@@ -93,6 +93,7 @@ struct Inner {
     /// Signalled whenever a checkpoint leaves flight or a restore ends.
     slot_freed: Condvar,
     _lock: StoreLock,
+    _state_lock: DirLock,
 }
 
 /// The checkpointing engine of one store. Cheap to clone; all clones share one engine.
@@ -118,16 +119,65 @@ impl Engine {
         let root = config.store.clone();
         config.backend_options.validate()?;
         if let Some(n) = config.restore_from {
-            if !root.join("ckptfs.json").is_file() {
+            if !root.join("checkpoints").is_dir() {
                 return Err(Error::NoSuchCheckpoint(n));
             }
         }
         ensure_store_dir(&root)?;
         let lock = StoreLock::acquire(&root)?;
-        let store = LocalStore::open(&root)?;
+        // Decide what the store is before creating anything in it: a store whose metadata
+        // is missing must never look new (a new store's retention would delete checkpoints).
+        let had_objects = store_has_objects(&root)?;
+        let had_checkpoints_dir = root.join("checkpoints").is_dir();
         let catalog = Catalog::open(&root)?;
-
-        let mut meta = catalog.load_meta()?.unwrap_or_default();
+        let store = LocalStore::open(&root)?;
+        let loaded_meta = catalog.load_meta()?;
+        let manifests = catalog.load_all().map_err(|e| {
+            Error::Corrupt(format!(
+                "{e}; nothing was changed (`ckptfs fsck --repair` moves unreadable manifests \
+                 to quarantine/)"
+            ))
+        })?;
+        // A store with metadata trusts its checkpoints/ directory, even empty (every
+        // checkpoint dropped, or the first one interrupted); without the directory it is
+        // a partial copy.
+        if loaded_meta.is_some() && !had_checkpoints_dir && had_objects {
+            return Err(Error::Corrupt(format!(
+                "{} holds objects but no checkpoints/ directory: the store is incomplete \
+                 (a partial copy?); refusing to start so that nothing is deleted",
+                root.display()
+            )));
+        }
+        if loaded_meta.is_none() && manifests.is_empty() && had_objects {
+            return Err(Error::Corrupt(format!(
+                "{} holds objects but neither ckptfs.json nor checkpoint manifests: the \
+                 store is incomplete (a partial copy?); refusing to start so that nothing is \
+                 deleted",
+                root.display()
+            )));
+        }
+        let mut meta = match loaded_meta {
+            Some(meta) => meta,
+            None if manifests.is_empty() => StoreMeta::default(),
+            None => {
+                let rebuilt = rebuild_meta(&manifests);
+                log::warn!(
+                    "{}/ckptfs.json is missing: rebuilt it from {} manifests (backends {}, \
+                     next checkpoint {}, retain {})",
+                    root.display(),
+                    manifests.len(),
+                    rebuilt
+                        .backends
+                        .iter()
+                        .map(|b| b.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    rebuilt.next_checkpoint,
+                    rebuilt.retain
+                );
+                rebuilt
+            }
+        };
         if let Some(retain) = config.retain {
             meta.retain = validate_retain(retain)?;
         }
@@ -140,17 +190,24 @@ impl Engine {
             meta.backends.push(BackendName::new("default", 0)?);
         }
         meta.backends.sort();
+        meta.backends.dedup();
 
-        let leftovers = store.clear_staging()?;
-        if leftovers > 0 {
-            log::info!("removed {leftovers} staged objects of interrupted checkpoints");
-        }
-        let manifests = catalog.load_all()?;
         // Refuse a bad --restore before changing anything.
         if let Some(n) = config.restore_from {
             if !manifests.contains_key(&n) {
                 return Err(Error::NoSuchCheckpoint(n));
             }
+        }
+        let state_dir = config.state.clone().unwrap_or_else(|| root.join("state"));
+        create_private_dir_all(&state_dir)?;
+        make_private(&state_dir)?;
+        // The store lock does not cover a state directory shared by mistake with a daemon
+        // of another store: lock it too before touching anything in it.
+        let state_lock = DirLock::acquire_for(&state_dir, "state directory")?;
+
+        let leftovers = store.clear_staging()? + catalog.clear_leftovers()?;
+        if leftovers > 0 {
+            log::info!("removed {leftovers} leftovers of interrupted writes");
         }
         if let Some(last) = manifests.keys().next_back() {
             meta.next_checkpoint = meta.next_checkpoint.max(last + 1);
@@ -159,7 +216,9 @@ impl Engine {
         let registry =
             Registry::from_checkpoints(manifests.iter().map(|(id, m)| (*id, m.objects())));
         let mut last_error = None;
-        let (orphans, missing) = sweep(&store, &registry)?;
+        let held = catalog.quarantined_objects()?;
+        crate::failpoint!("open::before-sweep");
+        let (orphans, missing) = sweep(&store, &registry, &held)?;
         if orphans > 0 {
             log::info!("deleted {orphans} orphaned objects (no manifest references them)");
         }
@@ -171,9 +230,25 @@ impl Engine {
             log::error!("{msg}");
             last_error = Some(msg);
         }
-        let state_dir = config.state.clone().unwrap_or_else(|| root.join("state"));
-        std::fs::create_dir_all(&state_dir).ctx("create state directory", &state_dir)?;
         remove_tree(&state_dir.join("staging"))?;
+        // A restore that a crash interrupted is finished first: its backends must not
+        // come up half from the checkpoint and half from their old state.
+        let restore_from = match (config.restore_from, read_restore_intent(&state_dir)?) {
+            (Some(n), _) => Some(n),
+            (None, Some(n)) if manifests.contains_key(&n) => {
+                log::warn!("finishing the restore from checkpoint {n} that was interrupted");
+                Some(n)
+            }
+            (None, Some(n)) => {
+                log::error!(
+                    "an interrupted restore from checkpoint {n} cannot be finished: the \
+                     checkpoint is gone; the backends start from their local state"
+                );
+                clear_restore_intent(&state_dir)?;
+                None
+            }
+            (None, None) => None,
+        };
 
         let manifests: BTreeMap<u64, Arc<Manifest>> = manifests
             .into_iter()
@@ -186,7 +261,7 @@ impl Engine {
         for name in &meta.backends {
             let dir = backend_dir(&state_dir, name);
             let has_local = Backend::db_dir(&dir).join("CURRENT").exists();
-            let source = match config.restore_from {
+            let source = match restore_from {
                 Some(n) => manifests[&n].backend(name).map(|s| (n, s.clone())),
                 None if !has_local => latest_snapshot(&manifests, name),
                 None => None,
@@ -200,6 +275,9 @@ impl Engine {
             .map(|(name, (_, snapshot))| (backend_dir(&state_dir, name), snapshot))
             .collect();
         let prepared = prepare_all(&store, &config.backend_options, &items)?;
+        if let Some(n) = restore_from {
+            write_restore_intent(&state_dir, n)?;
+        }
         for ((dir, _), fresh) in items.iter().zip(&prepared) {
             swap_in_snapshot(dir, fresh)?;
         }
@@ -229,6 +307,9 @@ impl Engine {
             lineages.insert(name.clone(), backend.lineage().to_string());
             backends.insert(name.clone(), RwLock::new(Some(backend)));
         }
+        if restore_from.is_some() {
+            clear_restore_intent(&state_dir)?;
+        }
 
         let engine = Engine {
             inner: Arc::new(Inner {
@@ -252,6 +333,7 @@ impl Engine {
                 }),
                 slot_freed: Condvar::new(),
                 _lock: lock,
+                _state_lock: state_lock,
             }),
         };
         {
@@ -350,7 +432,8 @@ impl Engine {
             }
             if st.in_flight.len() >= self.inner.max_concurrent {
                 return Err(Error::Busy(format!(
-                    "{} checkpoint(s) already in flight (max_concurrent = {})",
+                    "{} checkpoint(s) already in flight (max_concurrent = {}); try again \
+                     when it completes",
                     st.in_flight.len(),
                     self.inner.max_concurrent
                 )));
@@ -370,7 +453,7 @@ impl Engine {
             for name in self.inner.backends.keys() {
                 let dir = staging.join(name.rel_path());
                 let parent = dir.parent().expect("backend paths have a parent");
-                std::fs::create_dir_all(parent).ctx("create", parent)?;
+                create_private_dir_all(parent)?;
                 let (lineage, files) = self.with_backend(name, |b| {
                     Ok((b.lineage().to_string(), b.checkpoint_into(&dir)?))
                 })?;
@@ -400,28 +483,6 @@ impl Engine {
             Err(e) => {
                 pending.fail(&e);
                 Err(e)
-            }
-        }
-    }
-
-    /// Like [`Engine::begin_checkpoint`], but waits for a free slot instead of failing when
-    /// `max_concurrent` checkpoints are in flight or a restore runs.
-    pub fn begin_checkpoint_waiting(&self) -> Result<PendingCheckpoint> {
-        loop {
-            {
-                let mut st = self.state();
-                while st.restoring || st.in_flight.len() >= self.inner.max_concurrent {
-                    st = self
-                        .inner
-                        .slot_freed
-                        .wait(st)
-                        .unwrap_or_else(|p| p.into_inner());
-                }
-            }
-            match self.begin_checkpoint() {
-                // Another caller took the slot between our wait and our begin.
-                Err(Error::Busy(_)) => continue,
-                other => return other,
             }
         }
     }
@@ -544,11 +605,16 @@ impl Engine {
                 &self.inner.backend_options,
                 &items,
             )?;
+            crate::failpoint!("restore::after-prepare");
+            // From the first swap on, a crash must not leave some backends restored and
+            // others not: the next start finishes the restore (see Engine::open).
+            write_restore_intent(&self.inner.state_dir, id)?;
             for ((dir, snapshot), fresh) in items.iter().zip(&prepared) {
                 let slot = &self.inner.backends[&snapshot.name];
                 let mut guard = slot.write().unwrap_or_else(|p| p.into_inner());
                 *guard = None; // close the live database before replacing its files
                 swap_in_snapshot(dir, fresh)?;
+                crate::failpoint!("restore::after-swap");
                 let backend =
                     Backend::open_restored(dir, &snapshot.name, &self.inner.backend_options)?;
                 let mut st = self.state();
@@ -559,7 +625,7 @@ impl Engine {
                 *guard = Some(backend);
                 log::info!("backend {} restored from checkpoint {id}", snapshot.name);
             }
-            Ok(())
+            clear_restore_intent(&self.inner.state_dir)
         })();
         let mut st = self.state();
         st.restoring = false;
@@ -578,12 +644,14 @@ impl Engine {
     fn apply_retention(&self, st: &mut State) -> Result<()> {
         for victim in st.registry.retention_victims(st.meta.retain as usize) {
             self.drop_checkpoint_locked(st, victim)?;
+            crate::failpoint!("retention::between-drops");
         }
         Ok(())
     }
 
     fn drop_checkpoint_locked(&self, st: &mut State, id: u64) -> Result<()> {
         self.inner.catalog.remove(id)?;
+        crate::failpoint!("drop::after-manifest-removed");
         st.manifests.remove(&id);
         let garbage = st.registry.drop_checkpoint(id).unwrap_or_default();
         self.delete_objects(&garbage);
@@ -601,6 +669,7 @@ impl Engine {
             } else {
                 log::info!("deleted object {id}");
             }
+            crate::failpoint!("drop::mid-delete");
         }
     }
 }
@@ -640,6 +709,7 @@ impl PendingCheckpoint {
     /// The asynchronous phase: store what is new, re-reference the rest, commit, register,
     /// apply retention.
     pub fn complete(mut self) -> Result<Arc<Manifest>> {
+        crate::failpoint!("checkpoint::after-sync");
         let clock = Instant::now();
         match self.upload(usize::MAX) {
             Ok((backends, mut stats)) => {
@@ -790,6 +860,7 @@ impl PendingCheckpoint {
         let engine = self.engine.clone();
         let inner = &engine.inner;
         let mut st = engine.state();
+        crate::failpoint!("checkpoint::before-commit");
         if let Err(e) = inner.catalog.commit(&manifest) {
             // The rename may have happened even if a later fsync failed. If the manifest
             // cannot be removed (durably), it may still name our objects: leave them to the
@@ -801,7 +872,9 @@ impl PendingCheckpoint {
             return Err(e);
         }
         let id = manifest.id;
+        crate::failpoint!("checkpoint::after-commit");
         st.registry.register_checkpoint(id, manifest.objects());
+        crate::failpoint!("checkpoint::after-register");
         let mut garbage = Vec::new();
         for pin in self.pins.drain(..) {
             garbage.extend(st.registry.unpin(&pin));
@@ -883,7 +956,8 @@ impl Drop for PendingCheckpoint {
     }
 }
 
-/// Create the store directory if needed; a path that exists but is no directory is an error.
+/// Create the store directory if needed (owner-only) and make it owner-only; a path that
+/// exists but is no directory is an error.
 pub fn ensure_store_dir(root: &Path) -> Result<()> {
     if root.exists() && !root.is_dir() {
         return Err(Error::io(
@@ -891,7 +965,78 @@ pub fn ensure_store_dir(root: &Path) -> Result<()> {
             std::io::Error::from_raw_os_error(libc::ENOTDIR),
         ));
     }
-    std::fs::create_dir_all(root).ctx("create store", root)
+    create_private_dir_all(root)?;
+    make_private(root)
+}
+
+/// `STATE/restore-intent`: the checkpoint a restore is installing, present from its first
+/// swap until every backend runs from it.
+fn restore_intent_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("restore-intent")
+}
+
+fn write_restore_intent(state_dir: &Path, id: u64) -> Result<()> {
+    crate::fsutil::write_atomic(&restore_intent_path(state_dir), id.to_string().as_bytes())
+}
+
+fn clear_restore_intent(state_dir: &Path) -> Result<()> {
+    let path = restore_intent_path(state_dir);
+    match std::fs::remove_file(&path) {
+        Ok(()) => fsync_dir(state_dir),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(format!("remove {}", path.display()), e)),
+    }
+}
+
+fn read_restore_intent(state_dir: &Path) -> Result<Option<u64>> {
+    let path = restore_intent_path(state_dir);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => text.trim().parse().map(Some).map_err(|_| {
+            Error::Corrupt(format!("{} does not hold a checkpoint id", path.display()))
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(format!("read {}", path.display()), e)),
+    }
+}
+
+/// True if `root/objects` holds at least one object file.
+fn store_has_objects(root: &Path) -> Result<bool> {
+    let objects = root.join("objects");
+    let shards = match std::fs::read_dir(&objects) {
+        Ok(shards) => shards,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(Error::io(format!("list {}", objects.display()), e)),
+    };
+    for shard in shards {
+        let shard = shard.ctx("list", &objects)?.path();
+        if shard.is_dir()
+            && std::fs::read_dir(&shard)
+                .ctx("list", &shard)?
+                .next()
+                .is_some()
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Store metadata rebuilt from the manifests when `ckptfs.json` is lost: every backend they
+/// hold, ids past the newest, and a retention that keeps every one of them.
+fn rebuild_meta(manifests: &BTreeMap<u64, Manifest>) -> StoreMeta {
+    let mut backends: Vec<BackendName> = manifests
+        .values()
+        .flat_map(|m| m.backends.iter().map(|b| b.name.clone()))
+        .collect();
+    backends.sort();
+    backends.dedup();
+    let defaults = StoreMeta::default();
+    StoreMeta {
+        next_checkpoint: manifests.keys().next_back().map_or(1, |n| n + 1),
+        retain: defaults.retain.max(manifests.len() as u32),
+        backends,
+        ..defaults
+    }
 }
 
 fn validate_retain(retain: u32) -> Result<u32> {
@@ -940,13 +1085,19 @@ fn latest_snapshot_of_lineage(
     })
 }
 
-/// Delete objects no manifest references; report referenced objects that are missing.
-fn sweep(store: &dyn ObjectStore, registry: &Registry) -> Result<(usize, Vec<ObjectId>)> {
+/// Delete objects no manifest references (nor a quarantined manifest may reference);
+/// report referenced objects that are missing.
+fn sweep(
+    store: &dyn ObjectStore,
+    registry: &Registry,
+    held: &BTreeSet<ObjectId>,
+) -> Result<(usize, Vec<ObjectId>)> {
     let live = registry.live_objects();
     let listed: BTreeSet<ObjectId> = store.list()?.into_iter().collect();
     let mut orphans = 0;
-    for id in listed.difference(&live) {
+    for id in listed.difference(&live).filter(|id| !held.contains(id)) {
         store.delete(id)?;
+        crate::failpoint!("open::mid-sweep");
         orphans += 1;
     }
     let missing = live.difference(&listed).copied().collect();
@@ -961,7 +1112,7 @@ pub fn materialize(
     dir: &Path,
     progress: &mut dyn FnMut(u64),
 ) -> Result<()> {
-    std::fs::create_dir_all(dir).ctx("create", dir)?;
+    create_private_dir_all(dir)?;
     for file in &snapshot.files {
         store.copy_verified(&file.object, file.size, &dir.join(&file.name))?;
         progress(file.size);
@@ -1020,6 +1171,7 @@ fn swap_in_snapshot(dir: &Path, fresh: &Path) -> Result<()> {
     let db = Backend::db_dir(dir);
     if db.exists() {
         std::fs::rename(&db, &old).ctx("move aside", &db)?;
+        crate::failpoint!("restore::mid-swap");
     }
     std::fs::rename(fresh, &db).ctx("install restored database", &db)?;
     fsync_dir(dir)?;
@@ -1099,15 +1251,15 @@ mod tests {
         );
     }
 
-    /// A closed backend is an error for a waiting checkpoint, not a reason to spin.
+    /// A closed backend fails a checkpoint at once and leaves no slot taken.
     #[test]
-    fn a_closed_backend_fails_a_waiting_checkpoint_at_once() {
+    fn a_closed_backend_fails_a_checkpoint_at_once() {
         let dir = tempfile::tempdir().unwrap();
         let engine = Engine::open(config(&dir.path().join("store"))).unwrap();
         let a: BackendName = "A/0".parse().unwrap();
         *engine.inner.backends[&a].write().unwrap() = None;
         let before = engine.state().meta.next_checkpoint;
-        let err = engine.begin_checkpoint_waiting().err().expect("must fail");
+        let err = engine.begin_checkpoint().err().expect("must fail");
         assert!(matches!(err, Error::BackendClosed(_)), "{err}");
         assert_eq!(engine.state().meta.next_checkpoint, before + 1);
         assert!(engine.state().in_flight.is_empty());

@@ -46,17 +46,72 @@ fn install_signal_handlers() -> Result<()> {
     Ok(())
 }
 
-/// Refuse a mountpoint that is missing, not a directory, or already a mount point.
+/// True if `mountpoint` (absolute) is a ckptfs mount according to /proc/self/mountinfo.
+fn is_ckptfs_mount(mountpoint: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    // Fields: id parent major:minor root mountpoint options [optional...] - fstype source
+    // super-options; the mount point has spaces, tabs, newlines and backslashes escaped.
+    let wanted = mountpoint
+        .to_string_lossy()
+        .replace('\\', "\\134")
+        .replace(' ', "\\040")
+        .replace('\t', "\\011")
+        .replace('\n', "\\012");
+    // Ours: type fuse (or fuse.ckptfs) with the source "ckptfs:STORE" we mount with.
+    info.lines().any(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let Some(dash) = fields.iter().position(|f| *f == "-") else {
+            return false;
+        };
+        let fstype = fields.get(dash + 1).copied().unwrap_or("");
+        let source = fields.get(dash + 2).copied().unwrap_or("");
+        fields.get(4) == Some(&wanted.as_str())
+            && (fstype == "fuse" || fstype == "fuse.ckptfs")
+            && source.starts_with("ckptfs:")
+    })
+}
+
+/// A ckptfs mount whose daemon died (ENOTCONN) is detached (lazy unmount) so that the
+/// next mount, e.g. systemd's restart, can proceed. Someone else's dead mount is refused.
+fn clear_dead_mount(mountpoint: &Path) -> Result<()> {
+    let refuse = |why: &str| {
+        Error::Busy(format!(
+            "{} is a stale mount of a daemon that died ({why}); run `fusermount3 -u {}` \
+             first (the store itself is safe: recovery runs at the next mount)",
+            mountpoint.display(),
+            mountpoint.display()
+        ))
+    };
+    if !is_ckptfs_mount(mountpoint) {
+        return Err(refuse("not a ckptfs mount"));
+    }
+    let detached = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH).is_ok()
+        || std::process::Command::new("fusermount3")
+            .args(["-u", "-z"])
+            .arg(mountpoint)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+    if !detached {
+        return Err(refuse("detaching it failed"));
+    }
+    log::warn!(
+        "{} was a stale ckptfs mount of a daemon that died; detached it",
+        mountpoint.display()
+    );
+    Ok(())
+}
+
+/// Refuse a mountpoint that is missing, not a directory, or already a mount point. A dead
+/// ckptfs mount left by a killed daemon is detached first.
 pub fn check_mountpoint(mountpoint: &Path) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
     let meta = match std::fs::metadata(mountpoint) {
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-            return Err(Error::Busy(format!(
-                "{} is a stale mount of a daemon that died; run `fusermount3 -u {}` first \
-                 (the store itself is safe: recovery runs at the next mount)",
-                mountpoint.display(),
-                mountpoint.display()
-            )))
+            clear_dead_mount(mountpoint)?;
+            std::fs::metadata(mountpoint).ctx("mountpoint", mountpoint)?
         }
         other => other.ctx("mountpoint", mountpoint)?,
     };
@@ -81,6 +136,9 @@ pub fn check_mountpoint(mountpoint: &Path) -> Result<()> {
 /// the error that prevented it); serving continues until an unmount or a signal.
 pub fn serve(config: MountConfig, ready: impl FnOnce(Result<()>)) -> Result<()> {
     let started = (|| -> Result<_> {
+        // A daemon keeps no directory busy and creates nothing others can read.
+        nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+        std::env::set_current_dir("/").map_err(|e| Error::io("chdir /", e))?;
         check_mountpoint(&config.mountpoint)?;
         install_signal_handlers()?;
         let engine = Engine::open(config.engine.clone())?;

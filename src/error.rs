@@ -28,8 +28,12 @@ pub enum Error {
     /// Something else is in progress that excludes this request.
     #[error("{0}")]
     Busy(String),
-    #[error("store {path} is in use by another ckptfs process{holder}; unmount it first")]
-    Locked { path: String, holder: String },
+    #[error("{what} {path} is in use by another ckptfs process{holder}; unmount it first")]
+    Locked {
+        what: &'static str,
+        path: String,
+        holder: String,
+    },
     /// Stored bytes do not match what the catalog says they are.
     #[error("corrupt: {0}")]
     Corrupt(String),

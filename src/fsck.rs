@@ -25,6 +25,11 @@ pub struct FsckReport {
     pub corrupt: Vec<String>,
     /// Checkpoints that reference a missing or corrupt object.
     pub damaged_checkpoints: Vec<u64>,
+    /// Manifests that cannot be read (file name and why). With them present, no object is
+    /// called an orphan: the unreadable manifest may reference it.
+    pub unreadable_manifests: Vec<String>,
+    /// Where `--repair` moved the unreadable manifests (never deleted).
+    pub quarantined: Vec<String>,
     pub staged_leftovers: usize,
     pub repaired_orphans: usize,
     pub repaired_leftovers: usize,
@@ -35,20 +40,22 @@ impl FsckReport {
     pub fn is_clean(&self) -> bool {
         self.missing.is_empty()
             && self.corrupt.is_empty()
+            && self.unreadable_manifests.len() == self.quarantined.len()
             && self.orphans.len() == self.repaired_orphans
             && self.staged_leftovers == self.repaired_leftovers
     }
 }
 
-/// Check a store that no daemon holds. With `repair`, delete orphans and staged leftovers;
-/// missing or corrupt objects cannot be repaired and are reported with the checkpoints
-/// they damage.
+/// Check a store that no daemon holds. With `repair`, move unreadable manifests to
+/// `quarantine/` (never deleting them) and delete orphans and staged leftovers; missing or
+/// corrupt objects cannot be repaired and are reported with the checkpoints they damage.
+/// Objects that a quarantined manifest may name are never orphans.
 pub fn fsck(store_root: &Path, repair: bool, mut progress: impl FnMut(u64)) -> Result<FsckReport> {
     check_is_store(store_root)?;
     let _lock = StoreLock::acquire(store_root)?;
     let catalog = Catalog::open(store_root)?;
     let store = LocalStore::open(store_root)?;
-    let manifests = catalog.load_all()?;
+    let (manifests, unreadable) = catalog.load_all_lenient()?;
     let registry = Registry::from_checkpoints(manifests.iter().map(|(id, m)| (*id, m.objects())));
 
     let mut sizes: BTreeMap<ObjectId, u64> = BTreeMap::new();
@@ -96,21 +103,38 @@ pub fn fsck(store_root: &Path, repair: bool, mut progress: impl FnMut(u64)) -> R
             report.damaged_checkpoints.push(*cp);
         }
     }
-    let orphans: Vec<ObjectId> = stored
-        .iter()
-        .filter(|id| !sizes.contains_key(id))
-        .copied()
-        .collect();
+    for (name, e) in &unreadable {
+        log::error!("unreadable manifest {name}: {e}");
+        report.unreadable_manifests.push(format!("{name}: {e}"));
+    }
+    let held = catalog.quarantined_objects()?;
+    // An unreadable manifest may reference any object: call none an orphan until it is
+    // quarantined (its objects are then held by the quarantine).
+    let orphans: Vec<ObjectId> = if unreadable.is_empty() {
+        stored
+            .iter()
+            .filter(|id| !sizes.contains_key(id) && !held.contains(id))
+            .copied()
+            .collect()
+    } else {
+        Vec::new()
+    };
     report.orphans = orphans.iter().map(|id| id.to_hex()).collect();
     report.staged_leftovers = std::fs::read_dir(store_root.join("tmp"))
         .map(|d| d.count())
-        .unwrap_or(0);
+        .unwrap_or(0)
+        + catalog.leftovers()?.len();
     if repair {
+        for (name, _) in &unreadable {
+            let dest = catalog.quarantine(name)?;
+            report.quarantined.push(dest.display().to_string());
+        }
+        report.repaired_leftovers += catalog.clear_leftovers()?;
         for id in &orphans {
             store.delete(id)?;
             report.repaired_orphans += 1;
         }
-        report.repaired_leftovers = store.clear_staging()?;
+        report.repaired_leftovers += store.clear_staging()?;
     }
     Ok(report)
 }

@@ -1,10 +1,20 @@
 //! Small durable-file helpers shared by the store, the catalog and restore.
+//!
+//! Everything ckptfs creates in a store or state directory is private to its owner
+//! (directories 0700, files 0600) and is created without following symbolic links: a store
+//! is written by root, and a link planted in it must never redirect a write elsewhere.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
-use crate::error::{IoContext, Result};
+use crate::error::{Error, IoContext, Result};
+
+/// Mode of every directory ckptfs creates in a store or state directory.
+pub const PRIVATE_DIR: u32 = 0o700;
+/// Mode of every file ckptfs creates in a store or state directory.
+pub const PRIVATE_FILE: u32 = 0o600;
 
 /// fsync a directory so that renames and creations inside it are durable.
 pub fn fsync_dir(dir: &Path) -> Result<()> {
@@ -13,31 +23,80 @@ pub fn fsync_dir(dir: &Path) -> Result<()> {
         .ctx("fsync directory", dir)
 }
 
+/// Create `dir` and its missing parents owner-only (0700). Existing directories keep
+/// their mode; see [`make_private`].
+pub fn create_private_dir_all(dir: &Path) -> Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(PRIVATE_DIR)
+        .create(dir)
+        .ctx("create", dir)
+}
+
+/// Make an existing directory owner-only (0700): the store and state roots, so that no
+/// other user can reach what is inside, whatever modes older versions created it with.
+pub fn make_private(dir: &Path) -> Result<()> {
+    let meta = fs::symlink_metadata(dir).ctx("stat", dir)?;
+    if !meta.is_dir() {
+        return Err(Error::io(
+            format!("{} is not a directory", dir.display()),
+            std::io::Error::from_raw_os_error(libc::ENOTDIR),
+        ));
+    }
+    if meta.permissions().mode() & 0o077 != 0 {
+        fs::set_permissions(dir, fs::Permissions::from_mode(PRIVATE_DIR)).ctx("chmod", dir)?;
+    }
+    Ok(())
+}
+
+/// Options for creating a new private file: it must not exist (O_EXCL, which also refuses a
+/// symbolic link in its place), mode 0600.
+pub fn create_new_private() -> OpenOptions {
+    let mut options = OpenOptions::new();
+    options
+        .write(true)
+        .create_new(true)
+        .mode(PRIVATE_FILE)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    options
+}
+
+/// Options for opening (or creating) a private file in place, never through a symbolic link.
+pub fn open_private() -> OpenOptions {
+    let mut options = OpenOptions::new();
+    options
+        .mode(PRIVATE_FILE)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    options
+}
+
 /// Write `bytes` to `path` so that after a crash `path` holds either the old content or the
-/// new, never a mix: temporary file, fsync, rename, fsync of the directory.
+/// new, never a mix: a new temporary file (O_EXCL, random name, 0600), fsync, rename, fsync
+/// of the directory.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let file_name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
-    let written = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
-            .ctx("create", &tmp)?;
-        file.write_all(bytes).ctx("write", &tmp)?;
-        file.sync_all().ctx("fsync", &tmp)?;
-        fs::rename(&tmp, path).ctx("rename into place", path)
-    })();
-    if written.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    written?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{file_name}.tmp-"))
+        .permissions(fs::Permissions::from_mode(PRIVATE_FILE))
+        .tempfile_in(dir)
+        .ctx("create a temporary file in", dir)?;
+    let tmp_path = tmp.path().to_path_buf();
+    tmp.write_all(bytes).ctx("write", &tmp_path)?;
+    tmp.as_file().sync_all().ctx("fsync", &tmp_path)?;
+    crate::failpoint!("fsutil::before-rename");
+    tmp.persist(path)
+        .map_err(|e| Error::io(format!("rename into place {}", path.display()), e.error))?;
+    crate::failpoint!("fsutil::after-rename");
     fsync_dir(dir)
+}
+
+/// True for the name of a leftover temporary file of [`write_atomic`].
+pub fn is_atomic_leftover(name: &str) -> bool {
+    name.starts_with('.') && name.contains(".tmp-")
 }
 
 /// True if `dir` does not exist or has no entries.
@@ -45,10 +104,7 @@ pub fn is_empty_or_missing(dir: &Path) -> Result<bool> {
     match fs::read_dir(dir) {
         Ok(mut entries) => Ok(entries.next().is_none()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
-        Err(e) => Err(crate::error::Error::io(
-            format!("read {}", dir.display()),
-            e,
-        )),
+        Err(e) => Err(Error::io(format!("read {}", dir.display()), e)),
     }
 }
 
@@ -57,10 +113,7 @@ pub fn remove_tree(dir: &Path) -> Result<()> {
     match fs::remove_dir_all(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(crate::error::Error::io(
-            format!("remove {}", dir.display()),
-            e,
-        )),
+        Err(e) => Err(Error::io(format!("remove {}", dir.display()), e)),
     }
 }
 
@@ -70,4 +123,50 @@ pub fn now_unix_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A symbolic link planted where a temporary or target file goes is never followed.
+    #[test]
+    fn atomic_writes_never_follow_planted_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"precious").unwrap();
+        // The old fixed temporary name, and the target itself, as links to the victim.
+        std::os::unix::fs::symlink(
+            &victim,
+            dir.path()
+                .join(format!(".m.json.tmp-{}", std::process::id())),
+        )
+        .unwrap();
+        let target = dir.path().join("m.json");
+        std::os::unix::fs::symlink(&victim, &target).unwrap();
+        write_atomic(&target, b"new").unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
+        assert_eq!(fs::read(&target).unwrap(), b"new");
+        assert!(!fs::symlink_metadata(&target)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(
+            fs::metadata(&target).unwrap().permissions().mode() & 0o777,
+            PRIVATE_FILE
+        );
+    }
+
+    #[test]
+    fn new_private_files_refuse_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"precious").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        assert!(create_new_private().open(&link).is_err());
+        let err = open_private().write(true).open(&link).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ELOOP));
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
+    }
 }

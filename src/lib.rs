@@ -10,6 +10,7 @@ pub mod control;
 pub mod coordinator;
 pub mod daemon;
 pub mod error;
+pub mod failpoint;
 pub mod fs;
 pub mod fsck;
 pub mod fsutil;

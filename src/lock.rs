@@ -1,23 +1,35 @@
-//! One daemon per store: an exclusive `flock` on `STORE/lock`, holding the owner's pid.
+//! One daemon per store and per state directory: an exclusive `flock` on `DIR/lock`,
+//! holding the owner's pid.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Seek, Write};
 use std::path::Path;
 
 use nix::fcntl::{Flock, FlockArg};
 
 use crate::error::{Error, IoContext, Result};
+use crate::fsutil::open_private;
 
 /// Held for the lifetime of an engine or fsck; released when dropped (or when the process
-/// dies, so a crashed daemon never leaves the store locked).
-pub struct StoreLock {
+/// dies, so a crashed daemon never leaves the directory locked).
+pub struct DirLock {
     _lock: Flock<File>,
 }
 
-impl StoreLock {
+/// The lock of a store.
+pub type StoreLock = DirLock;
+
+impl DirLock {
+    /// Lock a store directory.
     pub fn acquire(store: &Path) -> Result<Self> {
-        let path = store.join("lock");
-        let file = OpenOptions::new()
+        Self::acquire_for(store, "store")
+    }
+
+    /// Lock `dir` (a store or a state directory; `what` names it in the error).
+    /// The lock file is opened without following symbolic links.
+    pub fn acquire_for(dir: &Path, what: &'static str) -> Result<Self> {
+        let path = dir.join("lock");
+        let file = open_private()
             .read(true)
             .write(true)
             .create(true)
@@ -29,7 +41,7 @@ impl StoreLock {
                 lock.set_len(0).ctx("truncate", &path)?;
                 lock.rewind().ctx("seek", &path)?;
                 write!(lock, "{}", std::process::id()).ctx("write", &path)?;
-                Ok(StoreLock { _lock: lock })
+                Ok(DirLock { _lock: lock })
             }
             Err((mut file, errno)) if errno == nix::errno::Errno::EWOULDBLOCK => {
                 let mut pid = String::new();
@@ -40,7 +52,8 @@ impl StoreLock {
                     format!(" (pid {})", pid.trim())
                 };
                 Err(Error::Locked {
-                    path: store.display().to_string(),
+                    what,
+                    path: dir.display().to_string(),
                     holder,
                 })
             }

@@ -78,8 +78,14 @@ enum Command {
         timeout: u64,
     },
     /// Take a checkpoint of every backend, wait for it, print its id.
+    ///
+    /// While other checkpoints hold every slot of the mount's --max-concurrent, the daemon
+    /// answers busy; this command retries until --wait seconds have passed.
     Checkpoint {
         mountpoint: PathBuf,
+        /// Seconds to keep retrying while the daemon is busy (0: fail at once).
+        #[arg(long, default_value_t = 600)]
+        wait: u64,
         /// Print the whole answer as JSON.
         #[arg(long)]
         json: bool,
@@ -182,6 +188,10 @@ enum Command {
         /// Compact every Nth round (0: never).
         #[arg(long, default_value_t = 3)]
         compact_every: u64,
+        /// Every Nth round, after its checkpoint, roll the backends back to the checkpoint
+        /// before it (0: never).
+        #[arg(long, default_value_t = 0)]
+        restore_every: u64,
         /// SST format_version written by the backends.
         #[arg(long, default_value_t = DEFAULT_FORMAT_VERSION)]
         format_version: i32,
@@ -195,6 +205,8 @@ enum Command {
 static ARGS: std::sync::OnceLock<Vec<std::ffi::OsString>> = std::sync::OnceLock::new();
 
 fn main() -> ExitCode {
+    #[cfg(feature = "failpoints")]
+    let _failpoints = ckptfs::failpoint::setup();
     // Invoked by mount(8) as mount.fuse.ckptfs (or mount.ckptfs): translate its arguments.
     let argv0 = std::env::args_os().next().unwrap_or_default();
     let invoked_as = Path::new(&argv0)
@@ -268,6 +280,11 @@ fn run(command: Command) -> Result<ExitCode, Error> {
                 std::path::absolute(&store).map_err(|e| Error::io("resolve store path", e))?;
             let mountpoint =
                 std::path::absolute(&mountpoint).map_err(|e| Error::io("resolve mountpoint", e))?;
+            // The daemon changes to / (nothing kept busy): every path must be absolute.
+            let state = state
+                .map(std::path::absolute)
+                .transpose()
+                .map_err(|e| Error::io("resolve state path", e))?;
             let mut engine = EngineConfig::new(store);
             engine.state = state;
             engine.backends = backends;
@@ -290,9 +307,17 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             mountpoint,
             timeout,
         } => client::umount(&mountpoint, timeout),
-        Command::Checkpoint { mountpoint, json } => {
+        Command::Checkpoint {
+            mountpoint,
+            wait,
+            json,
+        } => {
             let spinner = client::spinner("checkpoint in progress");
-            let answer = client::request(&mountpoint, "checkpoint");
+            let answer = client::request_retrying_busy(
+                &mountpoint,
+                "checkpoint",
+                std::time::Duration::from_secs(wait),
+            );
             spinner.finish_and_clear();
             let answer = answer?;
             if json {
@@ -416,6 +441,7 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             value_size,
             retain,
             compact_every,
+            restore_every,
             format_version,
             rocksdb_options,
         } => {
@@ -434,7 +460,8 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             };
             let engine = Engine::open(config)?;
             for _ in 0..rounds {
-                let round = workload::step(&engine, keys, value_size)?;
+                let rounds = workload::step_each(&engine, keys, value_size)?;
+                let round = rounds.iter().map(|(_, r)| *r).max().unwrap_or(0);
                 if compact_every > 0 && round > 0 && round % compact_every == 0 {
                     for name in engine.backend_names() {
                         engine.compact(&name)?;
@@ -443,9 +470,26 @@ fn run(command: Command) -> Result<ExitCode, Error> {
                 let manifest = engine.checkpoint()?;
                 let s = &manifest.stats;
                 println!(
-                    "round {round}: checkpoint {} files={} reused={} bytes={} uploaded={}",
-                    manifest.id, s.files_total, s.files_reused, s.bytes_total, s.bytes_uploaded
+                    "round {round}: checkpoint {} files={} reused={} bytes={} uploaded={} \
+                     rounds={}",
+                    manifest.id,
+                    s.files_total,
+                    s.files_reused,
+                    s.bytes_total,
+                    s.bytes_uploaded,
+                    rounds
+                        .iter()
+                        .map(|(b, r)| format!("{b}:{r}"))
+                        .collect::<Vec<_>>()
+                        .join(",")
                 );
+                if restore_every > 0 && round > 0 && round % restore_every == 0 {
+                    let ids: Vec<u64> = engine.checkpoints().iter().map(|m| m.id).collect();
+                    if let Some(&back) = ids.iter().rev().nth(1) {
+                        engine.restore_backends(back)?;
+                        println!("restored checkpoint {back}");
+                    }
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -466,6 +510,12 @@ fn print_fsck(report: &fsck::FsckReport, repair: bool) {
     );
     for id in &report.missing {
         println!("missing: {id}");
+    }
+    for line in &report.unreadable_manifests {
+        println!("unreadable manifest: {line}");
+    }
+    for path in &report.quarantined {
+        println!("quarantined: {path} (its objects are kept)");
     }
     for id in &report.corrupt {
         println!("corrupt: {id}");
@@ -488,6 +538,11 @@ fn print_fsck(report: &fsck::FsckReport, repair: bool) {
     }
     if report.is_clean() {
         println!("clean");
+    } else if !repair && !report.unreadable_manifests.is_empty() {
+        println!(
+            "run `ckptfs fsck --repair` to move unreadable manifests to quarantine/ \
+             (nothing is deleted; their checkpoints are no longer shown)"
+        );
     } else if !repair && (!report.orphans.is_empty() || report.staged_leftovers > 0) {
         println!("run `ckptfs fsck --repair` to delete orphans and leftovers");
     }

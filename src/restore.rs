@@ -4,7 +4,7 @@ use std::path::Path;
 
 use crate::catalog::Catalog;
 use crate::coordinator::materialize;
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 use crate::fsutil::{is_empty_or_missing, remove_tree};
 use crate::store::LocalStore;
 
@@ -16,11 +16,12 @@ pub struct RestoreReport {
     pub bytes: u64,
 }
 
-/// Refuse paths that are not a ckptfs store, before creating anything in them.
+/// Refuse paths that are not a ckptfs store, before creating anything in them. A store
+/// whose `ckptfs.json` was lost still counts (its manifests are the source of truth).
 pub fn check_is_store(store: &Path) -> Result<()> {
-    if !store.join("ckptfs.json").is_file() {
+    if !store.join("ckptfs.json").is_file() && !store.join("checkpoints").is_dir() {
         return Err(Error::NotFound(format!(
-            "{} is not a ckptfs store (no ckptfs.json)",
+            "{} is not a ckptfs store (no ckptfs.json, no checkpoints/)",
             store.display()
         )));
     }
@@ -42,7 +43,7 @@ pub fn restore_checkpoint(
     let manifest = Catalog::open_existing(store)?.load(id)?;
     let objects = LocalStore::open(store)?;
     let existed = dest.exists();
-    std::fs::create_dir_all(dest).ctx("create", dest)?;
+    crate::fsutil::create_private_dir_all(dest)?;
     let result = (|| -> Result<RestoreReport> {
         let mut report = RestoreReport {
             backends: 0,

@@ -77,9 +77,19 @@ pub fn current_round(pairs: &[(Vec<u8>, Vec<u8>)]) -> Result<Option<u64>> {
     }
 }
 
-/// Apply the next round to every backend of the engine; returns the round applied.
+/// Apply the next round to every backend of the engine; returns the highest round applied.
 pub fn step(engine: &Engine, keys: u32, value_size: usize) -> Result<u64> {
-    let mut applied = 0;
+    Ok(step_each(engine, keys, value_size)?
+        .into_iter()
+        .map(|(_, round)| round)
+        .max()
+        .unwrap_or(0))
+}
+
+/// Apply the next round to every backend; returns the round each backend is now at (they
+/// differ when a crash came between two backends' batches).
+pub fn step_each(engine: &Engine, keys: u32, value_size: usize) -> Result<Vec<(BackendName, u64)>> {
+    let mut applied = Vec::new();
     for name in engine.backend_names() {
         let round = match engine.get(&name, ROUND_KEY)? {
             None => 0,
@@ -92,7 +102,7 @@ pub fn step(engine: &Engine, keys: u32, value_size: usize) -> Result<u64> {
             }
         };
         engine.write(&name, &round_ops(&name, round, keys, value_size))?;
-        applied = applied.max(round);
+        applied.push((name, round));
     }
     Ok(applied)
 }

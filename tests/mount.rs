@@ -1,148 +1,14 @@
 //! Real FUSE mounts of the daemon (root and /dev/fuse are required, here and in CI).
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_ckptfs");
-
-fn ckptfs(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).output().expect("run ckptfs")
-}
-
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "exit {:?}: {}{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn errno_of(result: std::io::Result<impl Sized>) -> i32 {
-    match result {
-        Ok(_) => panic!("expected an error"),
-        Err(e) => e.raw_os_error().expect("an OS error"),
-    }
-}
-
-struct Mounted {
-    _dir: tempfile::TempDir,
-    root: PathBuf,
-    store: PathBuf,
-    mnt: PathBuf,
-}
-
-impl Mounted {
-    fn new(args: &[&str]) -> Mounted {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().to_path_buf();
-        let m = Mounted {
-            store: root.join("store"),
-            mnt: root.join("mnt"),
-            root,
-            _dir: dir,
-        };
-        std::fs::create_dir(&m.mnt).unwrap();
-        m.mount(args);
-        m
-    }
-
-    fn mount(&self, args: &[&str]) {
-        let mut all = vec![
-            "mount",
-            self.store.to_str().unwrap(),
-            self.mnt.to_str().unwrap(),
-        ];
-        all.extend_from_slice(args);
-        ok(ckptfs(&all));
-        assert!(
-            self.mnt.join(".ckptfs/ctl").exists(),
-            "mount returned before it was ready"
-        );
-    }
-
-    fn umount(&self) {
-        ok(ckptfs(&["umount", self.mnt.to_str().unwrap()]));
-        assert!(!self.mnt.join(".ckptfs").exists());
-    }
-
-    fn mnt(&self) -> &str {
-        self.mnt.to_str().unwrap()
-    }
-
-    fn put(&self, backend: &str, key: &str, value: &str) {
-        ok(ckptfs(&["put", self.mnt(), backend, key, value]));
-    }
-
-    fn checkpoint(&self) -> u64 {
-        ok(ckptfs(&["checkpoint", self.mnt()]))
-            .trim()
-            .parse()
-            .unwrap()
-    }
-
-    fn status(&self) -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(self.mnt.join(".ckptfs/status")).unwrap())
-            .unwrap()
-    }
-
-    fn checkpoint_ids(&self) -> Vec<u64> {
-        self.status()["checkpoints"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c["id"].as_u64().unwrap())
-            .collect()
-    }
-
-    fn manifest(&self, id: u64) -> serde_json::Value {
-        serde_json::from_slice(
-            &std::fs::read(self.store.join(format!("checkpoints/{id}.json"))).unwrap(),
-        )
-        .unwrap()
-    }
-
-    fn root_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(&self.mnt)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        names.sort();
-        names
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        if self.mnt.join(".ckptfs").exists() {
-            let _ = ckptfs(&["umount", self.mnt.to_str().unwrap(), "--timeout", "30"]);
-        }
-        let _ = Command::new("fusermount3")
-            .arg("-uz")
-            .arg(&self.mnt)
-            .output();
-    }
-}
-
-fn scan(dir: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
-    ckptfs::backend::scan_dir(dir)
-        .unwrap()
-        .into_iter()
-        .collect()
-}
-
-fn kv(pairs: &[(&str, &str)]) -> BTreeMap<Vec<u8>, Vec<u8>> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
-        .collect()
-}
+use common::mounted::*;
 
 #[test]
 fn the_tree_follows_checkpoints_compactions_and_drops() {
@@ -484,34 +350,6 @@ fn changes_inside_checkpoints_fail_and_change_nothing() {
 }
 
 /// Opens ctl read-write and talks the protocol: write lines, read answer lines.
-struct Ctl(std::fs::File);
-
-impl Ctl {
-    fn open(m: &Mounted) -> Ctl {
-        Ctl(std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(m.mnt.join(".ckptfs/ctl"))
-            .unwrap())
-    }
-    fn send(&mut self, text: &str) -> std::io::Result<()> {
-        self.0
-            .write(text.as_bytes())
-            .map(|n| assert_eq!(n, text.len()))
-    }
-    fn answer(&mut self) -> serde_json::Value {
-        // One answer line per read.
-        let mut buf = vec![0u8; 4096];
-        let n = self.0.read(&mut buf).unwrap();
-        assert!(
-            n > 0 && buf[n - 1] == b'\n',
-            "{:?}",
-            String::from_utf8_lossy(&buf[..n])
-        );
-        serde_json::from_slice(&buf[..n]).unwrap()
-    }
-}
-
 #[test]
 fn the_control_protocol_answers_in_order_and_refuses_bad_writes_whole() {
     let m = Mounted::new(&["--backend", "A/0", "--backend", "B/0"]);
@@ -561,11 +399,19 @@ fn the_control_protocol_answers_in_order_and_refuses_bad_writes_whole() {
         "a refused write changed data"
     );
 
+    // A second checkpoint while the first holds the only slot is refused at once (EBUSY),
+    // and the line after it still runs.
+    ctl.send("checkpoint\ncheckpoint\nput A/0 after busy\n")
+        .unwrap();
+    let (first, second, put) = (ctl.answer(), ctl.answer(), ctl.answer());
+    assert_eq!(first["ok"], true, "{first}");
+    assert_eq!(second["errno"], libc::EBUSY, "{second}");
+    assert_eq!(put["ok"], true, "{put}");
     // retain and delete, applied at once.
-    ctl.send("checkpoint\ncheckpoint\nretain 2\n").unwrap();
-    for _ in 0..3 {
-        assert_eq!(ctl.answer()["ok"], true);
-    }
+    ctl.send("checkpoint\n").unwrap();
+    assert_eq!(ctl.answer()["ok"], true);
+    ctl.send("retain 2\n").unwrap();
+    assert_eq!(ctl.answer()["ok"], true);
     let ids = m.checkpoint_ids();
     assert_eq!(ids.len(), 2);
     ctl.send(&format!("delete {}\n", ids[0])).unwrap();
@@ -832,42 +678,6 @@ fn graph_draws_checkpoints_objects_and_counts() {
         svg.contains("<svg"),
         "Graphviz dot must be installed (scripts/test installs it)"
     );
-}
-
-/// A daemon killed with SIGKILL leaves a stale mount; the next mount says what to do, and
-/// after `fusermount3 -u` the store comes back with every completed checkpoint.
-#[test]
-fn after_the_daemon_is_killed_the_store_recovers() {
-    let m = Mounted::new(&["--backend", "A/0"]);
-    m.put("A/0", "k", "v");
-    let id = m.checkpoint();
-    let pid = m.status()["pid"].as_i64().unwrap() as i32;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok() {
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = ckptfs(&["mount", m.store.to_str().unwrap(), m.mnt()]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("fusermount3 -u"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(Command::new("fusermount3")
-        .arg("-u")
-        .arg(&m.mnt)
-        .status()
-        .unwrap()
-        .success());
-    m.mount(&[]);
-    assert_eq!(m.checkpoint_ids(), vec![id]);
-    assert_eq!(scan(&m.mnt.join(format!("cp-{id}/A/0"))), kv(&[("k", "v")]));
 }
 
 /// Only the mounting user gets in, unless --allow-other; then the kernel checks the modes

@@ -241,7 +241,8 @@ impl Filesystem for FuseAdapter {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
-        match self.fs.open(ino.0, write) {
+        let read = flags.acc_mode() != OpenAccMode::O_WRONLY;
+        match self.fs.open_access(ino.0, read, write) {
             Ok(Opened::Object { fh, file, object }) => {
                 if self.passthrough {
                     let mut cache = self.backing.lock().unwrap_or_else(|p| p.into_inner());
@@ -365,24 +366,43 @@ impl Filesystem for FuseAdapter {
         reply.ok()
     }
 
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.opendir(ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.releasedir(fh.0);
+        reply.ok()
+    }
+
     fn readdir(
         &self,
         _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
+        _ino: INodeNo,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let entries = match self.dir_entries(ino.0) {
+        let entries = match self.fs.readdir_handle(fh.0) {
             Ok(e) => e,
             Err(e) => return reply.error(errno(&e)),
         };
-        for (i, (name, attr)) in entries.iter().enumerate().skip(offset as usize) {
+        for (i, entry) in entries.iter().enumerate().skip(offset as usize) {
             if reply.add(
-                INodeNo(attr.ino),
+                INodeNo(entry.attr.ino),
                 (i + 1) as u64,
-                file_attr(attr).kind,
-                name,
+                file_attr(&entry.attr).kind,
+                &entry.name,
             ) {
                 break;
             }
@@ -393,22 +413,22 @@ impl Filesystem for FuseAdapter {
     fn readdirplus(
         &self,
         _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
+        _ino: INodeNo,
+        fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let entries = match self.dir_entries(ino.0) {
+        let entries = match self.fs.readdir_handle(fh.0) {
             Ok(e) => e,
             Err(e) => return reply.error(errno(&e)),
         };
-        for (i, (name, attr)) in entries.iter().enumerate().skip(offset as usize) {
+        for (i, entry) in entries.iter().enumerate().skip(offset as usize) {
             let full = reply.add(
-                INodeNo(attr.ino),
+                INodeNo(entry.attr.ino),
                 (i + 1) as u64,
-                name,
-                &CkptFs::ttl(attr),
-                &file_attr(attr),
+                &entry.name,
+                &CkptFs::ttl(&entry.attr),
+                &file_attr(&entry.attr),
                 Generation(0),
             );
             if full {
@@ -465,18 +485,6 @@ impl Filesystem for FuseAdapter {
             ),
             Err(e) => reply.error(Errno::from_i32(e as i32)),
         }
-    }
-}
-
-impl FuseAdapter {
-    /// `.`, `..` and the core's entries.
-    fn dir_entries(&self, ino: u64) -> Result<Vec<(String, Attr)>, Error> {
-        let mut out = vec![
-            (".".to_string(), self.fs.getattr(ino)?),
-            ("..".to_string(), self.fs.getattr(self.fs.parent_of(ino))?),
-        ];
-        out.extend(self.fs.readdir(ino)?.into_iter().map(|e| (e.name, e.attr)));
-        Ok(out)
     }
 }
 

@@ -41,6 +41,11 @@ const META_DIR_NAME: &str = ".ckptfs";
 /// Longest control line accepted (a put of a large value fits; a stray binary stream not).
 pub const MAX_LINE: usize = 4 << 20;
 
+/// Most answers a control handle keeps unread. A handle opened write-only keeps none (no
+/// one can read them); a reading handle that falls this far behind gets ENOBUFS on write
+/// until it reads, so a producer that never reads cannot grow the daemon without bound.
+pub const MAX_UNREAD_ANSWERS: usize = 65_536;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Dir,
@@ -87,12 +92,18 @@ enum Handle {
     Object(Arc<File>),
     Snapshot(Vec<u8>),
     Control(Arc<ControlStream>),
+    /// An open directory: its entries (with `.` and `..`) as of `opendir`, so that every
+    /// page of a listing comes from one picture, whatever is dropped meanwhile; and the
+    /// checkpoint whose top directory it is, if it is one.
+    Dir(Arc<Vec<DirEntry>>, Option<u64>),
 }
 
 /// Answers of one open control handle, in command order.
 #[derive(Default)]
 struct ControlStream {
     state: Mutex<ControlState>,
+    /// Opened write-only: answers are not kept.
+    discard_answers: bool,
 }
 
 /// A reader parked until the next answer is ready.
@@ -164,6 +175,8 @@ pub struct CkptFs {
     /// Checkpoints the kernel may have cached entries for.
     shown: Mutex<BTreeSet<u64>>,
     invalidator: Mutex<Option<Arc<dyn Invalidator>>>,
+    /// Open handles of each checkpoint's top directory (`cp-N`), see [`CkptFs::rmdir`].
+    listing: Mutex<HashMap<u64, usize>>,
     /// Objects whose checksum this daemon has verified.
     verified: Mutex<std::collections::HashSet<ObjectId>>,
     /// Verify each object at its first open (the default); off with `--no-verify`.
@@ -211,6 +224,7 @@ impl CkptFs {
             next_fh: AtomicU64::new(1),
             shown: Mutex::new(BTreeSet::new()),
             invalidator: Mutex::new(None),
+            listing: Mutex::new(HashMap::new()),
             verified: Mutex::new(Default::default()),
             verify,
         });
@@ -427,6 +441,74 @@ impl CkptFs {
         }
     }
 
+    /// Open a directory: its entries, `.` and `..` included, are taken now and served by
+    /// [`CkptFs::readdir_handle`] until [`CkptFs::releasedir`]. A checkpoint dropped while
+    /// `cp -r` walks it then fails the walk loudly (at the next lookup or opendir) instead of
+    /// showing a directory as empty: glibc reads ENOENT from getdents as end of directory.
+    pub fn opendir(&self, ino: u64) -> Result<u64> {
+        // The top directory of a checkpoint is counted while open: `rmdir` waits for no one
+        // and the kernel marks a removed directory dead, after which a listing on an open
+        // handle ends early *without an error* (getdents' ENOENT is end-of-directory to
+        // glibc). So rmdir refuses while it is open (see `rmdir`).
+        let top = split_ino(ino)
+            .filter(|(_, index)| *index == 0)
+            .map(|(cp, _)| cp);
+        let mut listing = top.map(|_| lock(&self.listing));
+        if let Some(cp) = top {
+            if self.controller.engine().manifest(cp).is_none() {
+                return Err(Error::NoSuchCheckpoint(cp));
+            }
+        }
+        let entries = self.dir_snapshot(ino)?;
+        if let (Some(cp), Some(listing)) = (top, listing.as_mut()) {
+            *listing.entry(cp).or_default() += 1;
+        }
+        Ok(self.new_handle(Handle::Dir(Arc::new(entries), top)))
+    }
+
+    fn dir_snapshot(&self, ino: u64) -> Result<Vec<DirEntry>> {
+        let mut entries = vec![
+            DirEntry {
+                name: ".".into(),
+                attr: self.getattr(ino)?,
+            },
+            DirEntry {
+                name: "..".into(),
+                attr: self.getattr(self.parent_of(ino))?,
+            },
+        ];
+        entries.extend(self.readdir(ino)?);
+        Ok(entries)
+    }
+
+    /// The entries of a directory opened with [`CkptFs::opendir`].
+    pub fn readdir_handle(&self, fh: u64) -> Result<Arc<Vec<DirEntry>>> {
+        match lock(&self.handles).get(&fh) {
+            Some(Handle::Dir(entries, _)) => Ok(entries.clone()),
+            Some(_) => Err(Error::io(
+                "readdir",
+                std::io::Error::from_raw_os_error(libc::ENOTDIR),
+            )),
+            None => Err(Error::io(
+                "readdir",
+                std::io::Error::from_raw_os_error(libc::EBADF),
+            )),
+        }
+    }
+
+    pub fn releasedir(&self, fh: u64) {
+        let handle = lock(&self.handles).remove(&fh);
+        if let Some(Handle::Dir(_, Some(cp))) = handle {
+            let mut listing = lock(&self.listing);
+            if let Some(n) = listing.get_mut(&cp) {
+                *n -= 1;
+                if *n == 0 {
+                    listing.remove(&cp);
+                }
+            }
+        }
+    }
+
     /// The parent inode of a directory (for `..`).
     pub fn parent_of(&self, ino: u64) -> u64 {
         match self.resolve(ino) {
@@ -451,11 +533,20 @@ impl CkptFs {
         fh
     }
 
-    /// Open a file. Checkpoint files are read-only; the control file accepts writes.
+    /// Open a file for reading (and writing, with `write`). Checkpoint files are
+    /// read-only; the control file accepts writes.
     pub fn open(&self, ino: u64, write: bool) -> Result<Opened> {
+        self.open_access(ino, true, write)
+    }
+
+    /// Open a file with an explicit access mode (`read` false: opened write-only).
+    pub fn open_access(&self, ino: u64, read: bool, write: bool) -> Result<Opened> {
         match ino {
             CTL => Ok(Opened::Stream {
-                fh: self.new_handle(Handle::Control(Arc::default())),
+                fh: self.new_handle(Handle::Control(Arc::new(ControlStream {
+                    state: Mutex::default(),
+                    discard_answers: !read,
+                }))),
                 seekable: false,
             }),
             STATUS | REGISTRY if !write => {
@@ -535,6 +626,10 @@ impl CkptFs {
                 Ok(HandleRef::Bytes(bytes[start..end].to_vec()))
             }
             Some(Handle::Control(stream)) => Ok(HandleRef::Control(stream.clone())),
+            Some(Handle::Dir(..)) => Err(Error::io(
+                "read",
+                std::io::Error::from_raw_os_error(libc::EISDIR),
+            )),
             None => Err(Error::io(
                 "read",
                 std::io::Error::from_raw_os_error(libc::EBADF),
@@ -640,10 +735,26 @@ impl CkptFs {
         };
         let first = {
             let mut st = lock(&stream.state);
+            if !stream.discard_answers && st.slots.len() + commands.len() > MAX_UNREAD_ANSWERS {
+                return Err(Error::io(
+                    format!(
+                        "this handle holds {} unread answers (at most {MAX_UNREAD_ANSWERS}); \
+                         read them before writing more",
+                        st.slots.len()
+                    ),
+                    std::io::Error::from_raw_os_error(libc::ENOBUFS),
+                ));
+            }
             let first = st.base + st.slots.len();
-            st.slots.extend(std::iter::repeat_n(None, commands.len()));
+            if !stream.discard_answers {
+                st.slots.extend(std::iter::repeat_n(None, commands.len()));
+            }
             first
         };
+        if stream.discard_answers {
+            self.controller.execute(commands, Arc::new(|_, _| {}));
+            return Ok(());
+        }
         let weak = Arc::downgrade(stream);
         let answer: control::AnswerSink = Arc::new(move |index, line| {
             if let Some(stream) = weak.upgrade() {
@@ -682,7 +793,11 @@ impl CkptFs {
         }
     }
 
-    /// `rmdir cp-N` drops checkpoint N; anything else is refused.
+    /// `rmdir cp-N` drops checkpoint N; anything else is refused. Refused with EBUSY while
+    /// cp-N itself is open (a listing in progress): the kernel marks a removed directory
+    /// dead and a listing on it then ends early without error, so a `cp -r` racing the
+    /// drop could succeed with part of the checkpoint. Directories below cp-N keep their
+    /// listings (see [`CkptFs::opendir`]); files below it fail to open once it is gone.
     pub fn rmdir(&self, parent: u64, name: &str) -> Result<()> {
         if parent != ROOT {
             return Err(if split_ino(parent).is_some() {
@@ -700,8 +815,16 @@ impl CkptFs {
                 Error::NotFound(name.to_string())
             });
         };
+        // Held through the drop, so no opendir of cp-N slips in between check and drop.
+        let listing = lock(&self.listing);
+        if listing.get(&cp).is_some_and(|n| *n > 0) {
+            return Err(Error::Busy(format!(
+                "cp-{cp} is open (being listed, e.g. by a copy); try again when it is closed"
+            )));
+        }
         self.controller.engine().delete_checkpoint(cp)?;
         lock(&self.trees).remove(&cp);
+        drop(listing);
         lock(&self.shown).remove(&cp);
         if let Some(inv) = lock(&self.invalidator).clone() {
             inv.inode(LATEST);
@@ -817,6 +940,9 @@ enum HandleRef {
 }
 
 fn push_answers(stream: &Arc<ControlStream>, answers: Vec<Option<String>>) {
+    if stream.discard_answers {
+        return;
+    }
     let ready = {
         let mut st = lock(&stream.state);
         st.slots.extend(answers);
@@ -833,9 +959,14 @@ mod tests {
     use crate::coordinator::{Engine, EngineConfig};
 
     fn fs_with_checkpoints(dir: &std::path::Path, n: usize) -> Arc<CkptFs> {
+        fs_with(dir, n, 1)
+    }
+
+    fn fs_with(dir: &std::path::Path, n: usize, max_concurrent: usize) -> Arc<CkptFs> {
         let mut config = EngineConfig::new(dir.join("store"));
         config.backends = vec!["A/0".parse().unwrap()];
         config.retain = Some(10);
+        config.max_concurrent = max_concurrent;
         let engine = Engine::open(config).unwrap();
         for i in 0..n {
             engine
@@ -935,5 +1066,152 @@ mod tests {
         fs.rmdir(ROOT, "cp-2").unwrap();
         assert_eq!(fs.lookup(ROOT, "cp-2").unwrap_err().errno(), libc::ENOENT);
         assert_eq!(fs.readlink(LATEST).unwrap(), "cp-1");
+    }
+
+    /// Read answers until `n` lines have arrived.
+    fn read_lines(fs: &CkptFs, fh: u64, n: usize) -> Vec<serde_json::Value> {
+        (0..n)
+            .map(|_| serde_json::from_slice(&read_now(fs, fh)).unwrap())
+            .collect()
+    }
+
+    fn value_in(store: &std::path::Path, id: u64, key: &[u8]) -> Option<Vec<u8>> {
+        let out = tempfile::tempdir().unwrap();
+        let dest = out.path().join("r");
+        crate::restore::restore_checkpoint(store, id, &dest, |_| {}).unwrap();
+        crate::backend::scan_dir(&dest.join("A/0"))
+            .unwrap()
+            .into_iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
+    }
+
+    /// Issue 7, defect 2: every line takes effect at its position, even within one write: a
+    /// checkpoint holds the data lines before it and none after.
+    #[test]
+    fn a_checkpoint_holds_exactly_the_lines_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs_with(dir.path(), 0, 2);
+        let fh = ctl(&fs);
+        fs.write(
+            fh,
+            b"put A/0 k 1\ncheckpoint\nput A/0 k 2\ncheckpoint\nput A/0 k 3\n",
+        )
+        .unwrap();
+        let answers = read_lines(&fs, fh, 5);
+        assert!(answers.iter().all(|a| a["ok"] == true), "{answers:?}");
+        let (first, second) = (
+            answers[1]["id"].as_u64().unwrap(),
+            answers[3]["id"].as_u64().unwrap(),
+        );
+        let store = dir.path().join("store");
+        assert_eq!(value_in(&store, first, b"k"), Some(b"1".to_vec()));
+        assert_eq!(value_in(&store, second, b"k"), Some(b"2".to_vec()));
+        assert_eq!(
+            fs.controller()
+                .engine()
+                .get(&"A/0".parse().unwrap(), b"k")
+                .unwrap(),
+            Some(b"3".to_vec())
+        );
+    }
+
+    /// Issue 7, defects 2 and 6: with no free slot a checkpoint line is answered EBUSY at
+    /// once; nothing waits, so nothing later can leak into it and nothing piles up.
+    #[test]
+    fn checkpoints_without_a_free_slot_are_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs_with_checkpoints(dir.path(), 1);
+        let pending = fs.controller().engine().begin_checkpoint().unwrap();
+        let fh = ctl(&fs);
+        let mut text = Vec::new();
+        for _ in 0..50 {
+            text.extend_from_slice(b"checkpoint\nput A/0 k later\n");
+        }
+        fs.write(fh, &text).unwrap();
+        let answers = read_lines(&fs, fh, 100);
+        for pair in answers.chunks(2) {
+            assert_eq!(pair[0]["errno"], libc::EBUSY, "{pair:?}");
+            assert_eq!(pair[1]["ok"], true, "{pair:?}");
+        }
+        assert!(
+            lock(fs.controller().workers_for_tests()).is_empty(),
+            "refused checkpoints started threads"
+        );
+        let manifest = pending.complete().unwrap();
+        assert_eq!(
+            value_in(&dir.path().join("store"), manifest.id, b"k"),
+            Some(b"0".to_vec())
+        );
+    }
+
+    /// Issue 7, defect 8: answers of a handle opened write-only are not kept, and a reading
+    /// handle that never reads is refused (ENOBUFS) before it holds too many.
+    #[test]
+    fn unread_answers_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs_with_checkpoints(dir.path(), 1);
+        let lines = "put A/0 k v\n".repeat(10_000);
+        let wo = match fs.open_access(CTL, false, true).unwrap() {
+            Opened::Stream { fh, .. } => fh,
+            Opened::Object { .. } => unreachable!(),
+        };
+        for _ in 0..(MAX_UNREAD_ANSWERS / 10_000 + 2) {
+            fs.write(wo, lines.as_bytes()).unwrap();
+        }
+        match lock(&fs.handles).get(&wo) {
+            Some(Handle::Control(stream)) => assert!(lock(&stream.state).slots.is_empty()),
+            _ => unreachable!(),
+        }
+        let rw = ctl(&fs);
+        let mut refused = None;
+        for _ in 0..(MAX_UNREAD_ANSWERS / 10_000 + 2) {
+            if let Err(e) = fs.write(rw, lines.as_bytes()) {
+                refused = Some(e);
+                break;
+            }
+        }
+        assert_eq!(refused.expect("never refused").errno(), libc::ENOBUFS);
+        // Reading makes room again.
+        for _ in 0..10_000 {
+            read_now(&fs, rw);
+        }
+        fs.write(rw, b"put A/0 k w\n").unwrap();
+    }
+
+    /// Issue 7, defect 11: an open directory lists its full contents until released, even
+    /// if its checkpoint is dropped meanwhile; afterwards it cannot be opened at all.
+    #[test]
+    fn an_open_directory_outlives_a_drop_and_a_closed_one_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs_with_checkpoints(dir.path(), 2);
+        let cp = fs.lookup(ROOT, "cp-2").unwrap();
+        let op = fs.lookup(cp.ino, "A").unwrap();
+        let sub = fs.lookup(op.ino, "0").unwrap();
+        let fh_cp = fs.opendir(cp.ino).unwrap();
+        let fh_sub = fs.opendir(sub.ino).unwrap();
+        let listed = fs.readdir_handle(fh_sub).unwrap().len();
+        // While cp-2 itself is open, rmdir is refused.
+        assert_eq!(fs.rmdir(ROOT, "cp-2").unwrap_err().errno(), libc::EBUSY);
+        fs.releasedir(fh_cp);
+        fs.rmdir(ROOT, "cp-2").unwrap();
+        assert_eq!(fs.readdir_handle(fh_sub).unwrap().len(), listed);
+        assert!(listed > 4);
+        fs.releasedir(fh_sub);
+        assert_eq!(fs.opendir(cp.ino).unwrap_err().errno(), libc::ENOENT);
+        assert_eq!(fs.opendir(op.ino).unwrap_err().errno(), libc::ENOENT);
+        assert_eq!(fs.opendir(sub.ino).unwrap_err().errno(), libc::ENOENT);
+        // A drop by retention (no rmdir) leaves an open cp-N listing whole.
+        let cp1 = fs.lookup(ROOT, "cp-1").unwrap();
+        let fh = fs.opendir(cp1.ino).unwrap();
+        fs.controller().engine().delete_checkpoint(1).unwrap();
+        let names: Vec<_> = fs
+            .readdir_handle(fh)
+            .unwrap()
+            .iter()
+            .map(|e| e.name.clone())
+            .collect();
+        assert_eq!(names, vec![".", "..", "A"]);
+        fs.releasedir(fh);
     }
 }

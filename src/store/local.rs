@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{hash_copy, ObjectId, ObjectStore, Staged};
 use crate::error::{Error, IoContext, Result};
-use crate::fsutil::fsync_dir;
+use crate::fsutil::{create_new_private, create_private_dir_all, fsync_dir};
 
 pub struct LocalStore {
     objects: PathBuf,
@@ -21,8 +21,8 @@ impl LocalStore {
     pub fn open(root: &Path) -> Result<Self> {
         let objects = root.join("objects");
         let tmp = root.join("tmp");
-        fs::create_dir_all(&objects).ctx("create", &objects)?;
-        fs::create_dir_all(&tmp).ctx("create", &tmp)?;
+        create_private_dir_all(&objects)?;
+        create_private_dir_all(&tmp)?;
         Ok(LocalStore {
             objects,
             tmp,
@@ -41,13 +41,11 @@ impl ObjectStore for LocalStore {
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
         let tmp = self.tmp.join(format!("{}-{n}", std::process::id()));
         let mut input = fs::File::open(src).ctx("open", src)?;
-        let mut out = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .ctx("create", &tmp)?;
-        let result = hash_copy(&mut input, Some(&mut out), &tmp)
-            .and_then(|r| out.sync_all().ctx("fsync", &tmp).map(|_| r));
+        let mut out = create_new_private().open(&tmp).ctx("create", &tmp)?;
+        let result = hash_copy(&mut input, Some(&mut out), &tmp).and_then(|r| {
+            crate::failpoint!("store::staged-before-fsync");
+            out.sync_all().ctx("fsync", &tmp).map(|_| r)
+        });
         match result {
             Ok((hash, size)) => Ok(Staged {
                 id: ObjectId::from_hash(hash),
@@ -65,10 +63,12 @@ impl ObjectStore for LocalStore {
         let dest = self.path_of(&staged.id);
         let dir = dest.parent().expect("object paths have a parent");
         if !dir.exists() {
-            fs::create_dir_all(dir).ctx("create", dir)?;
+            create_private_dir_all(dir)?;
             fsync_dir(&self.objects)?;
         }
+        crate::failpoint!("store::before-publish");
         fs::rename(&staged.tmp, &dest).ctx("publish object", &dest)?;
+        crate::failpoint!("store::after-publish");
         fsync_dir(dir)
     }
 

@@ -103,9 +103,7 @@ pub trait ObjectStore: Send + Sync {
     /// Copy an object to `dest` (which must not exist), checking size and hash, and fsync it.
     fn copy_verified(&self, id: &ObjectId, size: u64, dest: &Path) -> Result<()> {
         let mut src = self.open(id)?;
-        let mut out = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
+        let mut out = crate::fsutil::create_new_private()
             .open(dest)
             .ctx("create", dest)?;
         let (hash, copied) = hash_copy(&mut src, Some(&mut out), dest)?;

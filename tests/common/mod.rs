@@ -1,5 +1,7 @@
 #![allow(dead_code)]
 
+pub mod mounted;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 

@@ -1,0 +1,183 @@
+//! A daemon mounted for a test, and the helpers the real-mount tests share.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_ckptfs");
+
+pub fn ckptfs(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("run ckptfs")
+}
+
+pub fn ok(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn errno_of(result: std::io::Result<impl Sized>) -> i32 {
+    match result {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.raw_os_error().expect("an OS error"),
+    }
+}
+
+pub struct Mounted {
+    _dir: Option<tempfile::TempDir>,
+    pub root: PathBuf,
+    pub store: PathBuf,
+    pub mnt: PathBuf,
+}
+
+impl Mounted {
+    pub fn new(args: &[&str]) -> Mounted {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        let m = Mounted {
+            store: root.join("store"),
+            mnt: root.join("mnt"),
+            root,
+            _dir: Some(dir),
+        };
+        std::fs::create_dir(&m.mnt).unwrap();
+        m.mount(args);
+        m
+    }
+
+    /// Mount `store` at `mnt` (an existing directory); `root` is `mnt`'s parent.
+    pub fn at(store: &Path, mnt: &Path, args: &[&str]) -> Mounted {
+        let m = Mounted {
+            store: store.to_path_buf(),
+            mnt: mnt.to_path_buf(),
+            root: mnt.parent().unwrap().to_path_buf(),
+            _dir: None,
+        };
+        m.mount(args);
+        m
+    }
+
+    pub fn mount(&self, args: &[&str]) {
+        let mut all = vec![
+            "mount",
+            self.store.to_str().unwrap(),
+            self.mnt.to_str().unwrap(),
+        ];
+        all.extend_from_slice(args);
+        ok(ckptfs(&all));
+        assert!(
+            self.mnt.join(".ckptfs/ctl").exists(),
+            "mount returned before it was ready"
+        );
+    }
+
+    pub fn umount(&self) {
+        ok(ckptfs(&["umount", self.mnt.to_str().unwrap()]));
+        assert!(!self.mnt.join(".ckptfs").exists());
+    }
+
+    pub fn mnt(&self) -> &str {
+        self.mnt.to_str().unwrap()
+    }
+
+    pub fn put(&self, backend: &str, key: &str, value: &str) {
+        ok(ckptfs(&["put", self.mnt(), backend, key, value]));
+    }
+
+    pub fn checkpoint(&self) -> u64 {
+        ok(ckptfs(&["checkpoint", self.mnt()]))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    pub fn status(&self) -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(self.mnt.join(".ckptfs/status")).unwrap())
+            .unwrap()
+    }
+
+    pub fn checkpoint_ids(&self) -> Vec<u64> {
+        self.status()["checkpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["id"].as_u64().unwrap())
+            .collect()
+    }
+
+    pub fn manifest(&self, id: u64) -> serde_json::Value {
+        serde_json::from_slice(
+            &std::fs::read(self.store.join(format!("checkpoints/{id}.json"))).unwrap(),
+        )
+        .unwrap()
+    }
+
+    pub fn root_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&self.mnt)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if self.mnt.join(".ckptfs").exists() {
+            let _ = ckptfs(&["umount", self.mnt.to_str().unwrap(), "--timeout", "30"]);
+        }
+        let _ = Command::new("fusermount3")
+            .arg("-uz")
+            .arg(&self.mnt)
+            .output();
+    }
+}
+
+pub fn scan(dir: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    ckptfs::backend::scan_dir(dir)
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+pub fn kv(pairs: &[(&str, &str)]) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+        .collect()
+}
+
+pub struct Ctl(pub std::fs::File);
+
+impl Ctl {
+    pub fn open(m: &Mounted) -> Ctl {
+        Ctl(std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(m.mnt.join(".ckptfs/ctl"))
+            .unwrap())
+    }
+    pub fn send(&mut self, text: &str) -> std::io::Result<()> {
+        self.0
+            .write(text.as_bytes())
+            .map(|n| assert_eq!(n, text.len()))
+    }
+    pub fn answer(&mut self) -> serde_json::Value {
+        // One answer line per read.
+        let mut buf = vec![0u8; 4096];
+        let n = self.0.read(&mut buf).unwrap();
+        assert!(
+            n > 0 && buf[n - 1] == b'\n',
+            "{:?}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        serde_json::from_slice(&buf[..n]).unwrap()
+    }
+}

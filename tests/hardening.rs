@@ -1,0 +1,451 @@
+//! Regression tests for defects that lost, misplaced or exposed data (issue 7): each one
+//! failed before its fix. Real RocksDB, real store directories, no mount.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use ckptfs::{Engine, EngineConfig, Error};
+use common::*;
+
+/// Every object file of a store.
+fn objects(store: &Path) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    for shard in std::fs::read_dir(store.join("objects")).unwrap() {
+        for entry in std::fs::read_dir(shard.unwrap().path()).unwrap() {
+            out.insert(entry.unwrap().path());
+        }
+    }
+    out
+}
+
+fn six_checkpoints(store: &Path) -> Vec<u64> {
+    let mut cfg = config(store, &["A/0"]);
+    cfg.retain = Some(10);
+    let engine = Engine::open(cfg).unwrap();
+    let a = name("A/0");
+    let mut ids = Vec::new();
+    for i in 0..6u32 {
+        put_range(&engine, &a, i * 200..(i + 1) * 200, &format!("r{i}"));
+        engine.flush(&a).unwrap();
+        ids.push(engine.checkpoint().unwrap().id);
+    }
+    ids
+}
+
+fn retained_ids(engine: &Engine) -> Vec<u64> {
+    engine.checkpoints().iter().map(|m| m.id).collect()
+}
+
+/// Defect 1: a lost ckptfs.json made the next start a "new" store with default/0 and
+/// retain 3, which deleted checkpoints 1-3 and their objects at once.
+#[test]
+fn a_lost_store_metadata_file_is_rebuilt_and_nothing_is_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let before_ids = six_checkpoints(&store);
+    let before_objects = objects(&store);
+    std::fs::remove_file(store.join("ckptfs.json")).unwrap();
+
+    let engine = Engine::open(EngineConfig::new(&store)).unwrap();
+    assert_eq!(
+        retained_ids(&engine),
+        before_ids,
+        "checkpoints were dropped"
+    );
+    assert_eq!(objects(&store), before_objects, "objects were deleted");
+    assert_eq!(engine.backend_names(), vec![name("A/0")]);
+    assert!(
+        engine.retain() >= 6,
+        "retain lowered to {}",
+        engine.retain()
+    );
+    let next = engine.checkpoint().unwrap();
+    assert_eq!(next.id, 7);
+    assert!(retained_ids(&engine).contains(&7));
+}
+
+/// Defect 1, the unreadable variant: refused with a clear error, nothing changed.
+#[test]
+fn an_unreadable_store_metadata_file_is_refused_and_nothing_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    six_checkpoints(&store);
+    let before_objects = objects(&store);
+    let manifests_before: BTreeSet<_> = std::fs::read_dir(store.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    for garbage in [
+        &b"{\"format\":1,"[..],
+        b"",
+        b"{\"format\":1,\"next_checkpoint\":3,\"retain\":0,\"backends\":[]}",
+    ] {
+        std::fs::write(store.join("ckptfs.json"), garbage).unwrap();
+        let err = Engine::open(EngineConfig::new(&store))
+            .err()
+            .expect("must refuse");
+        assert!(matches!(err, Error::Corrupt(_)), "{err}");
+        assert!(err.to_string().contains("ckptfs.json"), "{err}");
+        assert_eq!(objects(&store), before_objects);
+        let manifests: BTreeSet<_> = std::fs::read_dir(store.join("checkpoints"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(manifests, manifests_before);
+    }
+}
+
+/// Defect 1, the partial copy: objects without any metadata are never swept.
+#[test]
+fn objects_without_any_catalog_are_kept_and_the_start_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    six_checkpoints(&store);
+    let before_objects = objects(&store);
+    std::fs::remove_file(store.join("ckptfs.json")).unwrap();
+    std::fs::remove_dir_all(store.join("checkpoints")).unwrap();
+    let err = Engine::open(EngineConfig::new(&store))
+        .err()
+        .expect("must refuse");
+    assert!(err.to_string().contains("incomplete"), "{err}");
+    assert_eq!(objects(&store), before_objects);
+}
+
+/// Defect 3: the store and state directories are owner-only, whatever the umask.
+#[test]
+fn store_and_state_directories_are_private() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    six_checkpoints(&store);
+    let mut checked = 0;
+    for entry in walk(&store) {
+        let meta = std::fs::symlink_metadata(&entry).unwrap();
+        let mode = meta.permissions().mode() & 0o777;
+        let in_rocksdb = entry.components().any(|c| c.as_os_str() == "db");
+        if meta.is_dir() {
+            assert_eq!(mode, 0o700, "{} is {mode:o}", entry.display());
+        } else if !in_rocksdb && entry.file_name().unwrap() != "ckptfs.log" {
+            // RocksDB's own files follow the process umask (the daemon sets 077); they sit
+            // inside 0700 directories either way.
+            assert_eq!(mode, 0o600, "{} is {mode:o}", entry.display());
+        }
+        checked += 1;
+    }
+    assert!(checked > 20, "walked only {checked} entries");
+}
+
+fn walk(root: &Path) -> Vec<PathBuf> {
+    let mut out = vec![root.to_path_buf()];
+    let mut i = 0;
+    while i < out.len() {
+        if out[i].is_dir() && !out[i].is_symlink() {
+            for e in std::fs::read_dir(&out[i]).unwrap() {
+                out.push(e.unwrap().path());
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Rewrite manifest `id` with `edit` applied, as a format-1 manifest (no checksum, as old
+/// stores have them), so that the content checks, not the checksum, must catch it.
+fn edit_manifest(store: &Path, id: u64, edit: &dyn Fn(&mut serde_json::Value)) {
+    let path = store.join(format!("checkpoints/{id}.json"));
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    manifest.as_object_mut().unwrap().remove("checksum");
+    manifest["format"] = 1.into();
+    edit(&mut manifest);
+    std::fs::write(&path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+}
+
+fn plant_name(store: &Path, id: u64, evil: &str) {
+    edit_manifest(store, id, &|m| {
+        m["backends"][0]["files"][0]["name"] = evil.into()
+    });
+}
+
+/// Defect 4: file names from a manifest never leave the destination.
+#[test]
+fn a_manifest_with_a_path_in_a_file_name_is_refused() {
+    for evil in [
+        "../../escaped",
+        "/tmp/ckptfs-escaped",
+        "a/b",
+        "..",
+        ".",
+        "",
+        "x\u{0}y",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        let ids = six_checkpoints(&store);
+        plant_name(&store, ids[5], evil);
+        let dest = dir.path().join("deep/er/out");
+        let err = ckptfs::restore::restore_checkpoint(&store, ids[5], &dest, |_| {})
+            .err()
+            .unwrap_or_else(|| panic!("{evil:?} was restored"));
+        assert!(err.to_string().contains("invalid"), "{evil:?}: {err}");
+        assert!(!dir.path().join("deep/escaped").exists());
+        assert!(!dest.exists(), "{evil:?}: something was written");
+        // The daemon refuses to start on it, and deletes nothing.
+        let before = objects(&store);
+        let err = Engine::open(EngineConfig::new(&store))
+            .err()
+            .expect("must refuse");
+        assert!(err.to_string().contains("fsck --repair"), "{err}");
+        assert_eq!(objects(&store), before);
+    }
+    assert!(!Path::new("/tmp/ckptfs-escaped").exists());
+}
+
+/// Defect 4: other untrusted fields (format, object ids, duplicates) are refused too.
+#[test]
+fn manifests_with_bad_fields_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let ids = six_checkpoints(&store);
+    let path = store.join(format!("checkpoints/{}.json", ids[0]));
+    let good = std::fs::read(&path).unwrap();
+    let catalog = ckptfs::catalog::Catalog::open_existing(&store).unwrap();
+    // An old-format manifest without checksum is still read.
+    edit_manifest(&store, ids[0], &|_| {});
+    assert_eq!(catalog.load(ids[0]).unwrap().id, ids[0]);
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+    let edits: Vec<Edit> = vec![
+        Box::new(|m| m["format"] = 99.into()),
+        Box::new(|m| m["backends"][0]["files"][0]["object"] = "../../etc/passwd".into()),
+        Box::new(|m| m["backends"][0]["name"] = "../x/0".into()),
+        Box::new(|m| {
+            let dup = m["backends"][0]["files"][0].clone();
+            m["backends"][0]["files"].as_array_mut().unwrap().push(dup);
+        }),
+        Box::new(|m| {
+            let dup = m["backends"][0].clone();
+            m["backends"].as_array_mut().unwrap().push(dup);
+        }),
+        Box::new(|m| m["backends"][0]["files"][0]["size"] = (-1).into()),
+    ];
+    for (i, edit) in edits.iter().enumerate() {
+        std::fs::write(&path, &good).unwrap();
+        edit_manifest(&store, ids[0], edit.as_ref());
+        assert!(
+            matches!(catalog.load(ids[0]), Err(Error::Corrupt(_))),
+            "edit {i} was accepted"
+        );
+    }
+    // A current manifest carries a checksum: a changed digit anywhere is caught, and so
+    // is a removed checksum.
+    let text = String::from_utf8(good.clone()).unwrap();
+    let size_at = text.find("\"size\": ").unwrap() + 8;
+    let mut flipped = text.clone().into_bytes();
+    flipped[size_at] = if flipped[size_at] == b'1' { b'2' } else { b'1' };
+    std::fs::write(&path, &flipped).unwrap();
+    let err = catalog.load(ids[0]).unwrap_err();
+    assert!(err.to_string().contains("checksum"), "{err}");
+    let mut unsealed: serde_json::Value = serde_json::from_slice(&good).unwrap();
+    unsealed.as_object_mut().unwrap().remove("checksum");
+    std::fs::write(&path, serde_json::to_vec(&unsealed).unwrap()).unwrap();
+    let err = catalog.load(ids[0]).unwrap_err();
+    assert!(err.to_string().contains("without its checksum"), "{err}");
+    std::fs::write(&path, &good).unwrap();
+    assert!(catalog.load(ids[0]).is_ok());
+}
+
+/// Defect 5: a symbolic link planted as the lock file is not followed.
+#[test]
+fn a_planted_lock_symlink_is_not_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    six_checkpoints(&store);
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    std::fs::remove_file(store.join("lock")).unwrap();
+    std::os::unix::fs::symlink(&victim, store.join("lock")).unwrap();
+    let err = Engine::open(EngineConfig::new(&store))
+        .err()
+        .expect("must refuse");
+    assert!(err.to_string().contains("lock"), "{err}");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+}
+
+/// Defect 7: reading the catalog (graph, fsck's progress bar) deletes nothing, not even
+/// what looks like a leftover: it may be a live daemon's manifest being written.
+#[test]
+fn reading_the_catalog_deletes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    six_checkpoints(&store);
+    let in_flight = store.join("checkpoints/.7.json.tmp-abc123");
+    std::fs::write(&in_flight, b"{").unwrap();
+    let catalog = ckptfs::catalog::Catalog::open_existing(&store).unwrap();
+    assert_eq!(catalog.load_all().unwrap().len(), 6);
+    assert!(in_flight.exists(), "a reader removed a live daemon's file");
+    // The lock holder does clean it up.
+    drop(Engine::open(EngineConfig::new(&store)).unwrap());
+    assert!(!in_flight.exists());
+}
+
+/// Defect 9: a second daemon sharing a state directory is refused before it touches it.
+#[test]
+fn a_state_directory_serves_one_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let mut first = config(&dir.path().join("one"), &["A/0"]);
+    first.state = Some(state.clone());
+    let engine = Engine::open(first).unwrap();
+    // What the first daemon's checkpoint in flight has staged.
+    let staged = state.join("staging/1/marker");
+    std::fs::create_dir_all(staged.parent().unwrap()).unwrap();
+    std::fs::write(&staged, b"x").unwrap();
+    let mut second = config(&dir.path().join("two"), &["A/0"]);
+    second.state = Some(state.clone());
+    let err = Engine::open(second).err().expect("must refuse");
+    assert!(
+        matches!(
+            err,
+            Error::Locked {
+                what: "state directory",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        staged.exists(),
+        "the second daemon cleared the first one's staging"
+    );
+    drop(engine);
+}
+
+/// Defect 12: fsck reports an unparseable manifest, and --repair quarantines it (never
+/// deletes it) and keeps every object it may reference, at fsck and at the next start.
+#[test]
+fn fsck_quarantines_an_unreadable_manifest_and_keeps_its_objects() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let ids = six_checkpoints(&store);
+    let victim = ids[5];
+    let path = store.join(format!("checkpoints/{victim}.json"));
+    let text = std::fs::read(&path).unwrap();
+    // Truncated mid-way: unparseable, though the object ids before the cut are readable.
+    std::fs::write(&path, &text[..text.len() * 2 / 3]).unwrap();
+    let before = objects(&store);
+
+    let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
+    assert_eq!(report.unreadable_manifests.len(), 1, "{report:?}");
+    assert!(report.orphans.is_empty(), "{report:?}");
+    assert!(!report.is_clean());
+    let report = ckptfs::fsck::fsck(&store, true, |_| {}).unwrap();
+    assert_eq!(report.quarantined.len(), 1, "{report:?}");
+    assert!(report.is_clean(), "{report:?}");
+    assert!(!path.exists());
+    assert_eq!(
+        std::fs::read(store.join(format!("quarantine/{victim}.json"))).unwrap(),
+        &text[..text.len() * 2 / 3]
+    );
+    assert_eq!(objects(&store), before, "repair deleted objects");
+    let engine = Engine::open(EngineConfig::new(&store)).unwrap();
+    assert_eq!(retained_ids(&engine), ids[..5].to_vec());
+    // Objects named in the readable part of the quarantined manifest survive the start.
+    let after = objects(&store);
+    let quarantined = String::from_utf8_lossy(&text[..text.len() * 2 / 3]).into_owned();
+    for object in &before {
+        let hex = object.file_name().unwrap().to_string_lossy().into_owned();
+        if quarantined.contains(&hex) {
+            assert!(after.contains(object), "{hex} was swept");
+        }
+    }
+}
+
+/// Hostile stores: random damage to ckptfs.json or a manifest (a flipped byte, a cut, an
+/// inserted or deleted byte) either is refused at start or changes nothing that matters;
+/// it never deletes an object or drops a checkpoint the intact manifests hold.
+#[test]
+fn random_damage_to_store_metadata_never_deletes_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let pristine = dir.path().join("pristine");
+    let ids = {
+        let mut cfg = config(&pristine, &["A/0"]);
+        cfg.retain = Some(4);
+        let engine = Engine::open(cfg).unwrap();
+        let a = name("A/0");
+        for i in 0..5u32 {
+            put_range(&engine, &a, i * 300..(i + 1) * 300, "v");
+            engine.flush(&a).unwrap();
+            if i == 3 {
+                engine.compact(&a).unwrap();
+            }
+            engine.checkpoint().unwrap();
+        }
+        retained_ids(&engine)
+    };
+    let before = objects(&pristine);
+    let rel = |p: &Path, root: &Path| p.strip_prefix(root).unwrap().to_path_buf();
+    let before_rel: BTreeSet<PathBuf> = before.iter().map(|p| rel(p, &pristine)).collect();
+    let iterations: u64 = std::env::var("CKPTFS_HOSTILE_STORES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let (mut refused, mut started) = (0, 0);
+    for i in 0..iterations {
+        let store = dir.path().join(format!("copy-{i}"));
+        let status = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&pristine)
+            .arg(&store)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let victim = match next() % (ids.len() as u64 + 1) {
+            0 => store.join("ckptfs.json"),
+            n => store.join(format!("checkpoints/{}.json", ids[n as usize - 1])),
+        };
+        let mut bytes = std::fs::read(&victim).unwrap();
+        let at = (next() % bytes.len() as u64) as usize;
+        match next() % 4 {
+            0 => bytes[at] = (next() % 256) as u8,
+            1 => bytes.truncate(at),
+            2 => bytes.insert(at, (next() % 256) as u8),
+            _ => {
+                bytes.remove(at);
+            }
+        }
+        std::fs::write(&victim, &bytes).unwrap();
+        match Engine::open(EngineConfig::new(&store)) {
+            Err(_) => refused += 1,
+            Ok(engine) => {
+                started += 1;
+                let retained = retained_ids(&engine);
+                for id in &ids {
+                    let damaged = victim.ends_with(format!("{id}.json"));
+                    assert!(
+                        damaged || retained.contains(id),
+                        "iteration {i}: checkpoint {id} dropped after damage to {}",
+                        victim.display()
+                    );
+                }
+            }
+        }
+        let after: BTreeSet<PathBuf> = objects(&store).iter().map(|p| rel(p, &store)).collect();
+        let lost: Vec<_> = before_rel.difference(&after).collect();
+        assert!(
+            lost.is_empty(),
+            "iteration {i}: damage to {} deleted {lost:?}",
+            victim.display()
+        );
+        std::fs::remove_dir_all(&store).unwrap();
+    }
+    eprintln!("damaged stores: {refused} refused, {started} started without loss");
+}

@@ -1,0 +1,300 @@
+//! The fault campaign: kill the checkpointing process at every failpoint of a checkpoint,
+//! a drop, a restore and recovery, and at random instants; after each death check that
+//! nothing reported complete is lost, fsck finds nothing missing or corrupt, recovery
+//! leaves no orphan, reference counts equal a recount, and every retained checkpoint
+//! restores to exactly the data of its round.
+//!
+//! Needs the cargo feature `failpoints` (scripts/test and scripts/torture enable it).
+//! `CKPTFS_TORTURE_TRIALS` sets the number of trials (default 40, the CI's short mode: every
+//! failpoint twice);
+//! `scripts/torture` runs the long campaign and prints the summary table.
+#![cfg(feature = "failpoints")]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ckptfs::workload::{current_round, expected_after};
+use ckptfs::{Engine, EngineConfig};
+use common::*;
+
+const KEYS: u32 = 1500;
+const VALUE_SIZE: usize = 64;
+const BACKENDS: [&str; 2] = ["A/0", "B/1"];
+const RETAIN: u32 = 3;
+
+/// A deterministic generator (no wall-clock randomness: a failing trial can be rerun).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Round of each backend in a checkpoint.
+type Rounds = BTreeMap<String, u64>;
+
+/// What one run of the workload said before it died.
+struct Run {
+    /// Checkpoint id and the round of each backend, for every checkpoint the workload
+    /// reported complete.
+    reported: Vec<(u64, Rounds)>,
+    killed: bool,
+    failpoint_hit: bool,
+    stderr: String,
+}
+
+fn workload(store: &Path, failpoint: Option<&str>, kill_after: Option<Duration>) -> Run {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ckptfs"));
+    command
+        .arg("workload")
+        .arg(store)
+        .args(["--backend", BACKENDS[0], "--backend", BACKENDS[1]])
+        .args(["--rounds", "40", "--keys", &KEYS.to_string()])
+        .args(["--value-size", &VALUE_SIZE.to_string()])
+        .args(["--retain", &RETAIN.to_string()])
+        .args(["--compact-every", "3", "--restore-every", "4"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    match failpoint {
+        Some(spec) => command.env("FAILPOINTS", spec),
+        None => command.env_remove("FAILPOINTS"),
+    };
+    let mut child = command.spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut reported = Vec::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            // "round R: checkpoint M files=... rounds=A/0:R,B/1:R"
+            let words: Vec<&str> = line.split_whitespace().collect();
+            if words.first() == Some(&"round") && words.get(2) == Some(&"checkpoint") {
+                let rounds = words
+                    .iter()
+                    .find_map(|w| w.strip_prefix("rounds="))
+                    .unwrap()
+                    .split(',')
+                    .map(|pair| {
+                        let (b, r) = pair.split_once(':').unwrap();
+                        (b.to_string(), r.parse().unwrap())
+                    })
+                    .collect();
+                reported.push((words[3].parse().unwrap(), rounds));
+            }
+        }
+        reported
+    });
+    let err = std::thread::spawn(move || {
+        let mut text = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            text.push_str(&line);
+            text.push('\n');
+        }
+        text
+    });
+    let deadline = Instant::now() + kill_after.unwrap_or(Duration::from_secs(60));
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            child.kill().unwrap();
+            break child.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let reported = out.join().unwrap();
+    let stderr = err.join().unwrap();
+    let failpoint_hit = stderr.contains("failpoint ");
+    assert!(
+        status.success() || status.signal() == Some(libc::SIGKILL),
+        "workload failed without being killed: {status:?}\n{stderr}"
+    );
+    Run {
+        reported,
+        killed: status.signal() == Some(libc::SIGKILL),
+        failpoint_hit,
+        stderr,
+    }
+}
+
+/// The checks after a death; returns the number of checkpoints verified.
+fn check(store: &Path, reported: &BTreeMap<u64, Rounds>, problems: &mut Vec<String>) -> usize {
+    // Before any recovery: nothing referenced is missing or corrupt.
+    let report = ckptfs::fsck::fsck(store, false, |_| {}).unwrap();
+    if !report.missing.is_empty() || !report.corrupt.is_empty() {
+        problems.push(format!("fsck before recovery: {report:?}"));
+    }
+    // Recovery, then the store must be exactly what the manifests reference.
+    let engine = Engine::open(EngineConfig::new(store)).unwrap();
+    let counts = engine.reference_counts();
+    let recounted = recount(&engine.checkpoints());
+    if counts != recounted {
+        problems.push("reference counts differ from a recount".into());
+    }
+    let referenced: BTreeSet<_> = recounted.keys().copied().collect();
+    let stored: BTreeSet<_> = engine.object_store().list().unwrap().into_iter().collect();
+    if referenced != stored {
+        problems.push(format!(
+            "after recovery: {} orphans, {} missing",
+            stored.difference(&referenced).count(),
+            referenced.difference(&stored).count()
+        ));
+    }
+    let retained: Vec<u64> = engine.checkpoints().iter().map(|m| m.id).collect();
+    drop(engine);
+    // A checkpoint reported complete is only ever gone by retention: then at least
+    // `RETAIN` newer checkpoints are retained.
+    for &id in reported.keys() {
+        let newer = retained.iter().filter(|r| **r > id).count();
+        if !retained.contains(&id) && newer < RETAIN as usize {
+            problems.push(format!(
+                "checkpoint {id} was reported complete but is gone (retained {retained:?})"
+            ));
+        }
+    }
+    for &id in &retained {
+        for (backend, contents) in restored_contents(store, id) {
+            let pairs: Vec<_> = contents.clone().into_iter().collect();
+            let Some(round) = current_round(&pairs).unwrap() else {
+                problems.push(format!("checkpoint {id} {backend}: no round key"));
+                continue;
+            };
+            if let Some(&said) = reported.get(&id).and_then(|r| r.get(&backend.to_string())) {
+                if said != round {
+                    problems.push(format!(
+                        "checkpoint {id} {backend}: holds round {round}, was reported as {said}"
+                    ));
+                }
+            }
+            if contents != expected_after(&backend, round, KEYS, VALUE_SIZE) {
+                problems.push(format!(
+                    "checkpoint {id} {backend}: wrong data for round {round}"
+                ));
+            }
+        }
+    }
+    let report = ckptfs::fsck::fsck(store, false, |_| {}).unwrap();
+    if !report.is_clean() {
+        problems.push(format!("fsck after recovery: {report:?}"));
+    }
+    retained.len()
+}
+
+#[test]
+fn kill_at_every_failpoint_and_at_random_instants() {
+    let trials: usize = std::env::var("CKPTFS_TORTURE_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
+    let seed: u64 = std::env::var("CKPTFS_TORTURE_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x5eed_c0de);
+    let mut rng = Rng(seed | 1);
+    let started = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = dir.path().join("store-0");
+    let mut reported: BTreeMap<u64, Rounds> = BTreeMap::new();
+    let mut hits: BTreeMap<&str, usize> = BTreeMap::new();
+    let (mut random_kills, mut verified, mut unkilled) = (0, 0, 0);
+    let mut problems = Vec::new();
+    for trial in 0..trials {
+        if trial > 0 && trial % 25 == 0 {
+            // A fresh store now and then keeps trials fast and covers first checkpoints.
+            store = dir.path().join(format!("store-{trial}"));
+            reported.clear();
+        }
+        // Every failpoint in turn, with a random number of passes before it fires; every
+        // fourth trial a kill at a random instant instead.
+        let run = if trial % 4 == 3 {
+            random_kills += 1;
+            workload(
+                &store,
+                None,
+                Some(Duration::from_millis(100 + rng.below(1500))),
+            )
+        } else {
+            let failpoint =
+                ckptfs::failpoint::ALL[(trial - trial / 4) % ckptfs::failpoint::ALL.len()];
+            if failpoint.starts_with("open::") && store.join("objects").is_dir() {
+                // Give recovery something to sweep: an object no manifest references.
+                let hex = format!("{:016x}", rng.next()).repeat(4);
+                let shard = store.join("objects").join(&hex[..2]);
+                std::fs::create_dir_all(&shard).unwrap();
+                std::fs::write(shard.join(&hex), b"orphan").unwrap();
+            }
+            let passes = if failpoint.starts_with("open::") {
+                0
+            } else {
+                rng.below(4)
+            };
+            let spec = format!("{failpoint}={passes}*off->return");
+            let run = workload(&store, Some(&spec), None);
+            if run.failpoint_hit {
+                *hits.entry(failpoint).or_default() += 1;
+            }
+            run
+        };
+        // A run that was not killed ran all its rounds (the failpoint lay beyond them);
+        // it is checked all the same.
+        if !run.killed {
+            unkilled += 1;
+        }
+        // A restore rolls checkpoint ids forward but contents back; the ids reported stay
+        // true to what each checkpoint holds.
+        let run_ids: Vec<u64> = run.reported.iter().map(|(id, _)| *id).collect();
+        let run_stderr = run.stderr.clone();
+        reported.extend(run.reported);
+        let before = problems.len();
+        verified += check(&store, &reported, &mut problems);
+        if problems.len() > before {
+            eprintln!("trial {trial}: {:?}", &problems[before..]);
+            eprintln!("  its run reported {run_ids:?}\n{run_stderr}");
+        }
+        // Forget reported checkpoints that retention dropped since.
+        let alive: BTreeSet<u64> = ckptfs::catalog::Catalog::open_existing(&store)
+            .unwrap()
+            .load_all()
+            .unwrap()
+            .into_keys()
+            .collect();
+        reported.retain(|id, _| alive.contains(id));
+    }
+    let hit_total: usize = hits.values().sum();
+    eprintln!("\nfault campaign (seed {seed})");
+    eprintln!("| trials | failpoint kills | random kills | failpoints hit | checkpoints verified | problems | seconds |");
+    eprintln!("|---|---|---|---|---|---|---|");
+    eprintln!(
+        "| {trials} | {hit_total} | {random_kills} | {}/{} | {verified} | {} | {:.0} |",
+        hits.len(),
+        ckptfs::failpoint::ALL.len(),
+        problems.len(),
+        started.elapsed().as_secs_f64()
+    );
+    for (name, n) in &hits {
+        eprintln!("  {name}: {n}");
+    }
+    eprintln!("  runs that finished without being killed: {unkilled}");
+    assert!(problems.is_empty(), "{problems:#?}");
+    if trials >= ckptfs::failpoint::ALL.len() * 2 {
+        let missed: Vec<_> = ckptfs::failpoint::ALL
+            .iter()
+            .filter(|f| !hits.contains_key(*f))
+            .collect();
+        assert!(missed.is_empty(), "failpoints never reached: {missed:?}");
+    }
+}
