@@ -342,11 +342,7 @@ impl Catalog {
             if is_atomic_leftover(&name) {
                 continue;
             }
-            let Some(id) = name
-                .strip_suffix(".json")
-                .and_then(|n| n.parse::<u64>().ok())
-                .filter(|id| format!("{id}.json") == name)
-            else {
+            let Some(id) = manifest_id(&name) else {
                 log::warn!("ignoring stray file {}", entry.path().display());
                 continue;
             };
@@ -418,6 +414,21 @@ impl Catalog {
         Ok(dest)
     }
 
+    /// Objects that unreadable or quarantined manifests may name (every 64-hex-digit token
+    /// in them): never deleted, so such a manifest can still be repaired by hand.
+    pub fn held_objects(&self, unreadable: &[Unreadable]) -> Result<BTreeSet<ObjectId>> {
+        let mut ids = self.quarantined_objects()?;
+        for (name, _) in unreadable {
+            let path = self.dir.join(name);
+            match fs::read(&path) {
+                Ok(bytes) => ids.extend(hex_tokens(&bytes)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
+            }
+        }
+        Ok(ids)
+    }
+
     /// Objects that quarantined manifests may name: every 64-hex-digit token in them. They
     /// are never deleted as orphans, so a quarantined manifest can still be repaired by hand.
     pub fn quarantined_objects(&self) -> Result<BTreeSet<ObjectId>> {
@@ -439,6 +450,13 @@ impl Catalog {
 
 /// A manifest file that cannot be read, and why.
 pub type Unreadable = (String, Error);
+
+/// The checkpoint id in a manifest file name (`N.json`).
+pub fn manifest_id(name: &str) -> Option<u64> {
+    name.strip_suffix(".json")
+        .and_then(|n| n.parse::<u64>().ok())
+        .filter(|id| format!("{id}.json") == name)
+}
 
 /// Every maximal run of exactly 64 hex digits that parses as an object id.
 fn hex_tokens(bytes: &[u8]) -> Vec<ObjectId> {

@@ -92,6 +92,8 @@ struct Inner {
     state: Mutex<State>,
     /// Signalled whenever a checkpoint leaves flight or a restore ends.
     slot_freed: Condvar,
+    /// Objects unreadable or quarantined manifests may name: never deleted.
+    held: BTreeSet<ObjectId>,
     _lock: StoreLock,
     _state_lock: DirLock,
 }
@@ -132,12 +134,18 @@ impl Engine {
         let catalog = Catalog::open(&root)?;
         let store = LocalStore::open(&root)?;
         let loaded_meta = catalog.load_meta()?;
-        let manifests = catalog.load_all().map_err(|e| {
-            Error::Corrupt(format!(
-                "{e}; nothing was changed (`ckptfs fsck --repair` moves unreadable manifests \
-                 to quarantine/)"
-            ))
-        })?;
+        // An unreadable manifest hides its checkpoint, never deletes it: the daemon starts
+        // without it, keeps every object it may name and sweeps nothing; fsck reports it.
+        let (manifests, unreadable) = catalog.load_all_lenient()?;
+        let mut last_error = None;
+        for (name, e) in &unreadable {
+            let msg = format!(
+                "checkpoint manifest {name} cannot be read and is not shown ({e}); its objects \
+                 are kept; run `ckptfs fsck` (--repair moves it to quarantine/)"
+            );
+            log::error!("{msg}");
+            last_error = Some(msg);
+        }
         // A store with metadata trusts its checkpoints/ directory, even empty (every
         // checkpoint dropped, or the first one interrupted); without the directory it is
         // a partial copy.
@@ -148,7 +156,7 @@ impl Engine {
                 root.display()
             )));
         }
-        if loaded_meta.is_none() && manifests.is_empty() && had_objects {
+        if loaded_meta.is_none() && manifests.is_empty() && unreadable.is_empty() && had_objects {
             return Err(Error::Corrupt(format!(
                 "{} holds objects but neither ckptfs.json nor checkpoint manifests: the \
                  store is incomplete (a partial copy?); refusing to start so that nothing is \
@@ -209,16 +217,35 @@ impl Engine {
         if leftovers > 0 {
             log::info!("removed {leftovers} leftovers of interrupted writes");
         }
-        if let Some(last) = manifests.keys().next_back() {
+        let newest = manifests
+            .keys()
+            .copied()
+            .chain(
+                unreadable
+                    .iter()
+                    .filter_map(|(n, _)| crate::catalog::manifest_id(n)),
+            )
+            .max();
+        if let Some(last) = newest {
             meta.next_checkpoint = meta.next_checkpoint.max(last + 1);
         }
         catalog.save_meta(&meta)?;
         let registry =
             Registry::from_checkpoints(manifests.iter().map(|(id, m)| (*id, m.objects())));
-        let mut last_error = None;
-        let held = catalog.quarantined_objects()?;
+        let held = catalog.held_objects(&unreadable)?;
         crate::failpoint!("open::before-sweep");
-        let (orphans, missing) = sweep(&store, &registry, &held)?;
+        let (orphans, missing) = if unreadable.is_empty() {
+            sweep(&store, &registry, &held)?
+        } else {
+            log::warn!("no orphan sweep while a manifest is unreadable");
+            let listed: BTreeSet<ObjectId> = store.list()?.into_iter().collect();
+            let missing = registry
+                .live_objects()
+                .difference(&listed)
+                .copied()
+                .collect();
+            (0, missing)
+        };
         if orphans > 0 {
             log::info!("deleted {orphans} orphaned objects (no manifest references them)");
         }
@@ -228,7 +255,11 @@ impl Engine {
                 missing.len()
             );
             log::error!("{msg}");
-            last_error = Some(msg);
+            // Startup problems add up: none hides another.
+            last_error = Some(match last_error {
+                Some(before) => format!("{before}; {msg}"),
+                None => msg,
+            });
         }
         remove_tree(&state_dir.join("staging"))?;
         // A restore that a crash interrupted is finished first: its backends must not
@@ -332,6 +363,7 @@ impl Engine {
                     missing: missing.into_iter().collect(),
                 }),
                 slot_freed: Condvar::new(),
+                held,
                 _lock: lock,
                 _state_lock: state_lock,
             }),
@@ -663,7 +695,7 @@ impl Engine {
     /// checkpoint can match or publish the same object meanwhile. A failed delete leaves an
     /// orphan that the next start (or `fsck --repair`) removes.
     fn delete_objects(&self, garbage: &[ObjectId]) {
-        for id in garbage {
+        for id in garbage.iter().filter(|id| !self.inner.held.contains(id)) {
             if let Err(e) = self.inner.store.delete(id) {
                 log::warn!("could not delete object {id}: {e}");
             } else {

@@ -1,7 +1,7 @@
 //! `ckptfs fsck`: recount references from the manifests and check every object.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::lock::StoreLock;
 use crate::registry::Registry;
 use crate::restore::check_is_store;
-use crate::store::{LocalStore, ObjectId, ObjectStore};
+use crate::store::{hash_file, LocalStore, ObjectId, ObjectStore};
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct FsckReport {
@@ -31,6 +31,9 @@ pub struct FsckReport {
     /// Where `--repair` moved the unreadable manifests (never deleted).
     pub quarantined: Vec<String>,
     pub staged_leftovers: usize,
+    /// Missing or corrupt objects that `--repair` stored again from an identical copy
+    /// found outside the store (`id <- path`).
+    pub repaired_objects: Vec<String>,
     pub repaired_orphans: usize,
     pub repaired_leftovers: usize,
 }
@@ -38,8 +41,15 @@ pub struct FsckReport {
 impl FsckReport {
     /// True when nothing is wrong (after repair, if one ran).
     pub fn is_clean(&self) -> bool {
-        self.missing.is_empty()
-            && self.corrupt.is_empty()
+        let repaired: BTreeSet<&str> = self
+            .repaired_objects
+            .iter()
+            .filter_map(|r| r.split(' ').next())
+            .collect();
+        self.missing
+            .iter()
+            .chain(&self.corrupt)
+            .all(|id| repaired.contains(id.as_str()))
             && self.unreadable_manifests.len() == self.quarantined.len()
             && self.orphans.len() == self.repaired_orphans
             && self.staged_leftovers == self.repaired_leftovers
@@ -47,10 +57,22 @@ impl FsckReport {
 }
 
 /// Check a store that no daemon holds. With `repair`, move unreadable manifests to
-/// `quarantine/` (never deleting them) and delete orphans and staged leftovers; missing or
-/// corrupt objects cannot be repaired and are reported with the checkpoints they damage.
+/// `quarantine/` (never deleting them), delete orphans and staged leftovers, and store
+/// missing or corrupt objects again from identical copies found in `STORE/state` (the live
+/// RocksDB files); what cannot be repaired is reported with the checkpoints it damages.
 /// Objects that a quarantined manifest may name are never orphans.
-pub fn fsck(store_root: &Path, repair: bool, mut progress: impl FnMut(u64)) -> Result<FsckReport> {
+pub fn fsck(store_root: &Path, repair: bool, progress: impl FnMut(u64)) -> Result<FsckReport> {
+    fsck_with_copies(store_root, repair, &[], progress)
+}
+
+/// [`fsck`], also searching `copies` (directories: a restored checkpoint, a backup, a
+/// state directory elsewhere) for identical copies of damaged objects.
+pub fn fsck_with_copies(
+    store_root: &Path,
+    repair: bool,
+    copies: &[PathBuf],
+    mut progress: impl FnMut(u64),
+) -> Result<FsckReport> {
     check_is_store(store_root)?;
     let _lock = StoreLock::acquire(store_root)?;
     let catalog = Catalog::open(store_root)?;
@@ -124,6 +146,35 @@ pub fn fsck(store_root: &Path, repair: bool, mut progress: impl FnMut(u64)) -> R
         .map(|d| d.count())
         .unwrap_or(0)
         + catalog.leftovers()?.len();
+    if repair && !bad.is_empty() {
+        let mut dirs = vec![store_root.join("state")];
+        dirs.extend(copies.iter().cloned());
+        let wanted: BTreeMap<ObjectId, (u64, BTreeSet<&str>)> = bad
+            .iter()
+            .map(|id| {
+                let names = manifests
+                    .values()
+                    .flat_map(|m| &m.backends)
+                    .flat_map(|b| &b.files)
+                    .filter(|f| f.object == *id)
+                    .map(|f| f.name.as_str())
+                    .collect();
+                (*id, (sizes[id], names))
+            })
+            .collect();
+        for (id, path) in find_copies(&dirs, &wanted)? {
+            let staged = store.stage(&path)?;
+            if staged.id != id {
+                store.discard(staged); // changed since it was hashed
+                continue;
+            }
+            store.publish(staged)?;
+            log::info!("object {id} stored again from {}", path.display());
+            report
+                .repaired_objects
+                .push(format!("{} <- {}", id.to_hex(), path.display()));
+        }
+    }
     if repair {
         for (name, _) in &unreadable {
             let dest = catalog.quarantine(name)?;
@@ -137,4 +188,47 @@ pub fn fsck(store_root: &Path, repair: bool, mut progress: impl FnMut(u64)) -> R
         report.repaired_leftovers += store.clear_staging()?;
     }
     Ok(report)
+}
+
+/// Files under `dirs` (not following links) with the name and size of a wanted object and
+/// its exact content.
+fn find_copies(
+    dirs: &[PathBuf],
+    wanted: &BTreeMap<ObjectId, (u64, BTreeSet<&str>)>,
+) -> Result<Vec<(ObjectId, PathBuf)>> {
+    let mut found: BTreeMap<ObjectId, PathBuf> = BTreeMap::new();
+    let mut pending: Vec<PathBuf> = dirs.iter().filter(|d| d.is_dir()).cloned().collect();
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            let path = entry.path();
+            if kind.is_dir() {
+                pending.push(path);
+                continue;
+            }
+            if !kind.is_file() {
+                continue;
+            }
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let size = entry.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
+            let candidates = wanted.iter().filter(|(id, (want_size, names))| {
+                *want_size == size && names.contains(name.as_str()) && !found.contains_key(id)
+            });
+            if candidates.clone().next().is_none() {
+                continue;
+            }
+            let Ok((id, _)) = hash_file(&path) else {
+                continue;
+            };
+            if candidates.map(|(c, _)| *c).any(|c| c == id) {
+                found.insert(id, path);
+            }
+        }
+    }
+    Ok(found.into_iter().collect())
 }

@@ -149,9 +149,15 @@ enum Command {
     /// Recount references, verify every object, list orphans, missing and corrupt objects.
     Fsck {
         store: PathBuf,
-        /// Delete orphans and leftovers of interrupted checkpoints.
+        /// Quarantine unreadable manifests, delete orphans and leftovers of interrupted
+        /// checkpoints, store missing or corrupt objects again from identical copies in
+        /// STORE/state and in each --from directory.
         #[arg(long)]
         repair: bool,
+        /// A directory to search for copies of damaged objects (a restored checkpoint, a
+        /// backup, a state directory elsewhere); may repeat.
+        #[arg(long = "from")]
+        from: Vec<PathBuf>,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -397,10 +403,11 @@ fn run(command: Command) -> Result<ExitCode, Error> {
         Command::Fsck {
             store,
             repair,
+            from,
             json,
         } => {
             let bar = client::progress_bar(client::store_bytes(&store), "verifying");
-            let report = fsck::fsck(&store, repair, |n| bar.inc(n))?;
+            let report = fsck::fsck_with_copies(&store, repair, &from, |n| bar.inc(n))?;
             bar.finish_and_clear();
             if json {
                 println!(
@@ -511,6 +518,9 @@ fn print_fsck(report: &fsck::FsckReport, repair: bool) {
     for id in &report.missing {
         println!("missing: {id}");
     }
+    for line in &report.repaired_objects {
+        println!("repaired: {line}");
+    }
     for line in &report.unreadable_manifests {
         println!("unreadable manifest: {line}");
     }
@@ -530,9 +540,10 @@ fn print_fsck(report: &fsck::FsckReport, repair: bool) {
             if repair { " (deleted)" } else { "" }
         );
     }
-    if !report.damaged_checkpoints.is_empty() {
+    if !report.damaged_checkpoints.is_empty() && !report.is_clean() {
         println!(
-            "damaged checkpoints (cannot be repaired; drop them or restore an older one): {:?}",
+            "damaged checkpoints (no intact copy found; drop them, restore an older one, or \
+             give a directory with copies to --repair --from): {:?}",
             report.damaged_checkpoints
         );
     }

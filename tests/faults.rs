@@ -575,3 +575,198 @@ fn soak_writers_checkpoints_readers_and_drops() {
         String::from_utf8_lossy(&report.stdout)
     );
 }
+
+/// The objects a manifest (as JSON) references for one backend, by file name.
+fn objects_of(manifest: &serde_json::Value, backend: &str) -> Vec<(String, String)> {
+    manifest["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["name"] == backend)
+        .flat_map(|b| b["files"].as_array().unwrap().clone())
+        .map(|f| {
+            (
+                f["name"].as_str().unwrap().to_string(),
+                f["object"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn object_path(store: &Path, hex: &str) -> PathBuf {
+    store.join("objects").join(&hex[..2]).join(hex)
+}
+
+/// Corruption: a flipped byte, a truncated object, a missing object and a truncated
+/// manifest. Reads fail with EIO (logged with the object and the checkpoint's path), `cp -r`
+/// of a damaged checkpoint fails, the undamaged one copies whole, fsck names every fault,
+/// and `fsck --repair` stores the objects again from the live RocksDB files (identical
+/// copies), quarantines the manifest, and reports what it could not repair.
+#[test]
+fn corruption_is_detected_contained_and_repaired_from_copies() {
+    let args = [
+        "--backend",
+        "A/0",
+        "--backend",
+        "B/0",
+        "--retain",
+        "10",
+        // Keep every SST alive in the live database, so that copies exist to repair from.
+        "--rocksdb-options",
+        "disable_auto_compactions=true",
+    ];
+    let m = Mounted::new(&args);
+    let mut ids = Vec::new();
+    for round in 0..5u32 {
+        load(&m, "A/0", round * 300..(round + 1) * 300, 200).unwrap();
+        let mut ctl = Ctl::open(&m);
+        ctl.send("flush A/0\n").unwrap();
+        assert_eq!(ctl.answer()["ok"], true);
+        if round == 0 {
+            load(&m, "B/0", 0..300, 200).unwrap();
+        }
+        ids.push(m.checkpoint());
+    }
+    let cp1_copy = scan(&m.mnt.join(format!("cp-{}/A/0", ids[0])));
+    m.umount();
+    // The SST that first appears in checkpoint k (index k-1) of A/0.
+    let new_sst = |k: usize| -> String {
+        let before: Vec<_> = objects_of(&m.manifest(ids[k - 1]), "A/0");
+        objects_of(&m.manifest(ids[k]), "A/0")
+            .into_iter()
+            .find(|(name, obj)| name.ends_with(".sst") && !before.iter().any(|(_, o)| o == obj))
+            .unwrap()
+            .1
+    };
+    let (flipped, truncated, missing) = (new_sst(1), new_sst(2), new_sst(3));
+    // A private file of checkpoint 3 that the live database no longer has as it was.
+    let manifest_obj = objects_of(&m.manifest(ids[2]), "A/0")
+        .into_iter()
+        .find(|(name, _)| name.starts_with("MANIFEST"))
+        .unwrap()
+        .1;
+    let mut bytes = std::fs::read(object_path(&m.store, &flipped)).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x40;
+    std::fs::write(object_path(&m.store, &flipped), &bytes).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(object_path(&m.store, &truncated))
+        .unwrap();
+    f.set_len(100).unwrap();
+    std::fs::remove_file(object_path(&m.store, &missing)).unwrap();
+    let mut bytes = std::fs::read(object_path(&m.store, &manifest_obj)).unwrap();
+    bytes[0] ^= 0x01;
+    std::fs::write(object_path(&m.store, &manifest_obj), &bytes).unwrap();
+    let last = m.store.join(format!("checkpoints/{}.json", ids[4]));
+    let text = std::fs::read(&last).unwrap();
+    std::fs::write(&last, &text[..text.len() / 2]).unwrap();
+
+    // The mount comes up without the unreadable checkpoint and says so.
+    m.mount(&[]);
+    assert_eq!(m.checkpoint_ids(), ids[..4].to_vec());
+    assert!(m.status()["last_error"]
+        .as_str()
+        .unwrap()
+        .contains(&format!("{}.json", ids[4])));
+    // Reading a corrupt object is EIO, logged with the object and where it is served.
+    let file = objects_of(&m.manifest(ids[1]), "A/0")
+        .into_iter()
+        .find(|(_, o)| *o == flipped)
+        .unwrap()
+        .0;
+    let path = m.mnt.join(format!("cp-{}/A/0/{file}", ids[1]));
+    assert_eq!(
+        std::fs::read(&path).unwrap_err().raw_os_error(),
+        Some(libc::EIO)
+    );
+    let log = std::fs::read_to_string(m.store.join("ckptfs.log")).unwrap();
+    assert!(
+        log.contains(&flipped) && log.contains(&format!("cp-{}/A/0/{file}", ids[1])),
+        "the log does not name the object and its checkpoint"
+    );
+    // Damaged checkpoints fail to copy; the undamaged one copies whole.
+    for (i, id) in ids[..4].iter().enumerate() {
+        let dest = m.root.join(format!("copy-{id}"));
+        let status = Command::new("cp")
+            .arg("-r")
+            .arg(m.mnt.join(format!("cp-{id}")))
+            .arg(&dest)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert_eq!(status.success(), i == 0, "cp -r of cp-{id}");
+    }
+    assert_eq!(scan(&m.root.join(format!("copy-{}/A/0", ids[0]))), cp1_copy);
+    m.umount();
+
+    // fsck names each fault.
+    let out = ckptfs(&["fsck", m.store.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listed = |key: &str| -> Vec<String> {
+        report[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect()
+    };
+    for id in [&flipped, &truncated, &manifest_obj] {
+        assert!(
+            listed("corrupt").contains(id),
+            "{id} not reported corrupt: {report}"
+        );
+    }
+    assert_eq!(listed("missing"), vec![missing.clone()]);
+    assert!(listed("unreadable_manifests")[0].starts_with(&format!("{}.json", ids[4])));
+    assert_eq!(report["damaged_checkpoints"], serde_json::json!(ids[1..4]));
+    assert!(
+        report["orphans"].as_array().unwrap().is_empty(),
+        "orphans while a manifest is unreadable"
+    );
+
+    // Repair: the three SSTs come back from the live database; the MANIFEST copy cannot.
+    let out = ckptfs(&["fsck", m.store.to_str().unwrap(), "--repair", "--json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the MANIFEST object cannot be repaired"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let repaired: Vec<String> = report["repaired_objects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().split(' ').next().unwrap().to_string())
+        .collect();
+    for id in [&flipped, &truncated, &missing] {
+        assert!(repaired.contains(id), "{id} not repaired: {report}");
+    }
+    assert!(!repaired.contains(&manifest_obj));
+    assert_eq!(report["quarantined"].as_array().unwrap().len(), 1);
+    let out = ckptfs(&["fsck", m.store.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("corrupt: {manifest_obj}")), "{text}");
+    assert!(text.contains("damaged checkpoints"), "{text}");
+
+    // Checkpoints 2 and 4 copy whole again; 3 still fails (its MANIFEST copy is gone).
+    m.mount(&[]);
+    for (id, whole) in [(ids[1], true), (ids[2], false), (ids[3], true)] {
+        let dest = m.root.join(format!("again-{id}"));
+        let status = Command::new("cp")
+            .arg("-r")
+            .arg(m.mnt.join(format!("cp-{id}")))
+            .arg(&dest)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert_eq!(status.success(), whole, "cp -r of cp-{id} after repair");
+        if whole {
+            assert_eq!(
+                scan(&dest.join("A/0")).len(),
+                (id as usize - ids[0] as usize + 1) * 300
+            );
+        }
+    }
+}

@@ -436,7 +436,7 @@ fn power_loss_at_random_instants() {
         .unwrap_or(8);
     let dir = tempfile::tempdir().unwrap();
     let mut disk = Disk::create(dir.path());
-    let mut rng = Rng(0x9077_e710_55u64 | 1);
+    let mut rng = Rng(0x0090_77e7_1055_u64 | 1);
     let mut reported: BTreeMap<u64, Rounds> = BTreeMap::new();
     let mut problems = Vec::new();
     let (mut verified, mut lost_canaries, started) = (0, 0, Instant::now());

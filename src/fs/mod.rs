@@ -584,7 +584,11 @@ impl CkptFs {
                         return Err(Error::NoSuchCheckpoint(cp))
                     }
                     Err(e) => {
-                        self.controller.engine().record_error(e.to_string());
+                        let path = tree.path_of(index);
+                        log::error!("cannot serve {path} (object {object}): {e}");
+                        self.controller
+                            .engine()
+                            .record_error(format!("{path}: {e}"));
                         return Err(e);
                     }
                 };
@@ -609,8 +613,7 @@ impl CkptFs {
         self.controller
             .engine()
             .object_store()
-            .verify(object, size)
-            .inspect_err(|e| log::error!("refusing to serve object {object}: {e}"))?;
+            .verify(object, size)?;
         lock(&self.verified).insert(*object);
         Ok(())
     }

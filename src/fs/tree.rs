@@ -33,6 +33,17 @@ pub struct CheckpointTree {
 }
 
 impl CheckpointTree {
+    /// `cp-N/operator/subtask/file` of a node, for messages.
+    pub fn path_of(&self, mut index: usize) -> String {
+        let mut parts = vec![self.nodes[index].name.as_str()];
+        while index != 0 {
+            index = self.nodes[index].parent;
+            parts.push(self.nodes[index].name.as_str());
+        }
+        parts.reverse();
+        parts.join("/")
+    }
+
     pub fn build(manifest: &Manifest) -> Self {
         let mut nodes = vec![Node {
             name: format!("cp-{}", manifest.id),
