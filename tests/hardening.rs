@@ -461,3 +461,25 @@ fn random_damage_to_store_metadata_never_deletes_data() {
     }
     eprintln!("damaged stores: {refused} refused, {started} started without loss");
 }
+
+/// Defect 5, reading side: an object replaced by a symbolic link is corrupt, never a way
+/// to read another file of the host.
+#[test]
+fn an_object_that_is_a_symlink_is_not_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let ids = six_checkpoints(&store);
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, b"not yours").unwrap();
+    let victim = objects(&store).into_iter().next().unwrap();
+    std::fs::remove_file(&victim).unwrap();
+    std::os::unix::fs::symlink(&secret, &victim).unwrap();
+    let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
+    let hex = victim.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(report.corrupt.contains(&hex), "{report:?}");
+    let out = dir.path().join("out");
+    let damaged = report.damaged_checkpoints[0];
+    let err = ckptfs::restore::restore_checkpoint(&store, damaged, &out, |_| {}).unwrap_err();
+    assert!(err.to_string().contains("symbolic link"), "{err}");
+    assert!(ids.contains(&damaged));
+}

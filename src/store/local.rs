@@ -108,14 +108,22 @@ impl ObjectStore for LocalStore {
     }
 
     fn open(&self, id: &ObjectId) -> Result<fs::File> {
+        use std::os::unix::fs::OpenOptionsExt;
         let path = self.path_of(id);
-        fs::File::open(&path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                Error::Corrupt(format!("object {id} is missing from the store"))
-            } else {
-                Error::io(format!("open object {}", path.display()), e)
-            }
-        })
+        // Never through a link planted in the store: it could serve any file of the host.
+        fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    Error::Corrupt(format!("object {id} is missing from the store"))
+                } else if e.raw_os_error() == Some(libc::ELOOP) {
+                    Error::Corrupt(format!("object {id} is a symbolic link; not followed"))
+                } else {
+                    Error::io(format!("open object {}", path.display()), e)
+                }
+            })
     }
 
     fn local_path(&self, id: &ObjectId) -> Option<PathBuf> {
