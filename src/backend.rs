@@ -229,6 +229,37 @@ impl Backend {
         collect(&self.db)
     }
 
+    /// Merge runs of small SSTs (see [`crate::compaction`]); returns what was compacted.
+    pub fn compact_small_files(
+        &self,
+        policy: &crate::compaction::SmallFilePolicy,
+    ) -> Result<Vec<crate::compaction::RangePlan>> {
+        let files: Vec<crate::compaction::SstInfo> = self
+            .db
+            .live_files()?
+            .into_iter()
+            .filter_map(|f| {
+                Some(crate::compaction::SstInfo {
+                    name: f.name,
+                    size: f.size as u64,
+                    level: f.level,
+                    start: f.start_key?,
+                    end: f.end_key?,
+                })
+            })
+            .collect();
+        let plans = crate::compaction::plan(&files, policy);
+        for range in &plans {
+            let mut opts = rocksdb::CompactOptions::default();
+            // Small files in the last level are rewritten too (a trivial move would keep
+            // them apart).
+            opts.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
+            self.db
+                .compact_range_opt(Some(&range.start), Some(&range.end), &opts);
+        }
+        Ok(plans)
+    }
+
     /// Names and sizes of the live SST files.
     pub fn live_sst_files(&self) -> Result<Vec<(String, u64)>> {
         Ok(self

@@ -510,8 +510,16 @@ pub fn mount_helper_args(args: Vec<String>) -> Result<Vec<String>, String> {
             ("allow_other", None) => out.push("--allow-other".into()),
             ("no_verify", None) => out.push("--no-verify".into()),
             (
-                "state" | "backend" | "retain" | "max_concurrent" | "interval" | "restore"
-                | "log_file" | "format_version" | "rocksdb_options",
+                "state"
+                | "backend"
+                | "retain"
+                | "max_concurrent"
+                | "interval"
+                | "restore"
+                | "log_file"
+                | "format_version"
+                | "rocksdb_options"
+                | "small_file_compaction_interval",
                 Some(v),
             ) => {
                 out.push(format!("--{}", key.replace('_', "-")));

@@ -139,6 +139,7 @@ pub struct Controller {
     workers: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>,
     stopping: std::sync::Arc<std::sync::atomic::AtomicBool>,
     interval: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    compactor: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     on_change: std::sync::Mutex<Option<ChangeHook>>,
 }
 
@@ -191,6 +192,7 @@ impl Controller {
             workers: Default::default(),
             stopping: Default::default(),
             interval: Default::default(),
+            compactor: Default::default(),
             on_change: Default::default(),
         }
     }
@@ -417,12 +419,52 @@ impl Controller {
         *self.interval.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
     }
 
+    /// Merge small SSTs of every backend every `period` (see [`crate::compaction`]).
+    pub fn start_small_file_compaction(
+        self: &std::sync::Arc<Self>,
+        period: std::time::Duration,
+        policy: crate::compaction::SmallFilePolicy,
+    ) {
+        let this = self.clone();
+        let handle = std::thread::Builder::new()
+            .name("ckptfs-small-files".into())
+            .spawn(move || {
+                use std::sync::atomic::Ordering;
+                let mut next = std::time::Instant::now() + period;
+                while !this.stopping.load(Ordering::SeqCst) {
+                    if std::time::Instant::now() < next {
+                        std::thread::sleep(std::time::Duration::from_millis(50).min(period));
+                        continue;
+                    }
+                    for name in this.engine.backend_names() {
+                        if this.stopping.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        if let Err(e) = this.engine.compact_small_files(&name, &policy) {
+                            log::warn!("small-file compaction of {name} failed: {e}");
+                        }
+                    }
+                    next = std::time::Instant::now() + period;
+                }
+            })
+            .expect("spawn small-file compaction thread");
+        *self.compactor.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+    }
+
     /// Stop periodic checkpoints and let the in-flight ones finish.
     pub fn shutdown(&self) {
         self.stopping
             .store(true, std::sync::atomic::Ordering::SeqCst);
         if let Some(h) = self
             .interval
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            let _ = h.join();
+        }
+        if let Some(h) = self
+            .compactor
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take()

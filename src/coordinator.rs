@@ -69,6 +69,8 @@ struct State {
     lineages: HashMap<BackendName, String>,
     bases: HashMap<BackendName, Base>,
     last_error: Option<String>,
+    /// Small SSTs merged by small-file compaction since start: files, bytes.
+    small_file_compactions: (u64, u64),
     /// Referenced objects found missing at start: never shared, stored again when a
     /// checkpoint has their bytes (which repairs them).
     missing: BTreeSet<ObjectId>,
@@ -113,6 +115,8 @@ pub struct Status {
     pub retain: u32,
     pub max_concurrent: usize,
     pub last_error: Option<String>,
+    /// Small SSTs merged by small-file compaction since start: files, bytes.
+    pub small_file_compactions: (u64, u64),
 }
 
 impl Engine {
@@ -360,6 +364,7 @@ impl Engine {
                     lineages,
                     bases,
                     last_error,
+                    small_file_compactions: (0, 0),
                     missing: missing.into_iter().collect(),
                 }),
                 slot_freed: Condvar::new(),
@@ -438,6 +443,27 @@ impl Engine {
 
     pub fn compact(&self, name: &BackendName) -> Result<()> {
         self.with_backend(name, |b| b.compact())
+    }
+
+    /// Merge runs of small SSTs of one backend; returns the files and bytes merged.
+    pub fn compact_small_files(
+        &self,
+        name: &BackendName,
+        policy: &crate::compaction::SmallFilePolicy,
+    ) -> Result<(usize, u64)> {
+        let plans = self.with_backend(name, |b| b.compact_small_files(policy))?;
+        let files = plans.iter().map(|p| p.files).sum();
+        let bytes = plans.iter().map(|p| p.bytes).sum();
+        if files > 0 {
+            log::info!(
+                "backend {name}: merged {files} small SSTs ({bytes} bytes) in {} ranges",
+                plans.len()
+            );
+            let mut st = self.state();
+            st.small_file_compactions.0 += files as u64;
+            st.small_file_compactions.1 += bytes;
+        }
+        Ok((files, bytes))
     }
 
     pub fn scan(&self, name: &BackendName) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
@@ -581,6 +607,7 @@ impl Engine {
             retain: st.meta.retain,
             max_concurrent: self.inner.max_concurrent,
             last_error: st.last_error.clone(),
+            small_file_compactions: st.small_file_compactions,
         }
     }
 

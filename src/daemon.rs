@@ -18,6 +18,8 @@ pub struct MountConfig {
     pub engine: EngineConfig,
     pub mountpoint: PathBuf,
     pub interval: Option<Duration>,
+    /// Merge small SSTs this often (None: never).
+    pub small_file_compaction: Option<Duration>,
     pub allow_other: bool,
     /// FUSE worker threads.
     pub threads: usize,
@@ -175,6 +177,9 @@ pub fn serve(config: MountConfig, ready: impl FnOnce(Result<()>)) -> Result<()> 
             .map_err(|e| Error::io("start the FUSE session", e))?;
         if let Some(period) = config.interval {
             controller.start_interval(period);
+        }
+        if let Some(period) = config.small_file_compaction {
+            controller.start_small_file_compaction(period, Default::default());
         }
         Ok((engine, controller, background))
     })();

@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod catalog;
+pub mod compaction;
 pub mod control;
 pub mod coordinator;
 pub mod daemon;

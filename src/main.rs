@@ -46,6 +46,10 @@ enum Command {
         /// Take a checkpoint periodically, e.g. 30s or 5m (default: off).
         #[arg(long, value_parser = humantime::parse_duration)]
         interval: Option<std::time::Duration>,
+        /// How often to merge runs of small SSTs (under 1 MiB, once a backend has 64 or
+        /// more) that RocksDB would keep apart, e.g. with time-ordered keys; 0 turns it off.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+        small_file_compaction_interval: std::time::Duration,
         /// Start the backends from checkpoint N, discarding their local state.
         #[arg(long)]
         restore: Option<u64>,
@@ -262,6 +266,7 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             retain,
             max_concurrent,
             interval,
+            small_file_compaction_interval,
             restore,
             foreground,
             allow_other,
@@ -302,6 +307,8 @@ fn run(command: Command) -> Result<ExitCode, Error> {
                 engine,
                 mountpoint,
                 interval,
+                small_file_compaction: Some(small_file_compaction_interval)
+                    .filter(|d| !d.is_zero()),
                 allow_other,
                 threads: 4,
                 verify: !no_verify,

@@ -883,6 +883,10 @@ impl CkptFs {
             "retain": status.retain,
             "max_concurrent": status.max_concurrent,
             "last_error": status.last_error,
+            "small_file_compactions": {
+                "files": status.small_file_compactions.0,
+                "bytes": status.small_file_compactions.1,
+            },
             "objects": counts.len(),
             "store_bytes": sizes.values().sum::<u64>(),
         });

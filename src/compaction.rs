@@ -1,0 +1,198 @@
+//! Small-file compaction: keep the number of live SSTs bounded by the state, not by the
+//! number of checkpoints.
+//!
+//! Every checkpoint flushes the memtables. When keys arrive in increasing order (time-keyed
+//! state), each flush makes a small SST whose key range overlaps nothing, so RocksDB moves
+//! it down the levels without ever merging it: thousands of kilobyte files pile up, and
+//! every checkpoint links, hashes by name and records all of them (Flink: FLINK-26050).
+//! The plan below picks runs of adjacent small files whose key range no large file
+//! touches, so merging them rewrites only the small files themselves: the cost (and the
+//! next checkpoint's upload) is their size.
+
+/// What the planner needs to know of one live SST.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SstInfo {
+    pub name: String,
+    pub size: u64,
+    pub level: i32,
+    pub start: Vec<u8>,
+    pub end: Vec<u8>,
+}
+
+/// When and how much to merge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SmallFilePolicy {
+    /// Files below this size are small.
+    pub small_below: u64,
+    /// Compact only once a backend has at least this many small files.
+    pub min_small_files: usize,
+    /// Most bytes one compacted range may hold (bounds one compaction's cost).
+    pub max_range_bytes: u64,
+}
+
+impl Default for SmallFilePolicy {
+    fn default() -> Self {
+        SmallFilePolicy {
+            small_below: 1 << 20,
+            min_small_files: 64,
+            max_range_bytes: 64 << 20,
+        }
+    }
+}
+
+/// A key range to compact (both ends inclusive) and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangePlan {
+    pub start: Vec<u8>,
+    pub end: Vec<u8>,
+    pub files: usize,
+    pub bytes: u64,
+}
+
+fn overlaps(a_start: &[u8], a_end: &[u8], b_start: &[u8], b_end: &[u8]) -> bool {
+    a_start <= b_end && b_start <= a_end
+}
+
+/// The ranges worth compacting: maximal runs (in key order) of at least two small files
+/// whose covering range touches no large file and holds at most `max_range_bytes`. Empty
+/// when the backend has fewer than `min_small_files` small files.
+pub fn plan(files: &[SstInfo], policy: &SmallFilePolicy) -> Vec<RangePlan> {
+    let (mut small, large): (Vec<&SstInfo>, Vec<&SstInfo>) =
+        files.iter().partition(|f| f.size < policy.small_below);
+    if small.len() < policy.min_small_files {
+        return Vec::new();
+    }
+    small.sort_by(|a, b| a.start.cmp(&b.start).then(a.end.cmp(&b.end)));
+    let touches_large =
+        |start: &[u8], end: &[u8]| large.iter().any(|l| overlaps(start, end, &l.start, &l.end));
+    let mut plans = Vec::new();
+    let mut run: Option<RangePlan> = None;
+    for file in small {
+        if let Some(current) = run.as_mut() {
+            let end = current.end.clone().max(file.end.clone());
+            if current.bytes + file.size <= policy.max_range_bytes
+                && !touches_large(&current.start, &end)
+            {
+                current.end = end;
+                current.files += 1;
+                current.bytes += file.size;
+                continue;
+            }
+            plans.extend(run.take().filter(|r| r.files >= 2));
+        }
+        if !touches_large(&file.start, &file.end) {
+            run = Some(RangePlan {
+                start: file.start.clone(),
+                end: file.end.clone(),
+                files: 1,
+                bytes: file.size,
+            });
+        }
+    }
+    plans.extend(run.filter(|r| r.files >= 2));
+    plans
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sst(name: &str, size: u64, start: &str, end: &str) -> SstInfo {
+        SstInfo {
+            name: name.into(),
+            size,
+            level: 6,
+            start: start.as_bytes().to_vec(),
+            end: end.as_bytes().to_vec(),
+        }
+    }
+
+    fn policy(min: usize) -> SmallFilePolicy {
+        SmallFilePolicy {
+            small_below: 100,
+            min_small_files: min,
+            max_range_bytes: 1000,
+        }
+    }
+
+    /// Time-ordered keys: one big old file, then many small adjacent ones: one range with
+    /// all the small files, the big one untouched.
+    #[test]
+    fn adjacent_small_files_form_one_range_beside_a_large_file() {
+        let mut files = vec![sst("big", 10_000, "a000", "a999")];
+        for i in 0..10 {
+            files.push(sst(
+                &format!("s{i}"),
+                10,
+                &format!("b{i}0"),
+                &format!("b{i}9"),
+            ));
+        }
+        let plans = plan(&files, &policy(5));
+        assert_eq!(
+            plans,
+            vec![RangePlan {
+                start: b"b00".to_vec(),
+                end: b"b99".to_vec(),
+                files: 10,
+                bytes: 100
+            }]
+        );
+    }
+
+    #[test]
+    fn below_the_threshold_nothing_is_planned() {
+        let files: Vec<_> = (0..4)
+            .map(|i| sst(&format!("s{i}"), 10, &format!("b{i}"), &format!("b{i}")))
+            .collect();
+        assert!(plan(&files, &policy(5)).is_empty());
+        assert_eq!(plan(&files, &policy(4)).len(), 1);
+    }
+
+    /// A large file between small ones splits the run; small files inside a large file's
+    /// range are never planned (merging them would rewrite the large one).
+    #[test]
+    fn large_files_split_runs_and_are_never_rewritten() {
+        let files = vec![
+            sst("s1", 10, "a1", "a1"),
+            sst("s2", 10, "a2", "a2"),
+            sst("big", 10_000, "b0", "b9"),
+            sst("inside", 10, "b5", "b5"),
+            sst("s3", 10, "c1", "c1"),
+            sst("s4", 10, "c2", "c2"),
+            sst("s5", 10, "c3", "c3"),
+        ];
+        let plans = plan(&files, &policy(3));
+        let ranges: Vec<_> = plans
+            .iter()
+            .map(|p| (p.start.clone(), p.end.clone(), p.files))
+            .collect();
+        assert_eq!(
+            ranges,
+            vec![
+                (b"a1".to_vec(), b"a2".to_vec(), 2),
+                (b"c1".to_vec(), b"c3".to_vec(), 3)
+            ]
+        );
+        for p in &plans {
+            assert!(!overlaps(&p.start, &p.end, b"b0", b"b9"));
+        }
+    }
+
+    #[test]
+    fn ranges_are_bounded_in_bytes() {
+        let files: Vec<_> = (0..30)
+            .map(|i| {
+                sst(
+                    &format!("s{i:02}"),
+                    90,
+                    &format!("k{i:02}"),
+                    &format!("k{i:02}"),
+                )
+            })
+            .collect();
+        let plans = plan(&files, &policy(5));
+        assert!(plans.iter().all(|p| p.bytes <= 1000));
+        assert_eq!(plans.iter().map(|p| p.files).sum::<usize>(), 30);
+    }
+}
