@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, IoContext, Result};
 use crate::fsutil::{
-    create_private_dir_all, fsync_dir, is_atomic_leftover, remove_tree, write_atomic,
+    ensure_real_dir, fsync_dir, is_atomic_leftover, is_real_dir, remove_tree, write_atomic,
 };
 use crate::names::BackendName;
 use crate::store::ObjectId;
@@ -216,21 +216,31 @@ pub struct Catalog {
 }
 
 impl Catalog {
+    /// Open the catalog of a store, creating `checkpoints/` if missing (lock holders of a
+    /// store that is new or known to be complete only; see Engine::open).
     pub fn open(root: &Path) -> Result<Self> {
         let dir = root.join("checkpoints");
-        create_private_dir_all(&dir)?;
+        ensure_real_dir(&dir)?;
         Ok(Catalog {
             root: root.to_path_buf(),
             dir,
         })
     }
 
+    /// The catalog of `root` as it is, whether `checkpoints/` exists or not (fsck).
+    pub fn at(root: &Path) -> Self {
+        Catalog {
+            root: root.to_path_buf(),
+            dir: root.join("checkpoints"),
+        }
+    }
+
     /// Open the catalog of an existing store without creating anything.
     pub fn open_existing(root: &Path) -> Result<Self> {
         let dir = root.join("checkpoints");
-        if !dir.is_dir() {
+        if !is_real_dir(&dir) {
             return Err(Error::NotFound(format!(
-                "{} is not a ckptfs store (no checkpoints/)",
+                "{} is not a ckptfs store (no checkpoints/ directory)",
                 root.display()
             )));
         }
@@ -336,6 +346,9 @@ impl Catalog {
     pub fn load_all_lenient(&self) -> Result<(BTreeMap<u64, Manifest>, Vec<Unreadable>)> {
         let mut manifests = BTreeMap::new();
         let mut unreadable = Vec::new();
+        if !self.dir.exists() {
+            return Ok((manifests, unreadable));
+        }
         for entry in fs::read_dir(&self.dir).ctx("list", &self.dir)? {
             let entry = entry.ctx("list", &self.dir)?;
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -361,7 +374,7 @@ impl Catalog {
     /// Leftovers of interrupted atomic writes of manifests and metadata.
     pub fn leftovers(&self) -> Result<Vec<PathBuf>> {
         let mut found = Vec::new();
-        for dir in [&self.dir, &self.root] {
+        for dir in [&self.dir, &self.root].into_iter().filter(|d| d.exists()) {
             for entry in fs::read_dir(dir).ctx("list", dir)? {
                 let entry = entry.ctx("list", dir)?;
                 if is_atomic_leftover(&entry.file_name().to_string_lossy()) {
@@ -400,7 +413,7 @@ impl Catalog {
     pub fn quarantine(&self, name: &str) -> Result<PathBuf> {
         validate_file_name(name)?;
         let qdir = self.quarantine_dir();
-        create_private_dir_all(&qdir)?;
+        ensure_real_dir(&qdir)?;
         let mut dest = qdir.join(name);
         let mut n = 1;
         while dest.exists() {
@@ -414,37 +427,9 @@ impl Catalog {
         Ok(dest)
     }
 
-    /// Objects that unreadable or quarantined manifests may name (every 64-hex-digit token
-    /// in them): never deleted, so such a manifest can still be repaired by hand.
-    pub fn held_objects(&self, unreadable: &[Unreadable]) -> Result<BTreeSet<ObjectId>> {
-        let mut ids = self.quarantined_objects()?;
-        for (name, _) in unreadable {
-            let path = self.dir.join(name);
-            match fs::read(&path) {
-                Ok(bytes) => ids.extend(hex_tokens(&bytes)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
-            }
-        }
-        Ok(ids)
-    }
-
-    /// Objects that quarantined manifests may name: every 64-hex-digit token in them. They
-    /// are never deleted as orphans, so a quarantined manifest can still be repaired by hand.
-    pub fn quarantined_objects(&self) -> Result<BTreeSet<ObjectId>> {
-        let mut ids = BTreeSet::new();
-        let qdir = self.quarantine_dir();
-        let entries = match fs::read_dir(&qdir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ids),
-            Err(e) => return Err(Error::io(format!("list {}", qdir.display()), e)),
-        };
-        for entry in entries {
-            let path = entry.ctx("list", &qdir)?.path();
-            let bytes = fs::read(&path).ctx("read", &path)?;
-            ids.extend(hex_tokens(&bytes));
-        }
-        Ok(ids)
+    /// True if `quarantine/` holds anything.
+    pub fn has_quarantine(&self) -> bool {
+        std::fs::read_dir(self.quarantine_dir()).is_ok_and(|mut d| d.next().is_some())
     }
 }
 
@@ -456,29 +441,6 @@ pub fn manifest_id(name: &str) -> Option<u64> {
     name.strip_suffix(".json")
         .and_then(|n| n.parse::<u64>().ok())
         .filter(|id| format!("{id}.json") == name)
-}
-
-/// Every maximal run of exactly 64 hex digits that parses as an object id.
-fn hex_tokens(bytes: &[u8]) -> Vec<ObjectId> {
-    let mut out = Vec::new();
-    let mut start = None;
-    for (i, b) in bytes.iter().chain(std::iter::once(&b' ')).enumerate() {
-        match (b.is_ascii_hexdigit(), start) {
-            (true, None) => start = Some(i),
-            (false, Some(s)) => {
-                if i - s == 64 {
-                    if let Ok(text) = std::str::from_utf8(&bytes[s..i]) {
-                        if let Ok(id) = text.to_ascii_lowercase().parse() {
-                            out.push(id);
-                        }
-                    }
-                }
-                start = None;
-            }
-            _ => {}
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ pub fn daemonize(
     log_file: Option<&Path>,
     args: &[std::ffi::OsString],
 ) -> Result<ExitCode, Error> {
-    ckptfs::coordinator::ensure_store_dir(store)?;
+    let store = &ckptfs::coordinator::ensure_store_dir(store)?;
     let log_path = log_file
         .map(Path::to_path_buf)
         .unwrap_or_else(|| store.join("ckptfs.log"));

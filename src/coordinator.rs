@@ -71,6 +71,9 @@ struct State {
     last_error: Option<String>,
     /// Small SSTs merged by small-file compaction since start: files, bytes.
     small_file_compactions: (u64, u64),
+    /// Objects of a manifest that may exist on disk after a failed commit: never deleted
+    /// by this process (the next start decides from what is durable).
+    kept: BTreeSet<ObjectId>,
     /// Referenced objects found missing at start: never shared, stored again when a
     /// checkpoint has their bytes (which repairs them).
     missing: BTreeSet<ObjectId>,
@@ -94,8 +97,9 @@ struct Inner {
     state: Mutex<State>,
     /// Signalled whenever a checkpoint leaves flight or a restore ends.
     slot_freed: Condvar,
-    /// Objects unreadable or quarantined manifests may name: never deleted.
-    held: BTreeSet<ObjectId>,
+    /// An unreadable or quarantined manifest exists: no object is deleted at all (which
+    /// ones it names cannot be known for sure), only manifests are.
+    deletes_frozen: bool,
     _lock: StoreLock,
     _state_lock: DirLock,
 }
@@ -122,19 +126,26 @@ pub struct Status {
 impl Engine {
     /// Open a store (creating it if new), recover, and start the backends.
     pub fn open(config: EngineConfig) -> Result<Engine> {
-        let root = config.store.clone();
         config.backend_options.validate()?;
         if let Some(n) = config.restore_from {
-            if !root.join("checkpoints").is_dir() {
+            if !config.store.join("checkpoints").is_dir() {
                 return Err(Error::NoSuchCheckpoint(n));
             }
         }
-        ensure_store_dir(&root)?;
+        let root = ensure_store_dir(&config.store)?;
         let lock = StoreLock::acquire(&root)?;
         // Decide what the store is before creating anything in it: a store whose metadata
-        // is missing must never look new (a new store's retention would delete checkpoints).
+        // is missing must never look new (a new store's retention would delete checkpoints),
+        // and a refused start must leave nothing that makes the next start look fine.
         let had_objects = store_has_objects(&root)?;
-        let had_checkpoints_dir = root.join("checkpoints").is_dir();
+        let had_checkpoints_dir = crate::fsutil::is_real_dir(&root.join("checkpoints"));
+        if had_objects && !had_checkpoints_dir {
+            return Err(Error::Corrupt(format!(
+                "{} holds objects but no checkpoints/ directory: the store is incomplete \
+                 (a partial copy?); refusing to start so that nothing is deleted",
+                root.display()
+            )));
+        }
         let catalog = Catalog::open(&root)?;
         let store = LocalStore::open(&root)?;
         let loaded_meta = catalog.load_meta()?;
@@ -151,15 +162,7 @@ impl Engine {
             last_error = Some(msg);
         }
         // A store with metadata trusts its checkpoints/ directory, even empty (every
-        // checkpoint dropped, or the first one interrupted); without the directory it is
-        // a partial copy.
-        if loaded_meta.is_some() && !had_checkpoints_dir && had_objects {
-            return Err(Error::Corrupt(format!(
-                "{} holds objects but no checkpoints/ directory: the store is incomplete \
-                 (a partial copy?); refusing to start so that nothing is deleted",
-                root.display()
-            )));
-        }
+        // checkpoint dropped, or the first one interrupted).
         if loaded_meta.is_none() && manifests.is_empty() && unreadable.is_empty() && had_objects {
             return Err(Error::Corrupt(format!(
                 "{} holds objects but neither ckptfs.json nor checkpoint manifests: the \
@@ -204,14 +207,26 @@ impl Engine {
         meta.backends.sort();
         meta.backends.dedup();
 
+        let unreadable_ids: BTreeSet<u64> = unreadable
+            .iter()
+            .filter_map(|(n, _)| crate::catalog::manifest_id(n))
+            .collect();
         // Refuse a bad --restore before changing anything.
         if let Some(n) = config.restore_from {
+            if unreadable_ids.contains(&n) {
+                return Err(Error::Corrupt(format!(
+                    "checkpoint {n} cannot be restored: its manifest cannot be read (see \
+                     `ckptfs fsck`)"
+                )));
+            }
             if !manifests.contains_key(&n) {
                 return Err(Error::NoSuchCheckpoint(n));
             }
         }
         let state_dir = config.state.clone().unwrap_or_else(|| root.join("state"));
         create_private_dir_all(&state_dir)?;
+        // The roots may be links the user chose; everything inside them is checked.
+        let state_dir = std::fs::canonicalize(&state_dir).ctx("resolve", &state_dir)?;
         make_private(&state_dir)?;
         // The store lock does not cover a state directory shared by mistake with a daemon
         // of another store: lock it too before touching anything in it.
@@ -236,12 +251,18 @@ impl Engine {
         catalog.save_meta(&meta)?;
         let registry =
             Registry::from_checkpoints(manifests.iter().map(|(id, m)| (*id, m.objects())));
-        let held = catalog.held_objects(&unreadable)?;
+        let deletes_frozen = !unreadable.is_empty() || catalog.has_quarantine();
         crate::failpoint!("open::before-sweep");
-        let (orphans, missing) = if unreadable.is_empty() {
-            sweep(&store, &registry, &held)?
+        let (orphans, missing) = if !deletes_frozen {
+            sweep(&store, &registry)?
         } else {
-            log::warn!("no orphan sweep while a manifest is unreadable");
+            let msg = "an unreadable or quarantined manifest exists: no object is deleted \
+                       until it is resolved (fsck --repair, then remove STORE/quarantine/)";
+            log::warn!("{msg}");
+            last_error = Some(match last_error {
+                Some(before) => format!("{before}; {msg}"),
+                None => msg.to_string(),
+            });
             let listed: BTreeSet<ObjectId> = store.list()?.into_iter().collect();
             let missing = registry
                 .live_objects()
@@ -275,12 +296,17 @@ impl Engine {
                 Some(n)
             }
             (None, Some(n)) => {
-                log::error!(
-                    "an interrupted restore from checkpoint {n} cannot be finished: the \
-                     checkpoint is gone; the backends start from their local state"
-                );
-                clear_restore_intent(&state_dir)?;
-                None
+                // Starting would mix restored and old backends: let the operator choose.
+                let why = if unreadable_ids.contains(&n) {
+                    "its manifest cannot be read"
+                } else {
+                    "it no longer exists"
+                };
+                return Err(Error::Corrupt(format!(
+                    "a restore from checkpoint {n} was interrupted and cannot be finished: \
+                     {why}. Some backends may hold checkpoint {n}, others their old state; \
+                     start with --restore M to choose the checkpoint they all start from"
+                )));
             }
             (None, None) => None,
         };
@@ -298,7 +324,20 @@ impl Engine {
             let has_local = Backend::db_dir(&dir).join("CURRENT").exists();
             let source = match restore_from {
                 Some(n) => manifests[&n].backend(name).map(|s| (n, s.clone())),
-                None if !has_local => latest_snapshot(&manifests, name),
+                None if !has_local => {
+                    let latest = latest_snapshot(&manifests, name);
+                    let newest_readable = latest.as_ref().map_or(0, |(id, _)| *id);
+                    if let Some(newer) = unreadable_ids.iter().find(|id| **id > newest_readable) {
+                        // It may hold this backend's newest state: never start older or
+                        // empty in silence.
+                        return Err(Error::Corrupt(format!(
+                            "backend {name} has no local state, and checkpoint {newer}, newer \
+                             than any readable one holding it, cannot be read; run `ckptfs \
+                             fsck` (--repair quarantines it) or start with --restore M"
+                        )));
+                    }
+                    latest
+                }
                 None => None,
             };
             if let Some(source) = source {
@@ -365,10 +404,11 @@ impl Engine {
                     bases,
                     last_error,
                     small_file_compactions: (0, 0),
+                    kept: BTreeSet::new(),
                     missing: missing.into_iter().collect(),
                 }),
                 slot_freed: Condvar::new(),
-                held,
+                deletes_frozen,
                 _lock: lock,
                 _state_lock: state_lock,
             }),
@@ -561,6 +601,9 @@ impl Engine {
     /// checkpoint references.
     pub fn delete_checkpoint(&self, id: u64) -> Result<()> {
         let mut st = self.state();
+        if st.restoring {
+            return Err(Error::Busy("a restore is in progress".into()));
+        }
         if st.in_flight.contains(&id) {
             return Err(Error::Busy(format!("checkpoint {id} is still in flight")));
         }
@@ -574,6 +617,9 @@ impl Engine {
     pub fn set_retain(&self, retain: u32) -> Result<()> {
         let retain = validate_retain(retain)?;
         let mut st = self.state();
+        if st.restoring {
+            return Err(Error::Busy("a restore is in progress".into()));
+        }
         let mut meta = st.meta.clone();
         meta.retain = retain;
         self.inner.catalog.save_meta(&meta)?;
@@ -665,26 +711,45 @@ impl Engine {
                 &items,
             )?;
             crate::failpoint!("restore::after-prepare");
+            // Every backend stays locked until all run from the checkpoint and the intent
+            // is gone: no write is acknowledged that the next start could roll back.
+            let mut guards: Vec<_> = items
+                .iter()
+                .map(|(_, s)| {
+                    self.inner.backends[&s.name]
+                        .write()
+                        .unwrap_or_else(|p| p.into_inner())
+                })
+                .collect();
             // From the first swap on, a crash must not leave some backends restored and
             // others not: the next start finishes the restore (see Engine::open).
             write_restore_intent(&self.inner.state_dir, id)?;
-            for ((dir, snapshot), fresh) in items.iter().zip(&prepared) {
-                let slot = &self.inner.backends[&snapshot.name];
-                let mut guard = slot.write().unwrap_or_else(|p| p.into_inner());
-                *guard = None; // close the live database before replacing its files
-                swap_in_snapshot(dir, fresh)?;
-                crate::failpoint!("restore::after-swap");
-                let backend =
-                    Backend::open_restored(dir, &snapshot.name, &self.inner.backend_options)?;
-                let mut st = self.state();
-                st.lineages
-                    .insert(snapshot.name.clone(), backend.lineage().to_string());
-                st.bases
-                    .insert(snapshot.name.clone(), base_of(id, snapshot));
-                *guard = Some(backend);
-                log::info!("backend {} restored from checkpoint {id}", snapshot.name);
+            let swapped = (|| -> Result<()> {
+                for (((dir, snapshot), fresh), guard) in
+                    items.iter().zip(&prepared).zip(guards.iter_mut())
+                {
+                    **guard = None; // close the live database before replacing its files
+                    swap_in_snapshot(dir, fresh)?;
+                    crate::failpoint!("restore::after-swap");
+                    let backend =
+                        Backend::open_restored(dir, &snapshot.name, &self.inner.backend_options)?;
+                    let mut st = self.state();
+                    st.lineages
+                        .insert(snapshot.name.clone(), backend.lineage().to_string());
+                    st.bases
+                        .insert(snapshot.name.clone(), base_of(id, snapshot));
+                    **guard = Some(backend);
+                    log::info!("backend {} restored from checkpoint {id}", snapshot.name);
+                }
+                clear_restore_intent(&self.inner.state_dir)
+            })();
+            if swapped.is_err() {
+                // Half restored: take no writes until a restart finishes the restore.
+                for guard in guards.iter_mut() {
+                    **guard = None;
+                }
             }
-            clear_restore_intent(&self.inner.state_dir)
+            swapped
         })();
         let mut st = self.state();
         st.restoring = false;
@@ -693,7 +758,7 @@ impl Engine {
         for object in manifest.objects() {
             garbage.extend(st.registry.unpin(&object));
         }
-        self.delete_objects(&garbage);
+        self.delete_objects(&st, &garbage);
         if let Err(e) = &result {
             st.last_error = Some(format!("restore from checkpoint {id} failed: {e}"));
         }
@@ -713,7 +778,7 @@ impl Engine {
         crate::failpoint!("drop::after-manifest-removed");
         st.manifests.remove(&id);
         let garbage = st.registry.drop_checkpoint(id).unwrap_or_default();
-        self.delete_objects(&garbage);
+        self.delete_objects(st, &garbage);
         log::info!("dropped checkpoint {id}; deleted {} objects", garbage.len());
         Ok(())
     }
@@ -721,8 +786,16 @@ impl Engine {
     /// Delete objects the registry declared garbage. Called with the state lock held, so no
     /// checkpoint can match or publish the same object meanwhile. A failed delete leaves an
     /// orphan that the next start (or `fsck --repair`) removes.
-    fn delete_objects(&self, garbage: &[ObjectId]) {
-        for id in garbage.iter().filter(|id| !self.inner.held.contains(id)) {
+    fn delete_objects(&self, st: &State, garbage: &[ObjectId]) {
+        if self.inner.deletes_frozen && !garbage.is_empty() {
+            log::warn!(
+                "keeping {} unreferenced objects: deletions are frozen while a manifest is \
+                 unreadable or quarantined",
+                garbage.len()
+            );
+            return;
+        }
+        for id in garbage.iter().filter(|id| !st.kept.contains(id)) {
             if let Err(e) = self.inner.store.delete(id) {
                 log::warn!("could not delete object {id}: {e}");
             } else {
@@ -938,7 +1011,7 @@ impl PendingCheckpoint {
         for pin in self.pins.drain(..) {
             garbage.extend(st.registry.unpin(&pin));
         }
-        engine.delete_objects(&garbage);
+        engine.delete_objects(&st, &garbage);
         st.in_flight.remove(&id);
         inner.slot_freed.notify_all();
         for snapshot in &manifest.backends {
@@ -985,19 +1058,20 @@ impl PendingCheckpoint {
         self.finished = true;
         let engine = self.engine.clone();
         let mut st = engine.state();
+        if self.keep_objects {
+            // Not only now: no later drop may delete them either.
+            log::warn!(
+                "checkpoint {}: keeping its {} objects for recovery to judge",
+                self.id,
+                self.pins.len()
+            );
+            st.kept.extend(self.pins.iter().copied());
+        }
         let mut garbage = Vec::new();
         for pin in self.pins.drain(..) {
             garbage.extend(st.registry.unpin(&pin));
         }
-        if self.keep_objects {
-            log::warn!(
-                "checkpoint {}: keeping {} objects for recovery to judge",
-                self.id,
-                garbage.len()
-            );
-        } else {
-            engine.delete_objects(&garbage);
-        }
+        engine.delete_objects(&st, &garbage);
         st.in_flight.remove(&self.id);
         engine.inner.slot_freed.notify_all();
         if let Some(e) = error {
@@ -1016,8 +1090,9 @@ impl Drop for PendingCheckpoint {
 }
 
 /// Create the store directory if needed (owner-only) and make it owner-only; a path that
-/// exists but is no directory is an error.
-pub fn ensure_store_dir(root: &Path) -> Result<()> {
+/// exists but is no directory is an error. Returns its canonical path (the root may be a
+/// link the user chose; links inside the store are refused).
+pub fn ensure_store_dir(root: &Path) -> Result<PathBuf> {
     if root.exists() && !root.is_dir() {
         return Err(Error::io(
             format!("store {}", root.display()),
@@ -1025,7 +1100,9 @@ pub fn ensure_store_dir(root: &Path) -> Result<()> {
         ));
     }
     create_private_dir_all(root)?;
-    make_private(root)
+    let root = std::fs::canonicalize(root).ctx("resolve", root)?;
+    make_private(&root)?;
+    Ok(root)
 }
 
 /// `STATE/restore-intent`: the checkpoint a restore is installing, present from its first
@@ -1144,17 +1221,13 @@ fn latest_snapshot_of_lineage(
     })
 }
 
-/// Delete objects no manifest references (nor a quarantined manifest may reference);
+/// Delete objects no manifest references;
 /// report referenced objects that are missing.
-fn sweep(
-    store: &dyn ObjectStore,
-    registry: &Registry,
-    held: &BTreeSet<ObjectId>,
-) -> Result<(usize, Vec<ObjectId>)> {
+fn sweep(store: &dyn ObjectStore, registry: &Registry) -> Result<(usize, Vec<ObjectId>)> {
     let live = registry.live_objects();
     let listed: BTreeSet<ObjectId> = store.list()?.into_iter().collect();
     let mut orphans = 0;
-    for id in listed.difference(&live).filter(|id| !held.contains(id)) {
+    for id in listed.difference(&live) {
         store.delete(id)?;
         crate::failpoint!("open::mid-sweep");
         orphans += 1;

@@ -30,6 +30,12 @@ pub struct FsckReport {
     pub unreadable_manifests: Vec<String>,
     /// Where `--repair` moved the unreadable manifests (never deleted).
     pub quarantined: Vec<String>,
+    /// Problems of the store as a whole (ckptfs.json, an incomplete store).
+    pub problems: Vec<String>,
+    /// Why orphans are kept rather than deleted, if they are: while the catalog is
+    /// incomplete or a manifest unreadable or quarantined, which objects are really
+    /// unreferenced is not known.
+    pub orphans_kept: Option<String>,
     pub staged_leftovers: usize,
     /// Missing or corrupt objects that `--repair` stored again from an identical copy
     /// found outside the store (`id <- path`).
@@ -51,6 +57,7 @@ impl FsckReport {
             .chain(&self.corrupt)
             .all(|id| repaired.contains(id.as_str()))
             && self.unreadable_manifests.len() == self.quarantined.len()
+            && self.problems.is_empty()
             && self.orphans.len() == self.repaired_orphans
             && self.staged_leftovers == self.repaired_leftovers
     }
@@ -75,8 +82,11 @@ pub fn fsck_with_copies(
 ) -> Result<FsckReport> {
     check_is_store(store_root)?;
     let _lock = StoreLock::acquire(store_root)?;
-    let catalog = Catalog::open(store_root)?;
-    let store = LocalStore::open(store_root)?;
+    // Create nothing: a store the daemon refuses must not look complete afterwards.
+    let catalog = Catalog::at(store_root);
+    let store = LocalStore::open_existing(store_root)?;
+    let has_catalog_dir = crate::fsutil::is_real_dir(&store_root.join("checkpoints"));
+    let meta = catalog.load_meta();
     let (manifests, unreadable) = catalog.load_all_lenient()?;
     let registry = Registry::from_checkpoints(manifests.iter().map(|(id, m)| (*id, m.objects())));
 
@@ -129,18 +139,34 @@ pub fn fsck_with_copies(
         log::error!("unreadable manifest {name}: {e}");
         report.unreadable_manifests.push(format!("{name}: {e}"));
     }
-    let held = catalog.quarantined_objects()?;
-    // An unreadable manifest may reference any object: call none an orphan until it is
-    // quarantined (its objects are then held by the quarantine).
-    let orphans: Vec<ObjectId> = if unreadable.is_empty() {
-        stored
-            .iter()
-            .filter(|id| !sizes.contains_key(id) && !held.contains(id))
-            .copied()
-            .collect()
+    match &meta {
+        Err(e) => report.problems.push(e.to_string()),
+        Ok(None) if !manifests.is_empty() || !unreadable.is_empty() => report
+            .problems
+            .push("ckptfs.json is missing (the next mount rebuilds it from the manifests)".into()),
+        _ => {}
+    }
+    if !has_catalog_dir && !stored.is_empty() {
+        report
+            .problems
+            .push("objects but no checkpoints/ directory: the store is incomplete".into());
+    }
+    report.orphans_kept = if !has_catalog_dir {
+        Some("the store has no checkpoints/ directory".into())
+    } else if matches!(meta, Ok(None) | Err(_)) && manifests.is_empty() && !stored.is_empty() {
+        Some("the store has objects but no readable catalog".into())
+    } else if !unreadable.is_empty() {
+        Some("a manifest cannot be read".into())
+    } else if catalog.has_quarantine() {
+        Some("quarantine/ holds manifests (remove it once they are dealt with)".into())
     } else {
-        Vec::new()
+        None
     };
+    let orphans: Vec<ObjectId> = stored
+        .iter()
+        .filter(|id| !sizes.contains_key(id))
+        .copied()
+        .collect();
     report.orphans = orphans.iter().map(|id| id.to_hex()).collect();
     report.staged_leftovers = std::fs::read_dir(store_root.join("tmp"))
         .map(|d| d.count())
@@ -181,9 +207,11 @@ pub fn fsck_with_copies(
             report.quarantined.push(dest.display().to_string());
         }
         report.repaired_leftovers += catalog.clear_leftovers()?;
-        for id in &orphans {
-            store.delete(id)?;
-            report.repaired_orphans += 1;
+        if report.orphans_kept.is_none() {
+            for id in &orphans {
+                store.delete(id)?;
+                report.repaired_orphans += 1;
+            }
         }
         report.repaired_leftovers += store.clear_staging()?;
     }

@@ -33,6 +33,56 @@ pub fn create_private_dir_all(dir: &Path) -> Result<()> {
         .ctx("create", dir)
 }
 
+/// Create `dir` owner-only if missing; refuse it if it is a symbolic link or no directory.
+/// For the fixed directories inside a store or state directory: a link planted there must
+/// never redirect a write, a rename or a delete elsewhere.
+pub fn ensure_real_dir(dir: &Path) -> Result<()> {
+    match fs::symlink_metadata(dir) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(meta) if meta.file_type().is_symlink() => Err(Error::Corrupt(format!(
+            "{} is a symbolic link; refusing to follow it",
+            dir.display()
+        ))),
+        Ok(_) => Err(Error::io(
+            format!("{} is not a directory", dir.display()),
+            std::io::Error::from_raw_os_error(libc::ENOTDIR),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            fs::DirBuilder::new()
+                .mode(PRIVATE_DIR)
+                .create(dir)
+                .or_else(|e| {
+                    // Created meanwhile by someone else: check it again.
+                    if e.kind() == std::io::ErrorKind::AlreadyExists {
+                        Ok(())
+                    } else {
+                        Err(e)
+                    }
+                })
+                .ctx("create", dir)?;
+            ensure_real_dir_exists(dir)
+        }
+        Err(e) => Err(Error::io(format!("stat {}", dir.display()), e)),
+    }
+}
+
+fn ensure_real_dir_exists(dir: &Path) -> Result<()> {
+    let meta = fs::symlink_metadata(dir).ctx("stat", dir)?;
+    if meta.is_dir() {
+        Ok(())
+    } else {
+        Err(Error::Corrupt(format!(
+            "{} is not a real directory",
+            dir.display()
+        )))
+    }
+}
+
+/// True if `dir` exists as a real directory (not a link to one).
+pub fn is_real_dir(dir: &Path) -> bool {
+    fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir())
+}
+
 /// Make an existing directory owner-only (0700): the store and state roots, so that no
 /// other user can reach what is inside, whatever modes older versions created it with.
 pub fn make_private(dir: &Path) -> Result<()> {

@@ -537,8 +537,15 @@ fn print_fsck(report: &fsck::FsckReport, repair: bool) {
     for id in &report.corrupt {
         println!("corrupt: {id}");
     }
+    for line in &report.problems {
+        println!("problem: {line}");
+    }
+    let deleted = repair && report.orphans_kept.is_none();
     for id in &report.orphans {
-        println!("orphan: {id}{}", if repair { " (deleted)" } else { "" });
+        println!("orphan: {id}{}", if deleted { " (deleted)" } else { "" });
+    }
+    if let (Some(why), false) = (&report.orphans_kept, report.orphans.is_empty()) {
+        println!("orphans are kept, not deleted: {why}");
     }
     if report.staged_leftovers > 0 {
         println!(

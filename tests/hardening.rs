@@ -350,28 +350,138 @@ fn fsck_quarantines_an_unreadable_manifest_and_keeps_its_objects() {
 
     let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
     assert_eq!(report.unreadable_manifests.len(), 1, "{report:?}");
-    assert!(report.orphans.is_empty(), "{report:?}");
+    assert!(report.orphans_kept.is_some(), "{report:?}");
     assert!(!report.is_clean());
     let report = ckptfs::fsck::fsck(&store, true, |_| {}).unwrap();
     assert_eq!(report.quarantined.len(), 1, "{report:?}");
-    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.repaired_orphans, 0, "{report:?}");
     assert!(!path.exists());
     assert_eq!(
         std::fs::read(store.join(format!("quarantine/{victim}.json"))).unwrap(),
         &text[..text.len() * 2 / 3]
     );
     assert_eq!(objects(&store), before, "repair deleted objects");
+    // While the quarantine holds it, the daemon deletes no object at all, even when it
+    // drops every other checkpoint.
     let engine = Engine::open(EngineConfig::new(&store)).unwrap();
     assert_eq!(retained_ids(&engine), ids[..5].to_vec());
-    // Objects named in the readable part of the quarantined manifest survive the start.
+    let a = name("A/0");
+    put_range(&engine, &a, 0..100, "new");
+    engine.checkpoint().unwrap();
+    engine.set_retain(1).unwrap();
+    drop(engine);
     let after = objects(&store);
-    let quarantined = String::from_utf8_lossy(&text[..text.len() * 2 / 3]).into_owned();
-    for object in &before {
-        let hex = object.file_name().unwrap().to_string_lossy().into_owned();
-        if quarantined.contains(&hex) {
-            assert!(after.contains(object), "{hex} was swept");
-        }
+    assert!(
+        after.is_superset(&before),
+        "objects were deleted while frozen"
+    );
+    // Once the operator removes the quarantine, fsck --repair collects the garbage.
+    std::fs::remove_dir_all(store.join("quarantine")).unwrap();
+    let report = ckptfs::fsck::fsck(&store, true, |_| {}).unwrap();
+    assert!(report.repaired_orphans > 0, "{report:?}");
+    assert!(ckptfs::fsck::fsck(&store, false, |_| {})
+        .unwrap()
+        .is_clean());
+}
+
+/// Review finding: a refused start (or a read-only fsck) must not create checkpoints/, or
+/// the next start of the incomplete store would sweep every object.
+#[test]
+fn a_refused_start_leaves_an_incomplete_store_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    six_checkpoints(&store);
+    let before = objects(&store);
+    std::fs::remove_dir_all(store.join("checkpoints")).unwrap();
+    for _ in 0..2 {
+        assert!(Engine::open(EngineConfig::new(&store)).is_err());
+        let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
+        assert!(!report.problems.is_empty(), "{report:?}");
+        let report = ckptfs::fsck::fsck(&store, true, |_| {}).unwrap();
+        assert_eq!(report.repaired_orphans, 0, "{report:?}");
+        assert!(!store.join("checkpoints").exists());
     }
+    assert_eq!(objects(&store), before);
+}
+
+/// Review finding: with the local state lost and the newest manifest unreadable, a backend
+/// must not start from an older checkpoint in silence.
+#[test]
+fn no_silent_rollback_past_an_unreadable_newest_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let ids = six_checkpoints(&store);
+    std::fs::remove_dir_all(store.join("state")).unwrap();
+    let newest = store.join(format!("checkpoints/{}.json", ids[5]));
+    let text = std::fs::read(&newest).unwrap();
+    std::fs::write(&newest, &text[..text.len() / 2]).unwrap();
+    let err = Engine::open(EngineConfig::new(&store))
+        .err()
+        .expect("must refuse");
+    assert!(err.to_string().contains("no local state"), "{err}");
+    // Choosing explicitly works.
+    let mut cfg = EngineConfig::new(&store);
+    cfg.restore_from = Some(ids[4]);
+    let engine = Engine::open(cfg).unwrap();
+    assert!(!engine.scan(&name("A/0")).unwrap().is_empty());
+}
+
+/// Review finding: an interrupted restore whose checkpoint became unreadable is not
+/// silently abandoned (that would leave backends half restored).
+#[test]
+fn an_interrupted_restore_that_cannot_finish_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let ids = six_checkpoints(&store);
+    std::fs::write(store.join("state/restore-intent"), ids[2].to_string()).unwrap();
+    let path = store.join(format!("checkpoints/{}.json", ids[2]));
+    let text = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &text[..10]).unwrap();
+    let err = Engine::open(EngineConfig::new(&store))
+        .err()
+        .expect("must refuse");
+    assert!(err.to_string().contains("interrupted"), "{err}");
+    std::fs::write(&path, &text).unwrap();
+    // Readable again: the restore is finished, and the intent is gone.
+    let engine = Engine::open(EngineConfig::new(&store)).unwrap();
+    assert!(!store.join("state/restore-intent").exists());
+    drop(engine);
+}
+
+/// Review findings: a store reached through a symbolic link works; a link planted inside
+/// the store (a shard directory) is never followed by the sweep or a delete.
+#[test]
+fn links_to_the_store_work_and_links_inside_it_are_not_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("real");
+    six_checkpoints(&real);
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    drop(Engine::open(EngineConfig::new(&link)).unwrap());
+
+    let outside = dir.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    let victim = outside.join("f".repeat(64));
+    std::fs::write(&victim, b"precious").unwrap();
+    std::os::unix::fs::symlink(&outside, real.join("objects/ff")).unwrap();
+    drop(Engine::open(EngineConfig::new(&real)).unwrap());
+    ckptfs::fsck::fsck(&real, true, |_| {}).unwrap();
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+}
+
+/// Review finding: fsck reads ckptfs.json too.
+#[test]
+fn fsck_reports_a_damaged_store_metadata_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    six_checkpoints(&store);
+    std::fs::write(store.join("ckptfs.json"), b"{").unwrap();
+    let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
+    assert!(
+        report.problems.iter().any(|p| p.contains("ckptfs.json")),
+        "{report:?}"
+    );
+    assert!(!report.is_clean());
 }
 
 /// Hostile stores: random damage to ckptfs.json or a manifest (a flipped byte, a cut, an

@@ -192,3 +192,25 @@ fn a_copy_racing_a_drop_is_whole_or_fails() {
     }
     eprintln!("copy/drop races: {whole} whole copies, {failed} loud failures");
 }
+
+/// Review finding: the kernel releases a closed directory asynchronously, so `ls cp-N`
+/// followed at once by `rmdir cp-N` must not fail with EBUSY.
+#[test]
+fn rmdir_right_after_a_listing_succeeds() {
+    let m = Mounted::new(&["--backend", "A/0", "--retain", "100"]);
+    let ids: Vec<u64> = (0..20).map(|_| m.checkpoint()).collect();
+    for id in ids {
+        let dir = m.mnt.join(format!("cp-{id}"));
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(format!("ls {0} >/dev/null && rmdir {0}", dir.display()))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(m.checkpoint_ids().is_empty());
+}

@@ -126,7 +126,8 @@ fn the_daemon_merges_small_files_in_the_background() {
         .iter()
         .filter(|f| f["name"].as_str().unwrap().ends_with(".sst"))
         .count();
-    assert!(ssts <= 3, "{ssts} SSTs after the merge");
+    // Files flushed after the last merge stay until 64 small ones gather again.
+    assert!(ssts <= 80 - 64 + 3, "{ssts} SSTs after the merge");
     assert_eq!(
         common::mounted::scan(&m.mnt.join(format!("cp-{id}/A/0"))).len(),
         80

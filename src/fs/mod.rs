@@ -177,6 +177,8 @@ pub struct CkptFs {
     invalidator: Mutex<Option<Arc<dyn Invalidator>>>,
     /// Open handles of each checkpoint's top directory (`cp-N`), see [`CkptFs::rmdir`].
     listing: Mutex<HashMap<u64, usize>>,
+    /// Signalled when a `cp-N` handle is released.
+    listing_released: std::sync::Condvar,
     /// Objects whose checksum this daemon has verified.
     verified: Mutex<std::collections::HashSet<ObjectId>>,
     /// Verify each object at its first open (the default); off with `--no-verify`.
@@ -225,6 +227,7 @@ impl CkptFs {
             shown: Mutex::new(BTreeSet::new()),
             invalidator: Mutex::new(None),
             listing: Mutex::new(HashMap::new()),
+            listing_released: std::sync::Condvar::new(),
             verified: Mutex::new(Default::default()),
             verify,
         });
@@ -506,6 +509,7 @@ impl CkptFs {
                     listing.remove(&cp);
                 }
             }
+            self.listing_released.notify_all();
         }
     }
 
@@ -688,19 +692,21 @@ impl CkptFs {
                 ))
             }
         };
-        let complete = {
+        // `carried`: how much of `complete` earlier writes handed over.
+        let (complete, carried) = {
             let mut st = lock(&stream.state);
             // Only the new bytes can hold the last newline: no rescans of old text.
             match data.iter().rposition(|b| *b == b'\n') {
                 Some(end) => {
                     let mut text = std::mem::take(&mut st.unfinished);
+                    let carried = text.len();
                     text.extend_from_slice(&data[..=end]);
                     st.unfinished = data[end + 1..].to_vec();
-                    text
+                    (text, carried)
                 }
                 None => {
                     st.unfinished.extend_from_slice(data);
-                    Vec::new()
+                    (Vec::new(), 0)
                 }
             }
         };
@@ -715,7 +721,9 @@ impl CkptFs {
         }
         if !complete.is_empty() {
             if let Err(e) = self.run_lines(&stream, &complete) {
-                lock(&stream.state).unfinished.clear();
+                // A refused write changes nothing: what earlier (accepted) writes carried
+                // over stays pending, this write's bytes are dropped.
+                lock(&stream.state).unfinished = complete[..carried].to_vec();
                 return Err(e);
             }
         }
@@ -755,7 +763,20 @@ impl CkptFs {
             first
         };
         if stream.discard_answers {
-            self.controller.execute(commands, Arc::new(|_, _| {}));
+            // Nobody reads these answers: a command refused later (a busy checkpoint, a
+            // failed write) must at least show in status.
+            let engine = self.controller.engine().clone();
+            self.controller.execute(
+                commands,
+                Arc::new(move |_, line: String| {
+                    if let Ok(answer) = serde_json::from_str::<serde_json::Value>(&line) {
+                        if answer["ok"] == false {
+                            let error = answer["error"].as_str().unwrap_or("command failed");
+                            engine.record_error(format!("control command refused: {error}"));
+                        }
+                    }
+                }),
+            );
             return Ok(());
         }
         let weak = Arc::downgrade(stream);
@@ -819,7 +840,21 @@ impl CkptFs {
             });
         };
         // Held through the drop, so no opendir of cp-N slips in between check and drop.
-        let listing = lock(&self.listing);
+        // The kernel releases a closed directory asynchronously (`ls cp-N && rmdir cp-N`
+        // may arrive first): wait a moment for that before calling it busy.
+        let mut listing = lock(&self.listing);
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while listing.get(&cp).is_some_and(|n| *n > 0) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            listing = self
+                .listing_released
+                .wait_timeout(listing, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
         if listing.get(&cp).is_some_and(|n| *n > 0) {
             return Err(Error::Busy(format!(
                 "cp-{cp} is open (being listed, e.g. by a copy); try again when it is closed"
@@ -1017,18 +1052,22 @@ mod tests {
         assert_eq!(fs.write(fh, b"3\ndel").unwrap(), 5);
         assert_eq!(ids(&fs), vec![1, 2]);
         assert_eq!(read_now(&fs, fh), b"{\"ok\":true}\n");
-        // The unfinished "del" + "ete 1" is bad as a whole line: refused, nothing runs.
+        // The unfinished "del" + "ete 9" is bad as a whole line: refused, nothing runs, and
+        // the refused write changes nothing: "del" is still pending.
         let err = fs.write(fh, b"ete 9\n").unwrap_err();
         assert_eq!(err.errno(), libc::EINVAL);
         assert!(String::from_utf8(read_now(&fs, fh))
             .unwrap()
             .contains("no such checkpoint 9"));
         assert_eq!(ids(&fs), vec![1, 2]);
+        fs.write(fh, b"ete 2\n").unwrap();
+        assert_eq!(read_now(&fs, fh), b"{\"ok\":true}\n");
+        assert_eq!(ids(&fs), vec![1]);
         // A last line without newline runs when the handle is closed.
         fs.write(fh, b"delete 1").unwrap();
-        assert_eq!(ids(&fs), vec![1, 2]);
+        assert_eq!(ids(&fs), vec![1]);
         fs.release(fh);
-        assert_eq!(ids(&fs), vec![2]);
+        assert!(ids(&fs).is_empty());
     }
 
     /// A stream without newlines (say `cat /dev/zero > ctl`) is refused once it passes
@@ -1145,6 +1184,19 @@ mod tests {
             lock(fs.controller().workers_for_tests()).is_empty(),
             "refused checkpoints started threads"
         );
+        // On a write-only handle nobody reads the answer: the refusal shows in status.
+        let wo = match fs.open_access(CTL, false, true).unwrap() {
+            Opened::Stream { fh, .. } => fh,
+            Opened::Object { .. } => unreachable!(),
+        };
+        fs.write(wo, b"checkpoint\n").unwrap();
+        let last = fs
+            .controller()
+            .engine()
+            .status()
+            .last_error
+            .unwrap_or_default();
+        assert!(last.contains("already in flight"), "{last}");
         let manifest = pending.complete().unwrap();
         assert_eq!(
             value_in(&dir.path().join("store"), manifest.id, b"k"),
@@ -1179,11 +1231,22 @@ mod tests {
             }
         }
         assert_eq!(refused.expect("never refused").errno(), libc::ENOBUFS);
-        // Reading makes room again.
-        for _ in 0..10_000 {
+        // Fill up to the limit exactly, one answer at a time.
+        while fs.write(rw, b"put A/0 k v\n").is_ok() {}
+        // A line begun by an accepted write survives a refused one.
+        fs.write(rw, b"put A/0 carried ").unwrap();
+        let refused = fs.write(rw, b"w\n").unwrap_err();
+        assert_eq!(refused.errno(), libc::ENOBUFS);
+        // Reading makes room again, and the retried write completes the carried line.
+        for _ in 0..20_000 {
             read_now(&fs, rw);
         }
-        fs.write(rw, b"put A/0 k w\n").unwrap();
+        fs.write(rw, b"w\n").unwrap();
+        let engine = fs.controller().engine();
+        assert_eq!(
+            engine.get(&"A/0".parse().unwrap(), b"carried").unwrap(),
+            Some(b"w".to_vec())
+        );
     }
 
     /// Issue 7, defect 11: an open directory lists its full contents until released, even

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{hash_copy, ObjectId, ObjectStore, Staged};
 use crate::error::{Error, IoContext, Result};
-use crate::fsutil::{create_new_private, create_private_dir_all, fsync_dir};
+use crate::fsutil::{create_new_private, ensure_real_dir, fsync_dir, is_real_dir};
 
 pub struct LocalStore {
     objects: PathBuf,
@@ -19,10 +19,24 @@ pub struct LocalStore {
 impl LocalStore {
     /// Open (creating the directories if needed) the object area under `root`.
     pub fn open(root: &Path) -> Result<Self> {
+        let store = Self::open_existing(root)?;
+        ensure_real_dir(&store.objects)?;
+        ensure_real_dir(&store.tmp)?;
+        Ok(store)
+    }
+
+    /// Open the object area under `root` without creating anything (readers: fsck, restore).
+    pub fn open_existing(root: &Path) -> Result<Self> {
         let objects = root.join("objects");
         let tmp = root.join("tmp");
-        create_private_dir_all(&objects)?;
-        create_private_dir_all(&tmp)?;
+        for dir in [&objects, &tmp] {
+            if dir.exists() && !is_real_dir(dir) {
+                return Err(Error::Corrupt(format!(
+                    "{} is not a real directory (a symbolic link?); refusing to use it",
+                    dir.display()
+                )));
+            }
+        }
         Ok(LocalStore {
             objects,
             tmp,
@@ -62,8 +76,8 @@ impl ObjectStore for LocalStore {
     fn publish(&self, staged: Staged) -> Result<()> {
         let dest = self.path_of(&staged.id);
         let dir = dest.parent().expect("object paths have a parent");
-        if !dir.exists() {
-            create_private_dir_all(dir)?;
+        if !is_real_dir(dir) {
+            ensure_real_dir(dir)?;
             fsync_dir(&self.objects)?;
         }
         crate::failpoint!("store::before-publish");
@@ -80,6 +94,16 @@ impl ObjectStore for LocalStore {
 
     fn delete(&self, id: &ObjectId) -> Result<()> {
         let path = self.path_of(id);
+        let shard = path.parent().expect("object paths have a parent");
+        if !is_real_dir(shard) {
+            return match fs::symlink_metadata(shard) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(Error::Corrupt(format!(
+                    "{} is not a real directory; not deleting through it",
+                    shard.display()
+                ))),
+            };
+        }
         match fs::remove_file(&path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -89,11 +113,19 @@ impl ObjectStore for LocalStore {
 
     fn list(&self) -> Result<Vec<ObjectId>> {
         let mut ids = Vec::new();
-        for shard in fs::read_dir(&self.objects).ctx("list", &self.objects)? {
-            let shard = shard.ctx("list", &self.objects)?.path();
-            if !shard.is_dir() {
+        let shards = match fs::read_dir(&self.objects) {
+            Ok(shards) => shards,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ids),
+            Err(e) => return Err(Error::io(format!("list {}", self.objects.display()), e)),
+        };
+        for shard in shards {
+            let shard = shard.ctx("list", &self.objects)?;
+            // Not through links: a planted one must not make its target look like objects.
+            if !shard.file_type().is_ok_and(|t| t.is_dir()) {
+                log::warn!("ignoring stray entry {}", shard.path().display());
                 continue;
             }
+            let shard = shard.path();
             for entry in fs::read_dir(&shard).ctx("list", &shard)? {
                 let entry = entry.ctx("list", &shard)?;
                 let shard_name = shard.file_name().and_then(|n| n.to_str()).unwrap_or("");
@@ -132,6 +164,9 @@ impl ObjectStore for LocalStore {
 
     fn clear_staging(&self) -> Result<usize> {
         let mut removed = 0;
+        if !self.tmp.exists() {
+            return Ok(0);
+        }
         for entry in fs::read_dir(&self.tmp).ctx("list", &self.tmp)? {
             let path = entry.ctx("list", &self.tmp)?.path();
             fs::remove_file(&path).ctx("remove leftover", &path)?;
