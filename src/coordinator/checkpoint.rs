@@ -1,0 +1,366 @@
+//! Taking a checkpoint: the synchronous phase (flush, hard links into staging), the
+//! asynchronous upload of what the store does not hold yet, the commit of the manifest,
+//! registration and retention.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{base_of, Base, Engine};
+use crate::backend::{is_shared_file, StagedFile};
+use crate::catalog::{BackendSnapshot, CheckpointStats, FileEntry, Manifest, FORMAT};
+use crate::error::{Error, Result};
+use crate::fsutil::{create_private_dir_all, now_unix_ms, remove_tree};
+use crate::names::BackendName;
+use crate::store::{hash_file, ObjectId};
+
+impl Engine {
+    /// The synchronous phase: allocate an id, then flush and hard-link every backend's live
+    /// files into staging. Writers may continue as soon as this returns.
+    pub fn begin_checkpoint(&self) -> Result<PendingCheckpoint> {
+        let started_unix_ms = now_unix_ms();
+        let (id, bases) = {
+            let mut st = self.state();
+            if st.restoring {
+                return Err(Error::Busy("a restore is in progress".into()));
+            }
+            if st.in_flight.len() >= self.inner.max_concurrent {
+                return Err(Error::Busy(format!(
+                    "{} checkpoint(s) already in flight (max_concurrent = {}); try again \
+                     when it completes",
+                    st.in_flight.len(),
+                    self.inner.max_concurrent
+                )));
+            }
+            let id = st.meta.next_checkpoint;
+            let mut meta = st.meta.clone();
+            meta.next_checkpoint += 1;
+            self.inner.catalog.save_meta(&meta)?;
+            st.meta = meta;
+            st.in_flight.insert(id);
+            (id, st.bases.clone())
+        };
+        let clock = Instant::now();
+        let staging = self.inner.state_dir.join("staging").join(id.to_string());
+        let mut parts = Vec::new();
+        let sync = (|| -> Result<()> {
+            for name in self.inner.backends.keys() {
+                let dir = staging.join(name.rel_path());
+                let parent = dir.parent().expect("backend paths have a parent");
+                create_private_dir_all(parent)?;
+                let (lineage, files) = self.with_backend(name, |b| {
+                    Ok((b.lineage().to_string(), b.checkpoint_into(&dir)?))
+                })?;
+                let base = bases.get(name).cloned();
+                parts.push(PendingBackend {
+                    name: name.clone(),
+                    lineage,
+                    files,
+                    base,
+                });
+            }
+            Ok(())
+        })();
+        let pending = PendingCheckpoint {
+            engine: self.clone(),
+            id,
+            parts,
+            staging,
+            started_unix_ms,
+            sync_micros: clock.elapsed().as_micros() as u64,
+            pins: Vec::new(),
+            finished: false,
+            keep_objects: false,
+        };
+        match sync {
+            Ok(()) => Ok(pending),
+            Err(e) => {
+                pending.fail(&e);
+                Err(e)
+            }
+        }
+    }
+}
+
+struct PendingBackend {
+    name: BackendName,
+    lineage: String,
+    files: Vec<StagedFile>,
+    base: Option<Base>,
+}
+
+/// A checkpoint between its synchronous phase and its completion. Completing it runs the
+/// asynchronous phase; dropping it without completing aborts it and leaves nothing behind.
+pub struct PendingCheckpoint {
+    engine: Engine,
+    id: u64,
+    parts: Vec<PendingBackend>,
+    staging: PathBuf,
+    started_unix_ms: u64,
+    sync_micros: u64,
+    pins: Vec<ObjectId>,
+    finished: bool,
+    /// The manifest may exist on disk after a failed commit: delete nothing, let the next
+    /// start decide from what is durable.
+    keep_objects: bool,
+}
+
+impl PendingCheckpoint {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn sync_micros(&self) -> u64 {
+        self.sync_micros
+    }
+
+    /// The asynchronous phase: store what is new, re-reference the rest, commit, register,
+    /// apply retention.
+    pub fn complete(mut self) -> Result<Arc<Manifest>> {
+        crate::failpoint!("checkpoint::after-sync");
+        let clock = Instant::now();
+        match self.upload(usize::MAX) {
+            Ok((backends, mut stats)) => {
+                stats.sync_micros = self.sync_micros;
+                stats.async_micros = clock.elapsed().as_micros() as u64;
+                let manifest = Manifest {
+                    format: FORMAT,
+                    id: self.id,
+                    started_unix_ms: self.started_unix_ms,
+                    completed_unix_ms: now_unix_ms(),
+                    backends,
+                    stats,
+                };
+                match self.commit(manifest) {
+                    Ok(m) => Ok(m),
+                    Err(e) => {
+                        self.fail(&e);
+                        Err(e)
+                    }
+                }
+            }
+            Err(e) => {
+                self.fail(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Abort: release everything this checkpoint stored or matched.
+    pub fn abort(self) {
+        let e = Error::Busy(format!("checkpoint {} aborted", self.id));
+        self.fail(&e);
+    }
+
+    /// Test hook: store at most `uploads` new objects, then stop as if the process had been
+    /// killed there: no cleanup, no manifest. Recovery at the next start must sweep it.
+    #[doc(hidden)]
+    pub fn simulate_crash(mut self, uploads: usize) {
+        let _ = self.upload(uploads);
+        self.finished = true;
+    }
+
+    fn upload(
+        &mut self,
+        mut upload_budget: usize,
+    ) -> Result<(Vec<BackendSnapshot>, CheckpointStats)> {
+        let inner = &self.engine.inner;
+        let mut stats = CheckpointStats::default();
+        let mut snapshots = Vec::new();
+        for part in &self.parts {
+            let mut entries = Vec::with_capacity(part.files.len());
+            for file in &part.files {
+                stats.files_total += 1;
+                stats.bytes_total += file.size;
+                let shared = is_shared_file(&file.name);
+                // Re-reference by name only within the lineage of a confirmed checkpoint,
+                // and only while the object is still alive.
+                if let Some(known) = part
+                    .base
+                    .as_ref()
+                    .filter(|_| shared)
+                    .and_then(|b| b.files.get(&file.name))
+                    .filter(|known| known.size == file.size)
+                {
+                    let mut st = self.engine.state();
+                    if st.can_share(&known.object) {
+                        st.registry.pin(known.object);
+                        self.pins.push(known.object);
+                        stats.files_reused += 1;
+                        entries.push(known.clone());
+                        continue;
+                    }
+                }
+                stats.files_new += 1;
+                // A new SST of an established lineage is almost never stored yet: copy it
+                // in one pass. Anything else (private files, the first checkpoint of a
+                // lineage, e.g. after a restore) is hashed first, because its content is
+                // often stored already and the copy can be skipped.
+                let hash_first = !(shared && part.base.is_some());
+                let expected = if hash_first {
+                    let (id, size) = hash_file(&file.path)?;
+                    let mut st = self.engine.state();
+                    if st.can_share(&id) {
+                        // Same content already stored (another backend, a private file that
+                        // did not change, a restored file, or a concurrent checkpoint).
+                        st.registry.pin(id);
+                        self.pins.push(id);
+                        if shared {
+                            stats.bytes_new_sst += size;
+                        }
+                        entries.push(FileEntry {
+                            name: file.name.clone(),
+                            object: id,
+                            size,
+                        });
+                        continue;
+                    }
+                    Some((id, size))
+                } else {
+                    None
+                };
+                if upload_budget == 0 {
+                    return Err(Error::Busy("simulated crash".into()));
+                }
+                upload_budget -= 1;
+                let staged = inner.store.stage(&file.path)?;
+                let (id, size) = (staged.id, staged.size);
+                if expected.is_some_and(|e| e != (id, size)) {
+                    inner.store.discard(staged);
+                    return Err(Error::Corrupt(format!(
+                        "{} changed while it was being checkpointed",
+                        file.path.display()
+                    )));
+                }
+                if shared {
+                    stats.bytes_new_sst += size;
+                }
+                let mut st = self.engine.state();
+                if st.can_share(&id) {
+                    // Stored already (by a concurrent checkpoint, or elsewhere): that copy
+                    // survives, ours is the duplicate.
+                    inner.store.discard(staged);
+                } else {
+                    inner.store.publish(staged)?;
+                    stats.bytes_uploaded += size;
+                    if st.missing.remove(&id) {
+                        log::info!("object {id} was missing and is stored again");
+                    }
+                }
+                st.registry.pin(id);
+                self.pins.push(id);
+                entries.push(FileEntry {
+                    name: file.name.clone(),
+                    object: id,
+                    size,
+                });
+            }
+            snapshots.push(BackendSnapshot {
+                name: part.name.clone(),
+                lineage: part.lineage.clone(),
+                files: entries,
+            });
+        }
+        Ok((snapshots, stats))
+    }
+
+    fn commit(&mut self, manifest: Manifest) -> Result<Arc<Manifest>> {
+        let engine = self.engine.clone();
+        let inner = &engine.inner;
+        let mut st = engine.state();
+        crate::failpoint!("checkpoint::before-commit");
+        if let Err(e) = inner.catalog.commit(&manifest) {
+            // The rename may have happened even if a later fsync failed. If the manifest
+            // cannot be removed (durably), it may still name our objects: leave them to the
+            // sweep at the next start instead of deleting them.
+            if let Err(remove) = inner.catalog.remove(manifest.id) {
+                log::warn!("checkpoint {}: manifest may remain: {remove}", manifest.id);
+                self.keep_objects = true;
+            }
+            return Err(e);
+        }
+        let id = manifest.id;
+        crate::failpoint!("checkpoint::after-commit");
+        st.registry.register_checkpoint(id, manifest.objects());
+        crate::failpoint!("checkpoint::after-register");
+        let mut garbage = Vec::new();
+        for pin in self.pins.drain(..) {
+            garbage.extend(st.registry.unpin(&pin));
+        }
+        engine.delete_objects(&st, &garbage);
+        st.in_flight.remove(&id);
+        inner.slot_freed.notify_all();
+        for snapshot in &manifest.backends {
+            let current = st.lineages.get(&snapshot.name) == Some(&snapshot.lineage);
+            let newer = st
+                .bases
+                .get(&snapshot.name)
+                .is_none_or(|b| b.checkpoint < id);
+            if current && newer {
+                st.bases
+                    .insert(snapshot.name.clone(), base_of(id, snapshot));
+            }
+        }
+        let manifest = Arc::new(manifest);
+        st.manifests.insert(id, manifest.clone());
+        log::info!(
+            "checkpoint {id} complete: {} files ({} reused), {} bytes uploaded",
+            manifest.stats.files_total,
+            manifest.stats.files_reused,
+            manifest.stats.bytes_uploaded
+        );
+        let retention = engine.apply_retention(&mut st);
+        drop(st);
+        self.finished = true;
+        if let Err(e) = remove_tree(&self.staging) {
+            log::warn!("could not remove staging of checkpoint {id}: {e}");
+        }
+        // The checkpoint itself is durable; a retention failure is reported separately.
+        if let Err(e) = retention {
+            log::warn!("retention after checkpoint {id} failed: {e}");
+            engine.record_error(format!("retention after checkpoint {id} failed: {e}"));
+        }
+        Ok(manifest)
+    }
+
+    fn fail(mut self, error: &Error) {
+        self.release(Some(error));
+    }
+
+    fn release(&mut self, error: Option<&Error>) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        let engine = self.engine.clone();
+        let mut st = engine.state();
+        if self.keep_objects {
+            // Not only now: no later drop may delete them either.
+            log::warn!(
+                "checkpoint {}: keeping its {} objects for recovery to judge",
+                self.id,
+                self.pins.len()
+            );
+            st.kept.extend(self.pins.iter().copied());
+        }
+        let mut garbage = Vec::new();
+        for pin in self.pins.drain(..) {
+            garbage.extend(st.registry.unpin(&pin));
+        }
+        engine.delete_objects(&st, &garbage);
+        st.in_flight.remove(&self.id);
+        engine.inner.slot_freed.notify_all();
+        if let Some(e) = error {
+            log::warn!("checkpoint {} failed: {e}", self.id);
+            st.last_error = Some(format!("checkpoint {} failed: {e}", self.id));
+        }
+        drop(st);
+        let _ = remove_tree(&self.staging);
+    }
+}
+
+impl Drop for PendingCheckpoint {
+    fn drop(&mut self) {
+        self.release(None);
+    }
+}

@@ -1,0 +1,482 @@
+//! Runs checkpoints across the hosted backends: synchronous phase, asynchronous uploads,
+//! commit, registration, retention; drops and restores.
+//!
+//! Locking: `Inner::state` (registry, manifests, metadata, in-flight set) is held only for
+//! bookkeeping and for the store operations that must be atomic with it (publishing an
+//! object, deleting garbage, committing or removing a manifest), never while hashing or
+//! copying file contents. Each backend sits behind its own `RwLock`, taken for writing only
+//! to swap the database during a restore.
+
+//!
+//! One file per part of the story: [`open`] (recovery at start), [`checkpoint`] (taking
+//! one), [`restore`] (rolling back, materializing); this file holds the engine's state and
+//! what the parts share (retention, drops, deleting garbage).
+
+mod checkpoint;
+mod open;
+mod restore;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+
+use crate::backend::{Backend, BackendOptions, WriteOp};
+use crate::catalog::{BackendSnapshot, Catalog, FileEntry, Manifest, StoreMeta};
+use crate::error::{Error, Result};
+use crate::lock::{DirLock, StoreLock};
+use crate::names::BackendName;
+use crate::registry::Registry;
+use crate::store::{ObjectId, ObjectStore};
+
+pub use checkpoint::PendingCheckpoint;
+pub use open::ensure_store_dir;
+pub use restore::materialize;
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub store: PathBuf,
+    /// Where the live RocksDB instances and the staging area live (default `STORE/state`).
+    pub state: Option<PathBuf>,
+    /// Backends to host in addition to those the store already knows (none at all: `default/0`).
+    pub backends: Vec<BackendName>,
+    /// Number of retained checkpoints; `None` keeps the store's setting (default 3).
+    pub retain: Option<u32>,
+    pub max_concurrent: usize,
+    pub backend_options: BackendOptions,
+    /// Start every backend of this checkpoint from it, discarding the local state.
+    pub restore_from: Option<u64>,
+}
+
+impl EngineConfig {
+    pub fn new(store: impl Into<PathBuf>) -> Self {
+        EngineConfig {
+            store: store.into(),
+            state: None,
+            backends: Vec::new(),
+            retain: None,
+            max_concurrent: 1,
+            backend_options: BackendOptions::default(),
+            restore_from: None,
+        }
+    }
+}
+
+/// The files of the newest confirmed checkpoint of one backend's lineage: the only files a
+/// new checkpoint may re-reference by name.
+#[derive(Debug, Clone)]
+struct Base {
+    checkpoint: u64,
+    files: Arc<HashMap<String, FileEntry>>,
+}
+
+struct State {
+    registry: Registry,
+    manifests: BTreeMap<u64, Arc<Manifest>>,
+    meta: StoreMeta,
+    in_flight: BTreeSet<u64>,
+    restoring: bool,
+    lineages: HashMap<BackendName, String>,
+    bases: HashMap<BackendName, Base>,
+    last_error: Option<String>,
+    /// Small SSTs merged by small-file compaction since start: files, bytes.
+    small_file_compactions: (u64, u64),
+    /// Objects of a manifest that may exist on disk after a failed commit: never deleted
+    /// by this process (the next start decides from what is durable).
+    kept: BTreeSet<ObjectId>,
+    /// Referenced objects found missing at start: never shared, stored again when a
+    /// checkpoint has their bytes (which repairs them).
+    missing: BTreeSet<ObjectId>,
+}
+
+impl State {
+    /// May a checkpoint reference this object without storing its bytes?
+    fn can_share(&self, id: &ObjectId) -> bool {
+        self.registry.is_live(id) && !self.missing.contains(id)
+    }
+}
+
+struct Inner {
+    store_root: PathBuf,
+    state_dir: PathBuf,
+    store: Box<dyn ObjectStore>,
+    catalog: Catalog,
+    backend_options: BackendOptions,
+    max_concurrent: usize,
+    backends: BTreeMap<BackendName, RwLock<Option<Backend>>>,
+    state: Mutex<State>,
+    /// Signalled whenever a checkpoint leaves flight or a restore ends.
+    slot_freed: Condvar,
+    /// An unreadable or quarantined manifest exists: no object is deleted at all (which
+    /// ones it names cannot be known for sure), only manifests are.
+    deletes_frozen: bool,
+    _lock: StoreLock,
+    _state_lock: DirLock,
+}
+
+/// The checkpointing engine of one store. Cheap to clone; all clones share one engine.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+/// A read-only picture of the engine for status displays.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub backends: Vec<BackendName>,
+    pub checkpoints: Vec<Arc<Manifest>>,
+    pub in_flight: Vec<u64>,
+    pub retain: u32,
+    pub max_concurrent: usize,
+    pub last_error: Option<String>,
+    /// Small SSTs merged by small-file compaction since start: files, bytes.
+    pub small_file_compactions: (u64, u64),
+}
+
+impl Engine {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn store_root(&self) -> &Path {
+        &self.inner.store_root
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        &self.inner.state_dir
+    }
+
+    pub fn object_store(&self) -> &dyn ObjectStore {
+        self.inner.store.as_ref()
+    }
+
+    pub fn backend_names(&self) -> Vec<BackendName> {
+        self.inner.backends.keys().cloned().collect()
+    }
+
+    fn with_backend<T>(
+        &self,
+        name: &BackendName,
+        f: impl FnOnce(&Backend) -> Result<T>,
+    ) -> Result<T> {
+        let slot = self
+            .inner
+            .backends
+            .get(name)
+            .ok_or_else(|| Error::NoSuchBackend(name.to_string()))?;
+        let guard = slot.read().unwrap_or_else(|p| p.into_inner());
+        let backend = guard
+            .as_ref()
+            .ok_or_else(|| Error::BackendClosed(name.to_string()))?;
+        f(backend)
+    }
+
+    /// Apply the operations to one backend as one atomic batch.
+    pub fn write(&self, name: &BackendName, ops: &[WriteOp]) -> Result<()> {
+        self.with_backend(name, |b| b.write(ops))
+    }
+
+    pub fn put(&self, name: &BackendName, key: &[u8], value: &[u8]) -> Result<()> {
+        self.write(name, &[WriteOp::Put(key.to_vec(), value.to_vec())])
+    }
+
+    pub fn delete(&self, name: &BackendName, key: &[u8]) -> Result<()> {
+        self.write(name, &[WriteOp::Delete(key.to_vec())])
+    }
+
+    pub fn get(&self, name: &BackendName, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.with_backend(name, |b| b.get(key))
+    }
+
+    pub fn flush(&self, name: &BackendName) -> Result<()> {
+        self.with_backend(name, |b| b.flush())
+    }
+
+    pub fn compact(&self, name: &BackendName) -> Result<()> {
+        self.with_backend(name, |b| b.compact())
+    }
+
+    /// Merge runs of small SSTs of one backend; returns the files and bytes merged.
+    pub fn compact_small_files(
+        &self,
+        name: &BackendName,
+        policy: &crate::compaction::SmallFilePolicy,
+    ) -> Result<(usize, u64)> {
+        let plans = self.with_backend(name, |b| b.compact_small_files(policy))?;
+        let files = plans.iter().map(|p| p.files).sum();
+        let bytes = plans.iter().map(|p| p.bytes).sum();
+        if files > 0 {
+            log::info!(
+                "backend {name}: merged {files} small SSTs ({bytes} bytes) in {} ranges",
+                plans.len()
+            );
+            let mut st = self.state();
+            st.small_file_compactions.0 += files as u64;
+            st.small_file_compactions.1 += bytes;
+        }
+        Ok((files, bytes))
+    }
+
+    pub fn scan(&self, name: &BackendName) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.with_backend(name, |b| b.scan())
+    }
+
+    pub fn live_sst_files(&self, name: &BackendName) -> Result<Vec<(String, u64)>> {
+        self.with_backend(name, |b| b.live_sst_files())
+    }
+
+    /// Take a checkpoint of every backend and wait until it is complete.
+    pub fn checkpoint(&self) -> Result<Arc<Manifest>> {
+        self.begin_checkpoint()?.complete()
+    }
+
+    /// Block until no checkpoint is in flight (used at shutdown).
+    pub fn wait_idle(&self) {
+        let mut st = self.state();
+        while !st.in_flight.is_empty() {
+            st = self
+                .inner
+                .slot_freed
+                .wait(st)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Drop a retained checkpoint: its manifest goes, then every object no other retained
+    /// checkpoint references.
+    pub fn delete_checkpoint(&self, id: u64) -> Result<()> {
+        let mut st = self.state();
+        if st.restoring {
+            return Err(Error::Busy("a restore is in progress".into()));
+        }
+        if st.in_flight.contains(&id) {
+            return Err(Error::Busy(format!("checkpoint {id} is still in flight")));
+        }
+        if !st.manifests.contains_key(&id) {
+            return Err(Error::NoSuchCheckpoint(id));
+        }
+        self.drop_checkpoint_locked(&mut st, id)
+    }
+
+    /// Change the number of retained checkpoints (at least 1); applied at once.
+    pub fn set_retain(&self, retain: u32) -> Result<()> {
+        let retain = validate_retain(retain)?;
+        let mut st = self.state();
+        if st.restoring {
+            return Err(Error::Busy("a restore is in progress".into()));
+        }
+        let mut meta = st.meta.clone();
+        meta.retain = retain;
+        self.inner.catalog.save_meta(&meta)?;
+        st.meta = meta;
+        self.apply_retention(&mut st)
+    }
+
+    pub fn retain(&self) -> u32 {
+        self.state().meta.retain
+    }
+
+    pub fn checkpoints(&self) -> Vec<Arc<Manifest>> {
+        self.state().manifests.values().cloned().collect()
+    }
+
+    pub fn manifest(&self, id: u64) -> Option<Arc<Manifest>> {
+        self.state().manifests.get(&id).cloned()
+    }
+
+    /// Reference count of every object referenced by a retained checkpoint.
+    pub fn reference_counts(&self) -> BTreeMap<ObjectId, u32> {
+        self.state().registry.counts()
+    }
+
+    pub fn status(&self) -> Status {
+        let st = self.state();
+        Status {
+            backends: self.backend_names(),
+            checkpoints: st.manifests.values().cloned().collect(),
+            in_flight: st.in_flight.iter().copied().collect(),
+            retain: st.meta.retain,
+            max_concurrent: self.inner.max_concurrent,
+            last_error: st.last_error.clone(),
+            small_file_compactions: st.small_file_compactions,
+        }
+    }
+
+    /// Remember an error for `status` (the control file reports failures this way too).
+    pub fn record_error(&self, message: String) {
+        self.state().last_error = Some(message);
+    }
+
+    fn apply_retention(&self, st: &mut State) -> Result<()> {
+        for victim in st.registry.retention_victims(st.meta.retain as usize) {
+            self.drop_checkpoint_locked(st, victim)?;
+            crate::failpoint!("retention::between-drops");
+        }
+        Ok(())
+    }
+
+    fn drop_checkpoint_locked(&self, st: &mut State, id: u64) -> Result<()> {
+        self.inner.catalog.remove(id)?;
+        crate::failpoint!("drop::after-manifest-removed");
+        st.manifests.remove(&id);
+        let garbage = st.registry.drop_checkpoint(id).unwrap_or_default();
+        self.delete_objects(st, &garbage);
+        log::info!("dropped checkpoint {id}; deleted {} objects", garbage.len());
+        Ok(())
+    }
+
+    /// Delete objects the registry declared garbage. Called with the state lock held, so no
+    /// checkpoint can match or publish the same object meanwhile. A failed delete leaves an
+    /// orphan that the next start (or `fsck --repair`) removes.
+    fn delete_objects(&self, st: &State, garbage: &[ObjectId]) {
+        if self.inner.deletes_frozen && !garbage.is_empty() {
+            log::warn!(
+                "keeping {} unreferenced objects: deletions are frozen while a manifest is \
+                 unreadable or quarantined",
+                garbage.len()
+            );
+            return;
+        }
+        for id in garbage.iter().filter(|id| !st.kept.contains(id)) {
+            if let Err(e) = self.inner.store.delete(id) {
+                log::warn!("could not delete object {id}: {e}");
+            } else {
+                log::info!("deleted object {id}");
+            }
+            crate::failpoint!("drop::mid-delete");
+        }
+    }
+}
+
+fn validate_retain(retain: u32) -> Result<u32> {
+    if retain == 0 {
+        return Err(Error::Invalid("retain must be at least 1".into()));
+    }
+    Ok(retain)
+}
+
+fn backend_dir(state_dir: &Path, name: &BackendName) -> PathBuf {
+    state_dir.join("backends").join(name.rel_path())
+}
+
+fn base_of(checkpoint: u64, snapshot: &BackendSnapshot) -> Base {
+    Base {
+        checkpoint,
+        files: Arc::new(
+            snapshot
+                .files
+                .iter()
+                .map(|f| (f.name.clone(), f.clone()))
+                .collect(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::restore::install_snapshot;
+    use super::*;
+    use crate::store::LocalStore;
+
+    fn config(store: &Path) -> EngineConfig {
+        let mut config = EngineConfig::new(store);
+        config.backends = vec!["A/0".parse().unwrap()];
+        config.retain = Some(20);
+        config.backend_options.write_buffer_size = Some(64 * 1024);
+        config
+    }
+
+    fn fill(engine: &Engine, tag: &str, range: std::ops::Range<u32>) {
+        let a: BackendName = "A/0".parse().unwrap();
+        let ops: Vec<WriteOp> = range
+            .map(|i| {
+                WriteOp::Put(
+                    format!("k{i:06}").into_bytes(),
+                    format!("{tag}{}", "x".repeat(80)).into_bytes(),
+                )
+            })
+            .collect();
+        engine.write(&a, &ops).unwrap();
+        engine.flush(&a).unwrap();
+    }
+
+    /// A crash after a restored database was renamed into place, but before it got its new
+    /// lineage, must not let the old lineage's files be re-referenced by name.
+    #[test]
+    fn a_crash_in_the_middle_of_a_restore_never_aliases_abandoned_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        let a: BackendName = "A/0".parse().unwrap();
+        let engine = Engine::open(config(&store)).unwrap();
+        fill(&engine, "base", 0..1500);
+        let cp1 = engine.checkpoint().unwrap();
+        for i in 0..3u32 {
+            fill(&engine, "abandoned", i * 250..(i + 1) * 250);
+            engine.checkpoint().unwrap();
+        }
+        let state_dir = engine.state_dir().to_path_buf();
+        drop(engine);
+        // The crash: the restored files are in place, the database never reopened.
+        let objects = LocalStore::open(&store).unwrap();
+        install_snapshot(&objects, &cp1.backends[0], &backend_dir(&state_dir, &a)).unwrap();
+
+        let engine = Engine::open(config(&store)).unwrap();
+        fill(&engine, "after", 0..100);
+        let expected = engine.scan(&a).unwrap();
+        let cp = engine.checkpoint().unwrap();
+        let old_lineage = &cp1.backends[0].lineage;
+        assert_ne!(
+            &cp.backends[0].lineage, old_lineage,
+            "the restored database kept the old lineage"
+        );
+        // With a fresh lineage nothing is re-referenced by name (content may still be shared).
+        assert_eq!(cp.stats.files_reused, 0);
+        let out = dir.path().join("out");
+        crate::restore::restore_checkpoint(&store, cp.id, &out, |_| {}).unwrap();
+        assert_eq!(
+            crate::backend::scan_dir(&out.join("A/0")).unwrap(),
+            expected
+        );
+    }
+
+    /// A closed backend fails a checkpoint at once and leaves no slot taken.
+    #[test]
+    fn a_closed_backend_fails_a_checkpoint_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(config(&dir.path().join("store"))).unwrap();
+        let a: BackendName = "A/0".parse().unwrap();
+        *engine.inner.backends[&a].write().unwrap() = None;
+        let before = engine.state().meta.next_checkpoint;
+        let err = engine.begin_checkpoint().err().expect("must fail");
+        assert!(matches!(err, Error::BackendClosed(_)), "{err}");
+        assert_eq!(engine.state().meta.next_checkpoint, before + 1);
+        assert!(engine.state().in_flight.is_empty());
+    }
+
+    /// A restore that cannot read its checkpoint leaves the live database open and as it was.
+    #[test]
+    fn a_failed_restore_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(config(&dir.path().join("store"))).unwrap();
+        let a: BackendName = "A/0".parse().unwrap();
+        fill(&engine, "v1", 0..500);
+        let cp = engine.checkpoint().unwrap();
+        fill(&engine, "v2", 0..500);
+        let live = engine.scan(&a).unwrap();
+        let sst = cp.backends[0]
+            .files
+            .iter()
+            .find(|f| f.name.ends_with(".sst"))
+            .unwrap();
+        let path = engine.object_store().local_path(&sst.object).unwrap();
+        std::fs::write(&path, b"garbage").unwrap();
+        assert!(matches!(
+            engine.restore_backends(cp.id),
+            Err(Error::Corrupt(_))
+        ));
+        assert_eq!(engine.scan(&a).unwrap(), live);
+        engine.checkpoint().unwrap();
+    }
+}

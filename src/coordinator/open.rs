@@ -1,0 +1,410 @@
+//! Opening a store: decide what it is before creating anything, recover (leftovers,
+//! orphans, an interrupted restore), and start the backends.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+
+use super::restore::{
+    clear_restore_intent, prepare_all, read_restore_intent, swap_in_snapshot, write_restore_intent,
+};
+use super::{backend_dir, base_of, validate_retain, Engine, EngineConfig, Inner, State};
+use crate::backend::Backend;
+use crate::catalog::{BackendSnapshot, Catalog, Manifest, StoreMeta};
+use crate::error::{Error, IoContext, Result};
+use crate::fsutil::{create_private_dir_all, make_private, remove_tree};
+use crate::lock::{DirLock, StoreLock};
+use crate::names::BackendName;
+use crate::registry::Registry;
+use crate::store::{LocalStore, ObjectId, ObjectStore};
+
+impl Engine {
+    /// Open a store (creating it if new), recover, and start the backends.
+    pub fn open(config: EngineConfig) -> Result<Engine> {
+        config.backend_options.validate()?;
+        if let Some(n) = config.restore_from {
+            if !config.store.join("checkpoints").is_dir() {
+                return Err(Error::NoSuchCheckpoint(n));
+            }
+        }
+        let root = ensure_store_dir(&config.store)?;
+        let lock = StoreLock::acquire(&root)?;
+        // Decide what the store is before creating anything in it: a store whose metadata
+        // is missing must never look new (a new store's retention would delete checkpoints),
+        // and a refused start must leave nothing that makes the next start look fine.
+        let had_objects = store_has_objects(&root)?;
+        let had_checkpoints_dir = crate::fsutil::is_real_dir(&root.join("checkpoints"));
+        if had_objects && !had_checkpoints_dir {
+            return Err(Error::Corrupt(format!(
+                "{} holds objects but no checkpoints/ directory: the store is incomplete \
+                 (a partial copy?); refusing to start so that nothing is deleted",
+                root.display()
+            )));
+        }
+        let catalog = Catalog::open(&root)?;
+        let store = LocalStore::open(&root)?;
+        let loaded_meta = catalog.load_meta()?;
+        // An unreadable manifest hides its checkpoint, never deletes it: the daemon starts
+        // without it, keeps every object it may name and sweeps nothing; fsck reports it.
+        let (manifests, unreadable) = catalog.load_all_lenient()?;
+        let mut last_error = None;
+        for (name, e) in &unreadable {
+            let msg = format!(
+                "checkpoint manifest {name} cannot be read and is not shown ({e}); its objects \
+                 are kept; run `ckptfs fsck` (--repair moves it to quarantine/)"
+            );
+            log::error!("{msg}");
+            last_error = Some(msg);
+        }
+        // A store with metadata trusts its checkpoints/ directory, even empty (every
+        // checkpoint dropped, or the first one interrupted).
+        if loaded_meta.is_none() && manifests.is_empty() && unreadable.is_empty() && had_objects {
+            return Err(Error::Corrupt(format!(
+                "{} holds objects but neither ckptfs.json nor checkpoint manifests: the \
+                 store is incomplete (a partial copy?); refusing to start so that nothing is \
+                 deleted",
+                root.display()
+            )));
+        }
+        let mut meta = match loaded_meta {
+            Some(meta) => meta,
+            None if manifests.is_empty() => StoreMeta::default(),
+            None => {
+                let rebuilt = rebuild_meta(&manifests);
+                log::warn!(
+                    "{}/ckptfs.json is missing: rebuilt it from {} manifests (backends {}, \
+                     next checkpoint {}, retain {})",
+                    root.display(),
+                    manifests.len(),
+                    rebuilt
+                        .backends
+                        .iter()
+                        .map(|b| b.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    rebuilt.next_checkpoint,
+                    rebuilt.retain
+                );
+                rebuilt
+            }
+        };
+        if let Some(retain) = config.retain {
+            meta.retain = validate_retain(retain)?;
+        }
+        for name in &config.backends {
+            if !meta.backends.contains(name) {
+                meta.backends.push(name.clone());
+            }
+        }
+        if meta.backends.is_empty() {
+            meta.backends.push(BackendName::new("default", 0)?);
+        }
+        meta.backends.sort();
+        meta.backends.dedup();
+
+        let unreadable_ids: BTreeSet<u64> = unreadable
+            .iter()
+            .filter_map(|(n, _)| crate::catalog::manifest_id(n))
+            .collect();
+        // Refuse a bad --restore before changing anything.
+        if let Some(n) = config.restore_from {
+            if unreadable_ids.contains(&n) {
+                return Err(Error::Corrupt(format!(
+                    "checkpoint {n} cannot be restored: its manifest cannot be read (see \
+                     `ckptfs fsck`)"
+                )));
+            }
+            if !manifests.contains_key(&n) {
+                return Err(Error::NoSuchCheckpoint(n));
+            }
+        }
+        let state_dir = config.state.clone().unwrap_or_else(|| root.join("state"));
+        create_private_dir_all(&state_dir)?;
+        // The roots may be links the user chose; everything inside them is checked.
+        let state_dir = std::fs::canonicalize(&state_dir).ctx("resolve", &state_dir)?;
+        make_private(&state_dir)?;
+        // The store lock does not cover a state directory shared by mistake with a daemon
+        // of another store: lock it too before touching anything in it.
+        let state_lock = DirLock::acquire_for(&state_dir, "state directory")?;
+
+        let leftovers = store.clear_staging()? + catalog.clear_leftovers()?;
+        if leftovers > 0 {
+            log::info!("removed {leftovers} leftovers of interrupted writes");
+        }
+        let newest = manifests
+            .keys()
+            .copied()
+            .chain(
+                unreadable
+                    .iter()
+                    .filter_map(|(n, _)| crate::catalog::manifest_id(n)),
+            )
+            .max();
+        if let Some(last) = newest {
+            meta.next_checkpoint = meta.next_checkpoint.max(last + 1);
+        }
+        catalog.save_meta(&meta)?;
+        let registry =
+            Registry::from_checkpoints(manifests.iter().map(|(id, m)| (*id, m.objects())));
+        let deletes_frozen = !unreadable.is_empty() || catalog.has_quarantine();
+        crate::failpoint!("open::before-sweep");
+        let (orphans, missing) = if !deletes_frozen {
+            sweep(&store, &registry)?
+        } else {
+            let msg = "an unreadable or quarantined manifest exists: no object is deleted \
+                       until it is resolved (fsck --repair, then remove STORE/quarantine/)";
+            log::warn!("{msg}");
+            last_error = Some(match last_error {
+                Some(before) => format!("{before}; {msg}"),
+                None => msg.to_string(),
+            });
+            let listed: BTreeSet<ObjectId> = store.list()?.into_iter().collect();
+            let missing = registry
+                .live_objects()
+                .difference(&listed)
+                .copied()
+                .collect();
+            (0, missing)
+        };
+        if orphans > 0 {
+            log::info!("deleted {orphans} orphaned objects (no manifest references them)");
+        }
+        if !missing.is_empty() {
+            let msg = format!(
+                "{} referenced objects are missing from the store; run `ckptfs fsck`",
+                missing.len()
+            );
+            log::error!("{msg}");
+            // Startup problems add up: none hides another.
+            last_error = Some(match last_error {
+                Some(before) => format!("{before}; {msg}"),
+                None => msg,
+            });
+        }
+        remove_tree(&state_dir.join("staging"))?;
+        // A restore that a crash interrupted is finished first: its backends must not
+        // come up half from the checkpoint and half from their old state.
+        let restore_from = match (config.restore_from, read_restore_intent(&state_dir)?) {
+            (Some(n), _) => Some(n),
+            (None, Some(n)) if manifests.contains_key(&n) => {
+                log::warn!("finishing the restore from checkpoint {n} that was interrupted");
+                Some(n)
+            }
+            (None, Some(n)) => {
+                // Starting would mix restored and old backends: let the operator choose.
+                let why = if unreadable_ids.contains(&n) {
+                    "its manifest cannot be read"
+                } else {
+                    "it no longer exists"
+                };
+                return Err(Error::Corrupt(format!(
+                    "a restore from checkpoint {n} was interrupted and cannot be finished: \
+                     {why}. Some backends may hold checkpoint {n}, others their old state; \
+                     start with --restore M to choose the checkpoint they all start from"
+                )));
+            }
+            (None, None) => None,
+        };
+
+        let manifests: BTreeMap<u64, Arc<Manifest>> = manifests
+            .into_iter()
+            .map(|(id, m)| (id, Arc::new(m)))
+            .collect();
+        // Backends that start from a checkpoint: every snapshot is copied, verified and
+        // opened once before any live database is replaced, so a bad object or option fails
+        // the start with all local state as it was.
+        let mut sources = BTreeMap::new();
+        for name in &meta.backends {
+            let dir = backend_dir(&state_dir, name);
+            let has_local = Backend::db_dir(&dir).join("CURRENT").exists();
+            let source = match restore_from {
+                Some(n) => manifests[&n].backend(name).map(|s| (n, s.clone())),
+                None if !has_local => {
+                    let latest = latest_snapshot(&manifests, name);
+                    let newest_readable = latest.as_ref().map_or(0, |(id, _)| *id);
+                    if let Some(newer) = unreadable_ids.iter().find(|id| **id > newest_readable) {
+                        // It may hold this backend's newest state: never start older or
+                        // empty in silence.
+                        return Err(Error::Corrupt(format!(
+                            "backend {name} has no local state, and checkpoint {newer}, newer \
+                             than any readable one holding it, cannot be read; run `ckptfs \
+                             fsck` (--repair quarantines it) or start with --restore M"
+                        )));
+                    }
+                    latest
+                }
+                None => None,
+            };
+            if let Some(source) = source {
+                sources.insert(name.clone(), source);
+            }
+        }
+        let items: Vec<(PathBuf, &BackendSnapshot)> = sources
+            .iter()
+            .map(|(name, (_, snapshot))| (backend_dir(&state_dir, name), snapshot))
+            .collect();
+        let prepared = prepare_all(&store, &config.backend_options, &items)?;
+        if let Some(n) = restore_from {
+            write_restore_intent(&state_dir, n)?;
+        }
+        for ((dir, _), fresh) in items.iter().zip(&prepared) {
+            swap_in_snapshot(dir, fresh)?;
+        }
+
+        let mut backends = BTreeMap::new();
+        let mut lineages = HashMap::new();
+        let mut bases = HashMap::new();
+        for name in &meta.backends {
+            let dir = backend_dir(&state_dir, name);
+            let backend = match sources.get(name) {
+                Some((checkpoint, snapshot)) => {
+                    log::info!("starting backend {name} from checkpoint {checkpoint}");
+                    let backend = Backend::open_restored(&dir, name, &config.backend_options)?;
+                    bases.insert(name.clone(), base_of(*checkpoint, snapshot));
+                    backend
+                }
+                None => {
+                    let backend = Backend::open_or_create(&dir, name, &config.backend_options)?;
+                    if let Some((checkpoint, snapshot)) =
+                        latest_snapshot_of_lineage(&manifests, name, backend.lineage())
+                    {
+                        bases.insert(name.clone(), base_of(checkpoint, &snapshot));
+                    }
+                    backend
+                }
+            };
+            lineages.insert(name.clone(), backend.lineage().to_string());
+            backends.insert(name.clone(), RwLock::new(Some(backend)));
+        }
+        if restore_from.is_some() {
+            clear_restore_intent(&state_dir)?;
+        }
+
+        let engine = Engine {
+            inner: Arc::new(Inner {
+                store_root: root,
+                state_dir,
+                store: Box::new(store),
+                catalog,
+                backend_options: config.backend_options.clone(),
+                max_concurrent: config.max_concurrent.max(1),
+                backends,
+                state: Mutex::new(State {
+                    registry,
+                    manifests,
+                    meta,
+                    in_flight: BTreeSet::new(),
+                    restoring: false,
+                    lineages,
+                    bases,
+                    last_error,
+                    small_file_compactions: (0, 0),
+                    kept: BTreeSet::new(),
+                    missing: missing.into_iter().collect(),
+                }),
+                slot_freed: Condvar::new(),
+                deletes_frozen,
+                _lock: lock,
+                _state_lock: state_lock,
+            }),
+        };
+        {
+            let mut st = engine.state();
+            engine.apply_retention(&mut st)?;
+        }
+        Ok(engine)
+    }
+}
+
+/// Create the store directory if needed (owner-only) and make it owner-only; a path that
+/// exists but is no directory is an error. Returns its canonical path (the root may be a
+/// link the user chose; links inside the store are refused).
+pub fn ensure_store_dir(root: &Path) -> Result<PathBuf> {
+    if root.exists() && !root.is_dir() {
+        return Err(Error::io(
+            format!("store {}", root.display()),
+            std::io::Error::from_raw_os_error(libc::ENOTDIR),
+        ));
+    }
+    create_private_dir_all(root)?;
+    let root = std::fs::canonicalize(root).ctx("resolve", root)?;
+    make_private(&root)?;
+    Ok(root)
+}
+
+/// True if `root/objects` holds at least one object file.
+fn store_has_objects(root: &Path) -> Result<bool> {
+    let objects = root.join("objects");
+    let shards = match std::fs::read_dir(&objects) {
+        Ok(shards) => shards,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(Error::io(format!("list {}", objects.display()), e)),
+    };
+    for shard in shards {
+        let shard = shard.ctx("list", &objects)?.path();
+        if shard.is_dir()
+            && std::fs::read_dir(&shard)
+                .ctx("list", &shard)?
+                .next()
+                .is_some()
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Store metadata rebuilt from the manifests when `ckptfs.json` is lost: every backend they
+/// hold, ids past the newest, and a retention that keeps every one of them.
+fn rebuild_meta(manifests: &BTreeMap<u64, Manifest>) -> StoreMeta {
+    let mut backends: Vec<BackendName> = manifests
+        .values()
+        .flat_map(|m| m.backends.iter().map(|b| b.name.clone()))
+        .collect();
+    backends.sort();
+    backends.dedup();
+    let defaults = StoreMeta::default();
+    StoreMeta {
+        next_checkpoint: manifests.keys().next_back().map_or(1, |n| n + 1),
+        retain: defaults.retain.max(manifests.len() as u32),
+        backends,
+        ..defaults
+    }
+}
+
+fn latest_snapshot(
+    manifests: &BTreeMap<u64, Arc<Manifest>>,
+    name: &BackendName,
+) -> Option<(u64, BackendSnapshot)> {
+    manifests
+        .iter()
+        .rev()
+        .find_map(|(id, m)| m.backend(name).map(|s| (*id, s.clone())))
+}
+
+fn latest_snapshot_of_lineage(
+    manifests: &BTreeMap<u64, Arc<Manifest>>,
+    name: &BackendName,
+    lineage: &str,
+) -> Option<(u64, BackendSnapshot)> {
+    manifests.iter().rev().find_map(|(id, m)| {
+        m.backend(name)
+            .filter(|s| s.lineage == lineage)
+            .map(|s| (*id, s.clone()))
+    })
+}
+
+/// Delete objects no manifest references;
+/// report referenced objects that are missing.
+fn sweep(store: &dyn ObjectStore, registry: &Registry) -> Result<(usize, Vec<ObjectId>)> {
+    let live = registry.live_objects();
+    let listed: BTreeSet<ObjectId> = store.list()?.into_iter().collect();
+    let mut orphans = 0;
+    for id in listed.difference(&live) {
+        store.delete(id)?;
+        crate::failpoint!("open::mid-sweep");
+        orphans += 1;
+    }
+    let missing = live.difference(&listed).copied().collect();
+    Ok((orphans, missing))
+}
