@@ -390,32 +390,18 @@ impl Controller {
 
     /// Take a checkpoint every `period`, skipping a tick while one is still in flight.
     pub fn start_interval(self: &std::sync::Arc<Self>, period: std::time::Duration) {
-        let this = self.clone();
-        let handle = std::thread::Builder::new()
-            .name("ckptfs-interval".into())
-            .spawn(move || {
-                use std::sync::atomic::Ordering;
-                let mut next = std::time::Instant::now() + period;
-                while !this.stopping.load(Ordering::SeqCst) {
-                    if std::time::Instant::now() < next {
-                        std::thread::sleep(std::time::Duration::from_millis(50).min(period));
-                        continue;
+        let handle = self.every(period, "ckptfs-interval", |this| {
+            match this.engine.begin_checkpoint() {
+                Ok(p) => {
+                    if let Err(e) = p.complete() {
+                        log::warn!("periodic checkpoint failed: {e}");
                     }
-                    next += period;
-                    match this.engine.begin_checkpoint() {
-                        Ok(p) => {
-                            if let Err(e) = p.complete() {
-                                log::warn!("periodic checkpoint failed: {e}");
-                            }
-                            this.changed();
-                        }
-                        Err(Error::Busy(why)) => log::info!("periodic checkpoint skipped: {why}"),
-                        Err(e) => log::warn!("periodic checkpoint failed: {e}"),
-                    }
-                    next = next.max(std::time::Instant::now());
+                    this.changed();
                 }
-            })
-            .expect("spawn interval thread");
+                Err(Error::Busy(why)) => log::info!("periodic checkpoint skipped: {why}"),
+                Err(e) => log::warn!("periodic checkpoint failed: {e}"),
+            }
+        });
         *self.interval.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
     }
 
@@ -425,9 +411,30 @@ impl Controller {
         period: std::time::Duration,
         policy: crate::compaction::SmallFilePolicy,
     ) {
+        let handle = self.every(period, "ckptfs-small-files", move |this| {
+            for name in this.engine.backend_names() {
+                if this.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                if let Err(e) = this.engine.compact_small_files(&name, &policy) {
+                    log::warn!("small-file compaction of {name} failed: {e}");
+                }
+            }
+        });
+        *self.compactor.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+    }
+
+    /// Run `tick` every `period` on a thread of its own until shutdown; a tick that takes
+    /// longer than `period` delays the next one rather than piling up.
+    fn every(
+        self: &std::sync::Arc<Self>,
+        period: std::time::Duration,
+        name: &str,
+        tick: impl Fn(&Self) + Send + 'static,
+    ) -> std::thread::JoinHandle<()> {
         let this = self.clone();
-        let handle = std::thread::Builder::new()
-            .name("ckptfs-small-files".into())
+        std::thread::Builder::new()
+            .name(name.into())
             .spawn(move || {
                 use std::sync::atomic::Ordering;
                 let mut next = std::time::Instant::now() + period;
@@ -436,19 +443,12 @@ impl Controller {
                         std::thread::sleep(std::time::Duration::from_millis(50).min(period));
                         continue;
                     }
-                    for name in this.engine.backend_names() {
-                        if this.stopping.load(Ordering::SeqCst) {
-                            break;
-                        }
-                        if let Err(e) = this.engine.compact_small_files(&name, &policy) {
-                            log::warn!("small-file compaction of {name} failed: {e}");
-                        }
-                    }
-                    next = std::time::Instant::now() + period;
+                    next += period;
+                    tick(&this);
+                    next = next.max(std::time::Instant::now());
                 }
             })
-            .expect("spawn small-file compaction thread");
-        *self.compactor.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+            .expect("spawn a periodic thread")
     }
 
     /// Stop periodic checkpoints and let the in-flight ones finish.

@@ -205,6 +205,17 @@ fn check(store: &Path, reported: &BTreeMap<u64, Rounds>, problems: &mut Vec<Stri
     retained.len()
 }
 
+/// Forget reported checkpoints that retention dropped since.
+fn forget_dropped(store: &Path, reported: &mut BTreeMap<u64, Rounds>) {
+    let alive: BTreeSet<u64> = ckptfs::catalog::Catalog::open_existing(store)
+        .unwrap()
+        .load_all()
+        .unwrap()
+        .into_keys()
+        .collect();
+    reported.retain(|id, _| alive.contains(id));
+}
+
 #[test]
 fn kill_at_every_failpoint_and_at_random_instants() {
     let trials: usize = std::env::var("CKPTFS_TORTURE_TRIALS")
@@ -276,14 +287,7 @@ fn kill_at_every_failpoint_and_at_random_instants() {
             eprintln!("trial {trial}: {:?}", &problems[before..]);
             eprintln!("  its run reported {run_ids:?}\n{run_stderr}");
         }
-        // Forget reported checkpoints that retention dropped since.
-        let alive: BTreeSet<u64> = ckptfs::catalog::Catalog::open_existing(&store)
-            .unwrap()
-            .load_all()
-            .unwrap()
-            .into_keys()
-            .collect();
-        reported.retain(|id, _| alive.contains(id));
+        forget_dropped(&store, &mut reported);
     }
     let hit_total: usize = hits.values().sum();
     eprintln!("\nfault campaign (seed {seed})");
@@ -462,13 +466,7 @@ fn power_loss_at_random_instants() {
         if problems.len() > before {
             eprintln!("power-loss trial {trial}: {:?}", &problems[before..]);
         }
-        let alive: BTreeSet<u64> = ckptfs::catalog::Catalog::open_existing(&store)
-            .unwrap()
-            .load_all()
-            .unwrap()
-            .into_keys()
-            .collect();
-        reported.retain(|id, _| alive.contains(id));
+        forget_dropped(&store, &mut reported);
     }
     eprintln!(
         "\npower loss: {trials} cuts, {verified} checkpoints verified, {} problems, \
