@@ -17,7 +17,8 @@
 //! per checkpoint, live SSTs per backend. Then one JSON line with every figure.
 //!
 //! Usage: `BENCH_CHECKPOINTS=N [BENCH_BACKENDS=2] [BENCH_KEYS=20000] [BENCH_MODE=time|random]
-//! [BENCH_SMALL_FILES=on|off] cargo run --example bench_scale` (scripts/bench-scale).
+//! [BENCH_SMALL_FILES=on|off] [BENCH_ROCKSDB_OPTIONS='name=value;...'] cargo run --example
+//! bench_scale` (scripts/bench-scale).
 //! A benchmark, not a test: targets are reported, never asserted.
 
 use std::path::Path;
@@ -93,6 +94,7 @@ fn main() -> ExitCode {
         .map(|i| BackendName::new("Scale", i).expect("name"))
         .collect();
     config.retain = Some(u32::MAX);
+    config.backend_options.rocksdb_options = std::env::var("BENCH_ROCKSDB_OPTIONS").ok();
     let engine = match Engine::open(config) {
         Ok(e) => e,
         Err(e) => {

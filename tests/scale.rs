@@ -133,3 +133,32 @@ fn the_daemon_merges_small_files_in_the_background() {
         80
     );
 }
+
+/// RocksDB's MANIFEST is stored whole at every checkpoint; ckptfs's built-in options keep
+/// it small (RocksDB's own default lets it grow to 1 GiB).
+#[test]
+fn the_rocksdb_manifest_stays_small_over_many_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let mut cfg = config(&store, &["A/0"]);
+    cfg.retain = Some(2);
+    let engine = Engine::open(cfg).unwrap();
+    let a = name("A/0");
+    let mut largest = 0;
+    for i in 0..400u32 {
+        let key = format!("t{i:08}").into_bytes();
+        engine
+            .write(&a, &[WriteOp::Put(key, vec![b'v'; 100])])
+            .unwrap();
+        let cp = engine.checkpoint().unwrap();
+        let manifest = cp.backends[0]
+            .files
+            .iter()
+            .find(|f| f.name.starts_with("MANIFEST"))
+            .unwrap()
+            .size;
+        largest = largest.max(manifest);
+    }
+    eprintln!("largest MANIFEST over 400 checkpoints: {largest} bytes");
+    assert!(largest < 80 * 1024, "the MANIFEST grew to {largest} bytes");
+}
