@@ -27,7 +27,7 @@ use serde_json::json;
 use crate::control::{self, Controller};
 use crate::error::{Error, Result};
 use crate::store::ObjectId;
-use tree::{CheckpointTree, NodeKind};
+use tree::{CheckpointTree, NodeKind, TreeCache};
 
 pub const ROOT: u64 = 1;
 pub const META_DIR: u64 = 2;
@@ -40,6 +40,10 @@ const META_DIR_NAME: &str = ".ckptfs";
 
 /// Longest control line accepted (a put of a large value fits; a stray binary stream not).
 pub const MAX_LINE: usize = 4 << 20;
+
+/// Checkpoint trees kept built at once (each about 80 KB for ~500 files); the others are
+/// rebuilt from their manifest when needed.
+pub const TREE_CACHE: usize = 256;
 
 /// Most answers a control handle keeps unread. A handle opened write-only keeps none (no
 /// one can read them); a reading handle that falls this far behind gets ENOBUFS on write
@@ -169,7 +173,7 @@ pub struct CkptFs {
     uid: u32,
     gid: u32,
     mounted_at: SystemTime,
-    trees: Mutex<HashMap<u64, Arc<CheckpointTree>>>,
+    trees: Mutex<TreeCache>,
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
     /// Checkpoints the kernel may have cached entries for.
@@ -221,7 +225,7 @@ impl CkptFs {
             uid: nix::unistd::getuid().as_raw(),
             gid: nix::unistd::getgid().as_raw(),
             mounted_at: SystemTime::now(),
-            trees: Mutex::new(HashMap::new()),
+            trees: Mutex::new(TreeCache::new(TREE_CACHE)),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             shown: Mutex::new(BTreeSet::new()),
@@ -280,7 +284,7 @@ impl CkptFs {
     }
 
     fn tree(&self, cp: u64) -> Result<Arc<CheckpointTree>> {
-        if let Some(tree) = lock(&self.trees).get(&cp) {
+        if let Some(tree) = lock(&self.trees).get(cp) {
             return Ok(tree.clone());
         }
         let manifest = self
@@ -1283,5 +1287,26 @@ mod tests {
             .collect();
         assert_eq!(names, vec![".", "..", "A"]);
         fs.releasedir(fh);
+    }
+
+    /// Issue 9: trees are a bounded cache; an evicted one is rebuilt with the same inodes.
+    #[test]
+    fn checkpoint_trees_are_a_bounded_cache_with_stable_inodes() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs_with_checkpoints(dir.path(), 3);
+        *lock(&fs.trees) = TreeCache::new(1);
+        let path = |fs: &CkptFs, cp: &str| {
+            let top = fs.lookup(ROOT, cp).unwrap();
+            let op = fs.lookup(top.ino, "A").unwrap();
+            let sub = fs.lookup(op.ino, "0").unwrap();
+            fs.lookup(sub.ino, "CURRENT").unwrap()
+        };
+        let first = path(&fs, "cp-1");
+        for cp in ["cp-2", "cp-3", "cp-2"] {
+            path(&fs, cp);
+            assert_eq!(lock(&fs.trees).len(), 1);
+        }
+        assert_eq!(path(&fs, "cp-1"), first);
+        assert_eq!(fs.getattr(first.ino).unwrap(), first);
     }
 }

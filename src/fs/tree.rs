@@ -23,6 +23,63 @@ pub struct Node {
     pub kind: NodeKind,
 }
 
+/// The trees of recently used checkpoints. A tree is rebuilt from its manifest whenever it
+/// is needed again (inode numbers are stable: they come from the manifest's order), so
+/// memory is bounded by `capacity`, not by the number of retained checkpoints.
+pub struct TreeCache {
+    trees: std::collections::HashMap<u64, (std::sync::Arc<CheckpointTree>, u64)>,
+    clock: u64,
+    capacity: usize,
+}
+
+impl TreeCache {
+    pub fn new(capacity: usize) -> Self {
+        TreeCache {
+            trees: Default::default(),
+            clock: 0,
+            capacity: capacity.max(1),
+        }
+    }
+
+    pub fn get(&mut self, id: u64) -> Option<std::sync::Arc<CheckpointTree>> {
+        self.clock += 1;
+        let clock = self.clock;
+        self.trees.get_mut(&id).map(|(tree, used)| {
+            *used = clock;
+            tree.clone()
+        })
+    }
+
+    /// Insert a tree, evicting the least recently used one beyond the capacity.
+    pub fn insert(&mut self, id: u64, tree: std::sync::Arc<CheckpointTree>) {
+        self.clock += 1;
+        self.trees.insert(id, (tree, self.clock));
+        while self.trees.len() > self.capacity {
+            let oldest = self
+                .trees
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(id, _)| *id);
+            match oldest {
+                Some(id) => self.trees.remove(&id),
+                None => break,
+            };
+        }
+    }
+
+    pub fn remove(&mut self, id: &u64) {
+        self.trees.remove(id);
+    }
+
+    pub fn len(&self) -> usize {
+        self.trees.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.trees.is_empty()
+    }
+}
+
 /// `cp-N/<operator>/<subtask>/<file>`. Node 0 is `cp-N` itself; a node's inode number is
 /// `N << 32 | index`, stable for as long as the checkpoint exists and across remounts.
 #[derive(Debug)]
