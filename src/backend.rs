@@ -250,6 +250,7 @@ impl Backend {
     pub fn compact_small_files(
         &self,
         policy: &crate::compaction::SmallFilePolicy,
+        stop: &dyn Fn() -> bool,
     ) -> Result<Vec<crate::compaction::RangePlan>> {
         let files: Vec<crate::compaction::SstInfo> = self
             .db
@@ -265,12 +266,18 @@ impl Backend {
                 })
             })
             .collect();
-        let plans = crate::compaction::plan(&files, policy);
-        for range in &plans {
+        let mut plans = crate::compaction::plan(&files, policy);
+        for (i, range) in plans.iter().enumerate() {
+            if stop() {
+                plans.truncate(i);
+                break;
+            }
             let mut opts = rocksdb::CompactOptions::default();
             // Small files in the last level are rewritten too (a trivial move would keep
-            // them apart).
-            opts.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
+            // them apart), but not again what this compaction just wrote.
+            opts.set_bottommost_level_compaction(
+                rocksdb::BottommostLevelCompaction::ForceOptimized,
+            );
             self.db
                 .compact_range_opt(Some(&range.start), Some(&range.end), &opts);
         }

@@ -356,7 +356,12 @@ impl Catalog {
                 continue;
             }
             let Some(id) = manifest_id(&name) else {
-                log::warn!("ignoring stray file {}", entry.path().display());
+                // Perhaps a manifest set aside by hand (`12.json.bad`): it may name objects,
+                // so it counts as unreadable (deletions freeze) until it is dealt with.
+                unreadable.push((
+                    name,
+                    Error::Corrupt("not a manifest name (N.json) in checkpoints/".into()),
+                ));
                 continue;
             };
             match self.load(id) {
@@ -411,7 +416,9 @@ impl Catalog {
 
     /// Move an unreadable manifest out of the way into `quarantine/`, never deleting it.
     pub fn quarantine(&self, name: &str) -> Result<PathBuf> {
-        validate_file_name(name)?;
+        if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+            return Err(Error::Invalid(format!("cannot quarantine {name:?}")));
+        }
         let qdir = self.quarantine_dir();
         ensure_real_dir(&qdir)?;
         let mut dest = qdir.join(name);
@@ -428,8 +435,12 @@ impl Catalog {
     }
 
     /// True if `quarantine/` holds anything.
+    /// Fails safe: anything but a missing or empty directory counts as holding manifests.
     pub fn has_quarantine(&self) -> bool {
-        std::fs::read_dir(self.quarantine_dir()).is_ok_and(|mut d| d.next().is_some())
+        match std::fs::read_dir(self.quarantine_dir()) {
+            Ok(mut entries) => entries.next().is_some(),
+            Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+        }
     }
 }
 

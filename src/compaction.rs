@@ -54,9 +54,65 @@ fn overlaps(a_start: &[u8], a_end: &[u8], b_start: &[u8], b_end: &[u8]) -> bool 
 }
 
 /// The ranges worth compacting: maximal runs (in key order) of at least two small files
-/// whose covering range touches no large file and holds at most `max_range_bytes`. Empty
-/// when the backend has fewer than `min_small_files` small files.
+/// whose covering range touches no large file and holds at most `max_range_bytes`, each
+/// closed over every live file it overlaps at any level (RocksDB's range compaction takes
+/// all of them, and the next level's files under their span): a run whose closure reaches
+/// a large file is dropped, and ranges never overlap each other. Empty when the backend has
+/// fewer than `min_small_files` small files.
 pub fn plan(files: &[SstInfo], policy: &SmallFilePolicy) -> Vec<RangePlan> {
+    let mut closed: Vec<RangePlan> = Vec::new();
+    for run in runs(files, policy) {
+        let Some(range) = close_over(&run, files, policy.small_below) else {
+            continue;
+        };
+        let after_previous = closed.last().is_none_or(|p| p.end < range.start);
+        if range.files >= 2 && after_previous {
+            closed.push(range);
+        }
+    }
+    closed
+}
+
+/// Grow `run` until every live file overlapping it lies inside it; `None` if a large file
+/// would have to join.
+fn close_over(run: &RangePlan, files: &[SstInfo], small_below: u64) -> Option<RangePlan> {
+    let (mut start, mut end) = (run.start.clone(), run.end.clone());
+    loop {
+        let mut grown = false;
+        for f in files {
+            if !overlaps(&start, &end, &f.start, &f.end) {
+                continue;
+            }
+            if f.size >= small_below {
+                return None;
+            }
+            if f.start < start {
+                start = f.start.clone();
+                grown = true;
+            }
+            if f.end > end {
+                end = f.end.clone();
+                grown = true;
+            }
+        }
+        if !grown {
+            break;
+        }
+    }
+    let inside: Vec<&SstInfo> = files
+        .iter()
+        .filter(|f| overlaps(&start, &end, &f.start, &f.end))
+        .collect();
+    Some(RangePlan {
+        files: inside.len(),
+        bytes: inside.iter().map(|f| f.size).sum(),
+        start,
+        end,
+    })
+}
+
+/// Candidate runs of adjacent small files, before closure.
+fn runs(files: &[SstInfo], policy: &SmallFilePolicy) -> Vec<RangePlan> {
     let (mut small, large): (Vec<&SstInfo>, Vec<&SstInfo>) =
         files.iter().partition(|f| f.size < policy.small_below);
     if small.len() < policy.min_small_files {
@@ -177,6 +233,51 @@ mod tests {
         for p in &plans {
             assert!(!overlaps(&p.start, &p.end, b"b0", b"b9"));
         }
+    }
+
+    /// Review finding: a small L0 file that spans into a large file's range must keep the
+    /// run it overlaps from being compacted (RocksDB would pull the large file in).
+    #[test]
+    fn a_run_overlapped_by_a_file_reaching_a_large_one_is_not_planned() {
+        let mut files = vec![
+            sst("big-user", 10_000, "user:000", "user:999"),
+            sst("ts1", 10, "ts:001", "ts:001"),
+            sst("ts2", 10, "ts:002", "ts:002"),
+            sst("ts3", 10, "ts:003", "ts:003"),
+        ];
+        files.push(SstInfo {
+            level: 0,
+            ..sst("l0", 10, "ts:0015", "user:500")
+        });
+        assert!(plan(&files, &policy(3)).is_empty());
+        // Without that file, the run is planned.
+        files.pop();
+        assert_eq!(plan(&files, &policy(3)).len(), 1);
+    }
+
+    /// Planned ranges never overlap each other, even when the byte limit splits a run
+    /// that a wide file spans.
+    #[test]
+    fn planned_ranges_are_disjoint() {
+        let files = vec![
+            sst("wide", 50, "a", "m"),
+            sst("d", 50, "d", "d"),
+            sst("e", 50, "e", "e"),
+            sst("f", 50, "f", "f"),
+            sst("g", 50, "g", "g"),
+        ];
+        let plans = plan(
+            &files,
+            &SmallFilePolicy {
+                small_below: 100,
+                min_small_files: 2,
+                max_range_bytes: 120,
+            },
+        );
+        for pair in plans.windows(2) {
+            assert!(pair[0].end < pair[1].start, "{plans:?}");
+        }
+        assert!(!plans.is_empty());
     }
 
     #[test]

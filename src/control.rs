@@ -416,7 +416,8 @@ impl Controller {
                 if this.stopping.load(std::sync::atomic::Ordering::SeqCst) {
                     break;
                 }
-                if let Err(e) = this.engine.compact_small_files(&name, &policy) {
+                let stop = || this.stopping.load(std::sync::atomic::Ordering::SeqCst);
+                if let Err(e) = this.engine.compact_small_files_until(&name, &policy, &stop) {
                     log::warn!("small-file compaction of {name} failed: {e}");
                 }
             }

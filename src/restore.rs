@@ -41,7 +41,7 @@ pub fn restore_checkpoint(
         return Err(Error::NotEmpty(dest.display().to_string()));
     }
     let manifest = Catalog::open_existing(store)?.load(id)?;
-    let objects = LocalStore::open(store)?;
+    let objects = LocalStore::open_existing(store)?;
     let existed = dest.exists();
     crate::fsutil::create_private_dir_all(dest)?;
     let result = (|| -> Result<RestoreReport> {

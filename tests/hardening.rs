@@ -593,3 +593,65 @@ fn an_object_that_is_a_symlink_is_not_followed() {
     assert!(err.to_string().contains("symbolic link"), "{err}");
     assert!(ids.contains(&damaged));
 }
+
+/// Second review: a file set aside by hand in checkpoints/ (`6.json.bad`) may name
+/// objects: it freezes deletions like an unreadable manifest, and fsck lists it.
+#[test]
+fn a_manifest_set_aside_by_hand_freezes_deletions() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let ids = six_checkpoints(&store);
+    let path = store.join(format!("checkpoints/{}.json", ids[5]));
+    std::fs::rename(&path, path.with_extension("json.bad")).unwrap();
+    let before = objects(&store);
+    let engine = Engine::open(EngineConfig::new(&store)).unwrap();
+    engine.set_retain(1).unwrap();
+    drop(engine);
+    assert!(objects(&store).is_superset(&before), "objects were deleted");
+    let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
+    assert!(
+        report.unreadable_manifests[0].starts_with(&format!("{}.json.bad", ids[5])),
+        "{report:?}"
+    );
+}
+
+/// Second review: `--restore N` of a store whose state is lost starts a backend that N
+/// does not hold from that backend's newest checkpoint, not empty.
+#[test]
+fn a_restore_starts_backends_the_checkpoint_lacks_from_their_newest() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let ids = six_checkpoints(&store);
+    let mut cfg = config(&store, &["A/0", "B/0"]);
+    cfg.retain = Some(20);
+    let engine = Engine::open(cfg).unwrap();
+    put_range(&engine, &name("B/0"), 0..50, "b");
+    engine.checkpoint().unwrap();
+    drop(engine);
+    std::fs::remove_dir_all(store.join("state")).unwrap();
+    let mut cfg = EngineConfig::new(&store);
+    cfg.restore_from = Some(ids[2]);
+    let engine = Engine::open(cfg).unwrap();
+    assert_eq!(
+        engine.scan(&name("B/0")).unwrap().len(),
+        50,
+        "B/0 started empty"
+    );
+}
+
+/// Second review: while a restore is unfinished (its intent left by a failed swap), its
+/// checkpoint is neither dropped nor retired by retention.
+#[test]
+fn the_checkpoint_of_an_unfinished_restore_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let ids = six_checkpoints(&store);
+    let mut cfg = EngineConfig::new(&store);
+    cfg.retain = Some(10);
+    let engine = Engine::open(cfg).unwrap();
+    std::fs::write(store.join("state/restore-intent"), ids[1].to_string()).unwrap();
+    let err = engine.delete_checkpoint(ids[1]).unwrap_err();
+    assert!(matches!(err, Error::Busy(_)), "{err}");
+    engine.set_retain(1).unwrap();
+    assert!(retained_ids(&engine).contains(&ids[1]));
+}

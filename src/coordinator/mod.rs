@@ -204,7 +204,17 @@ impl Engine {
         name: &BackendName,
         policy: &crate::compaction::SmallFilePolicy,
     ) -> Result<(usize, u64)> {
-        let plans = self.with_backend(name, |b| b.compact_small_files(policy))?;
+        self.compact_small_files_until(name, policy, &|| false)
+    }
+
+    /// [`Engine::compact_small_files`], stopping between ranges once `stop` says so.
+    pub fn compact_small_files_until(
+        &self,
+        name: &BackendName,
+        policy: &crate::compaction::SmallFilePolicy,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<(usize, u64)> {
+        let plans = self.with_backend(name, |b| b.compact_small_files(policy, stop))?;
         let files = plans.iter().map(|p| p.files).sum();
         let bytes = plans.iter().map(|p| p.bytes).sum();
         if files > 0 {
@@ -257,7 +267,20 @@ impl Engine {
         if !st.manifests.contains_key(&id) {
             return Err(Error::NoSuchCheckpoint(id));
         }
+        if self.restore_pending() == Some(id) {
+            return Err(Error::Busy(format!(
+                "checkpoint {id} is the target of an unfinished restore; it is kept until \
+                 a restart finishes the restore"
+            )));
+        }
         self.drop_checkpoint_locked(&mut st, id)
+    }
+
+    /// The checkpoint an unfinished restore (a failed swap) still needs, if any.
+    fn restore_pending(&self) -> Option<u64> {
+        restore::read_restore_intent(&self.inner.state_dir)
+            .ok()
+            .flatten()
     }
 
     /// Change the number of retained checkpoints (at least 1); applied at once.
@@ -310,7 +333,13 @@ impl Engine {
     }
 
     fn apply_retention(&self, st: &mut State) -> Result<()> {
-        for victim in st.registry.retention_victims(st.meta.retain as usize) {
+        let pending = self.restore_pending();
+        for victim in st
+            .registry
+            .retention_victims(st.meta.retain as usize)
+            .into_iter()
+            .filter(|v| Some(*v) != pending)
+        {
             self.drop_checkpoint_locked(st, victim)?;
             crate::failpoint!("retention::between-drops");
         }

@@ -217,22 +217,26 @@ impl Engine {
         for name in &meta.backends {
             let dir = backend_dir(&state_dir, name);
             let has_local = Backend::db_dir(&dir).join("CURRENT").exists();
-            let source = match restore_from {
-                Some(n) => manifests[&n].backend(name).map(|s| (n, s.clone())),
-                None if !has_local => {
-                    let latest = latest_snapshot(&manifests, name);
-                    let newest_readable = latest.as_ref().map_or(0, |(id, _)| *id);
-                    if let Some(newer) = unreadable_ids.iter().find(|id| **id > newest_readable) {
-                        // It may hold this backend's newest state: never start older or
-                        // empty in silence.
-                        return Err(Error::Corrupt(format!(
-                            "backend {name} has no local state, and checkpoint {newer}, newer \
-                             than any readable one holding it, cannot be read; run `ckptfs \
-                             fsck` (--repair quarantines it) or start with --restore M"
-                        )));
-                    }
-                    latest
+            // A backend without local state starts from its newest checkpoint: never
+            // from an older one, or empty, while a newer manifest cannot be read.
+            let newest_of_backend = || -> Result<Option<(u64, BackendSnapshot)>> {
+                let latest = latest_snapshot(&manifests, name);
+                let newest_readable = latest.as_ref().map_or(0, |(id, _)| *id);
+                if let Some(newer) = unreadable_ids.iter().find(|id| **id > newest_readable) {
+                    return Err(Error::Corrupt(format!(
+                        "backend {name} has no local state, and checkpoint {newer}, newer \
+                         than any readable one holding it, cannot be read; run `ckptfs \
+                         fsck` (--repair quarantines it) or start with --restore M"
+                    )));
                 }
+                Ok(latest)
+            };
+            let source = match restore_from
+                .and_then(|n| manifests[&n].backend(name).map(|s| (n, s.clone())))
+            {
+                Some(source) => Some(source),
+                // Not in the checkpoint restored from: like any other start.
+                None if !has_local => newest_of_backend()?,
                 None => None,
             };
             if let Some(source) = source {

@@ -356,6 +356,33 @@ impl CkptFs {
                 let len = format!("cp-{target}").len() as u64;
                 Ok(self.attr(LATEST, Kind::Symlink, len, 0o777, 1, self.mounted_at))
             }
+            // cp-N itself: from its manifest, without building its tree (listing the root
+            // of thousands of checkpoints must not churn the tree cache).
+            _ if split_ino(ino).is_some_and(|(_, index)| index == 0) => {
+                let cp = ino >> 32;
+                let manifest = self
+                    .controller
+                    .engine()
+                    .manifest(cp)
+                    .ok_or(Error::NoSuchCheckpoint(cp))?;
+                // The kernel may cache this entry now: invalidate it when cp-N is dropped
+                // (and if that already happened meanwhile, do not hand it out).
+                lock(&self.shown).insert(cp);
+                if self.controller.engine().manifest(cp).is_none() {
+                    return Err(Error::NoSuchCheckpoint(cp));
+                }
+                let operators: BTreeSet<&str> = manifest
+                    .backends
+                    .iter()
+                    .map(|b| b.name.operator())
+                    .collect();
+                let mtime =
+                    std::time::UNIX_EPOCH + Duration::from_millis(manifest.completed_unix_ms);
+                let mut attr =
+                    self.attr(ino, Kind::Dir, 0, 0o555, 2 + operators.len() as u32, mtime);
+                attr.immutable = true;
+                Ok(attr)
+            }
             _ => {
                 let (_, index, tree) = self.resolve(ino)?;
                 let node = &tree.nodes[index];
@@ -385,7 +412,9 @@ impl CkptFs {
                 "latest" => self.getattr(LATEST),
                 _ => {
                     let cp = parse_checkpoint_dir(name).ok_or_else(missing)?;
-                    self.tree(cp).map_err(|_| missing())?;
+                    if self.controller.engine().manifest(cp).is_none() {
+                        return Err(missing());
+                    }
                     self.getattr(make_ino(cp, 0))
                 }
             },
@@ -725,9 +754,15 @@ impl CkptFs {
         }
         if !complete.is_empty() {
             if let Err(e) = self.run_lines(&stream, &complete) {
-                // A refused write changes nothing: what earlier (accepted) writes carried
-                // over stays pending, this write's bytes are dropped.
-                lock(&stream.state).unfinished = complete[..carried].to_vec();
+                // ENOBUFS asks for a retry of the same write: what earlier writes carried
+                // over stays pending. Any other refusal judged the line that carried text
+                // belongs to: it is dropped with it (else every later line would be glued
+                // to a line that can never parse).
+                lock(&stream.state).unfinished = if e.errno() == libc::ENOBUFS {
+                    complete[..carried].to_vec()
+                } else {
+                    Vec::new()
+                };
                 return Err(e);
             }
         }
@@ -1057,14 +1092,14 @@ mod tests {
         assert_eq!(ids(&fs), vec![1, 2]);
         assert_eq!(read_now(&fs, fh), b"{\"ok\":true}\n");
         // The unfinished "del" + "ete 9" is bad as a whole line: refused, nothing runs, and
-        // the refused write changes nothing: "del" is still pending.
+        // the bad line is gone, carried part included.
         let err = fs.write(fh, b"ete 9\n").unwrap_err();
         assert_eq!(err.errno(), libc::EINVAL);
         assert!(String::from_utf8(read_now(&fs, fh))
             .unwrap()
             .contains("no such checkpoint 9"));
         assert_eq!(ids(&fs), vec![1, 2]);
-        fs.write(fh, b"ete 2\n").unwrap();
+        fs.write(fh, b"delete 2\n").unwrap();
         assert_eq!(read_now(&fs, fh), b"{\"ok\":true}\n");
         assert_eq!(ids(&fs), vec![1]);
         // A last line without newline runs when the handle is closed.
@@ -1308,5 +1343,23 @@ mod tests {
         }
         assert_eq!(path(&fs, "cp-1"), first);
         assert_eq!(fs.getattr(first.ino).unwrap(), first);
+    }
+
+    /// Second review: listing the root builds no checkpoint tree.
+    #[test]
+    fn listing_the_root_builds_no_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs_with_checkpoints(dir.path(), 3);
+        let names: Vec<_> = fs
+            .readdir(ROOT)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(names, vec![".ckptfs", "latest", "cp-1", "cp-2", "cp-3"]);
+        fs.lookup(ROOT, "cp-2").unwrap();
+        assert!(lock(&fs.trees).is_empty());
+        let attr = fs.getattr(2 << 32).unwrap();
+        assert_eq!((attr.nlink, attr.perm), (3, 0o555));
     }
 }

@@ -142,6 +142,13 @@ impl ObjectStore for LocalStore {
     fn open(&self, id: &ObjectId) -> Result<fs::File> {
         use std::os::unix::fs::OpenOptionsExt;
         let path = self.path_of(id);
+        let shard = path.parent().expect("object paths have a parent");
+        if shard.exists() && !is_real_dir(shard) {
+            return Err(Error::Corrupt(format!(
+                "{} is not a real directory; object {id} not served",
+                shard.display()
+            )));
+        }
         // Never through a link planted in the store: it could serve any file of the host.
         fs::OpenOptions::new()
             .read(true)
