@@ -688,14 +688,7 @@ fn corruption_is_detected_contained_and_repaired_from_copies() {
     // Damaged checkpoints fail to copy; the undamaged one copies whole.
     for (i, id) in ids[..4].iter().enumerate() {
         let dest = m.root.join(format!("copy-{id}"));
-        let status = Command::new("cp")
-            .arg("-r")
-            .arg(m.mnt.join(format!("cp-{id}")))
-            .arg(&dest)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .unwrap();
-        assert_eq!(status.success(), i == 0, "cp -r of cp-{id}");
+        assert_eq!(m.copy_out(*id, &dest), i == 0, "cp -r of cp-{id}");
     }
     assert_eq!(scan(&m.root.join(format!("copy-{}/A/0", ids[0]))), cp1_copy);
     m.umount();
@@ -754,14 +747,11 @@ fn corruption_is_detected_contained_and_repaired_from_copies() {
     m.mount(&[]);
     for (id, whole) in [(ids[1], true), (ids[2], false), (ids[3], true)] {
         let dest = m.root.join(format!("again-{id}"));
-        let status = Command::new("cp")
-            .arg("-r")
-            .arg(m.mnt.join(format!("cp-{id}")))
-            .arg(&dest)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .unwrap();
-        assert_eq!(status.success(), whole, "cp -r of cp-{id} after repair");
+        assert_eq!(
+            m.copy_out(id, &dest),
+            whole,
+            "cp -r of cp-{id} after repair"
+        );
         if whole {
             assert_eq!(
                 scan(&dest.join("A/0")).len(),

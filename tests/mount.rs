@@ -462,12 +462,7 @@ fn periodic_checkpoints_with_interval() {
 #[test]
 fn unmount_with_a_checkpoint_in_flight_leaves_a_clean_store() {
     let m = Mounted::new(&["--backend", "A/0", "--backend", "B/0"]);
-    let data: String = (0..20_000)
-        .map(|i| format!("key{i:06}\t{}\n", "x".repeat(200)))
-        .collect();
-    let file = m.root.join("load.tsv");
-    std::fs::write(&file, data).unwrap();
-    ok(ckptfs(&["load", m.mnt(), "A/0", file.to_str().unwrap()]));
+    m.load_keys("A/0", 20_000);
     std::fs::write(m.mnt.join(".ckptfs/ctl"), b"checkpoint\n").unwrap();
     m.umount();
     let report = ckptfs(&["fsck", m.store.to_str().unwrap()]);

@@ -80,12 +80,7 @@ fn the_store_is_private_and_the_daemon_is_a_proper_daemon() {
 #[test]
 fn checkpoint_requests_never_pile_up() {
     let m = Mounted::new(&["--backend", "A/0", "--retain", "100"]);
-    let data: String = (0..40_000)
-        .map(|i| format!("key{i:06}\t{}\n", "x".repeat(200)))
-        .collect();
-    let file = m.root.join("load.tsv");
-    std::fs::write(&file, data).unwrap();
-    ok(ckptfs(&["load", m.mnt(), "A/0", file.to_str().unwrap()]));
+    m.load_keys("A/0", 40_000);
     let pid = daemon_pid(&m);
     let baseline = threads_of(pid);
     let ctl = m.mnt.join(".ckptfs/ctl");

@@ -90,6 +90,33 @@ impl Mounted {
         ok(ckptfs(&["put", self.mnt(), backend, key, value]));
     }
 
+    /// Load `keys` keys with 200-byte values into `backend` through `ckptfs load`.
+    pub fn load_keys(&self, backend: &str, keys: u32) {
+        let data: String = (0..keys)
+            .map(|i| format!("key{i:06}\t{}\n", "x".repeat(200)))
+            .collect();
+        let file = self.root.join("load.tsv");
+        std::fs::write(&file, data).unwrap();
+        ok(ckptfs(&[
+            "load",
+            self.mnt(),
+            backend,
+            file.to_str().unwrap(),
+        ]));
+    }
+
+    /// `cp -r MNT/cp-ID DEST`; true if it succeeded.
+    pub fn copy_out(&self, id: u64, dest: &Path) -> bool {
+        Command::new("cp")
+            .arg("-r")
+            .arg(self.mnt.join(format!("cp-{id}")))
+            .arg(dest)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+    }
+
     pub fn checkpoint(&self) -> u64 {
         ok(ckptfs(&["checkpoint", self.mnt()]))
             .trim()
