@@ -655,3 +655,53 @@ fn the_checkpoint_of_an_unfinished_restore_is_kept() {
     engine.set_retain(1).unwrap();
     assert!(retained_ids(&engine).contains(&ids[1]));
 }
+
+/// A store written by the previous format (1: no checksums) still mounts, restores, passes
+/// fsck and takes new (format 2) checkpoints beside the old ones.
+#[test]
+fn a_format_1_store_still_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/store-format1");
+    let status = std::process::Command::new("cp")
+        .args(["-a", fixture])
+        .arg(&store)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let keys = 200;
+    let value_size = 20;
+    let check = |id: u64| {
+        for (backend, contents) in restored_contents(&store, id) {
+            let pairs: Vec<_> = contents.clone().into_iter().collect();
+            let round = ckptfs::workload::current_round(&pairs).unwrap().unwrap();
+            assert_eq!(
+                contents,
+                ckptfs::workload::expected_after(&backend, round, keys, value_size),
+                "checkpoint {id} {backend}"
+            );
+        }
+    };
+    let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.checkpoints, vec![2, 3]);
+    check(2);
+    check(3);
+    let engine = Engine::open(EngineConfig::new(&store)).unwrap();
+    assert_eq!(engine.backend_names(), vec![name("A/0"), name("B/1")]);
+    assert_eq!(retained_ids(&engine), vec![2, 3]);
+    let a = name("A/0");
+    let restored: Vec<_> = engine.scan(&a).unwrap();
+    assert_eq!(ckptfs::workload::current_round(&restored).unwrap(), Some(2));
+    ckptfs::workload::step(&engine, keys, value_size).unwrap();
+    let new = engine.checkpoint().unwrap();
+    assert_eq!(new.id, 4);
+    drop(engine);
+    let text = std::fs::read_to_string(store.join("checkpoints/4.json")).unwrap();
+    assert!(text.contains("\"checksum\""));
+    check(3);
+    check(4);
+    assert!(ckptfs::fsck::fsck(&store, false, |_| {})
+        .unwrap()
+        .is_clean());
+}
