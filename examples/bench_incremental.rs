@@ -275,7 +275,7 @@ fn measure(
     let mut counted: HashSet<ObjectId> = HashSet::new();
     for backend in &m.backends {
         let (mut n, mut bytes, mut new) = (0, 0, 0);
-        for file in &backend.files {
+        for file in backend.files.iter() {
             let sst = is_sst(&file.name);
             if sst {
                 f.sst_files += 1;

@@ -164,7 +164,7 @@ fn main() -> ExitCode {
             let private: u64 = manifest
                 .backends
                 .iter()
-                .flat_map(|b| &b.files)
+                .flat_map(|b| b.files.iter())
                 .filter(|f| !f.name.ends_with(".sst"))
                 .map(|f| f.size)
                 .sum();

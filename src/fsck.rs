@@ -83,7 +83,7 @@ pub fn fsck_with_copies(
     check_is_store(store_root)?;
     let _lock = StoreLock::acquire(store_root)?;
     // Create nothing: a store the daemon refuses must not look complete afterwards.
-    let catalog = Catalog::at(store_root);
+    let catalog = Catalog::at(store_root)?;
     let store = LocalStore::open_existing(store_root)?;
     let has_catalog_dir = crate::fsutil::is_real_dir(&store_root.join("checkpoints"));
     let meta = catalog.load_meta();
@@ -93,7 +93,7 @@ pub fn fsck_with_copies(
     let mut sizes: BTreeMap<ObjectId, u64> = BTreeMap::new();
     for manifest in manifests.values() {
         for backend in &manifest.backends {
-            for file in &backend.files {
+            for file in backend.files.iter() {
                 if let Some(previous) = sizes.insert(file.object, file.size) {
                     if previous != file.size {
                         return Err(Error::Corrupt(format!(
@@ -105,10 +105,16 @@ pub fn fsck_with_copies(
             }
         }
     }
+    // File lists were read and verified by their hash when the manifests were loaded (one
+    // that cannot be makes its manifest unreadable).
+    let list_objects: BTreeSet<ObjectId> = manifests
+        .values()
+        .flat_map(|m| m.backends.iter().flat_map(|b| b.lists.iter().copied()))
+        .collect();
     let stored: BTreeSet<ObjectId> = store.list()?.into_iter().collect();
     let mut report = FsckReport {
         checkpoints: manifests.keys().copied().collect(),
-        objects_referenced: sizes.len(),
+        objects_referenced: sizes.len() + list_objects.len(),
         objects_stored: stored.len(),
         bytes_referenced: sizes.values().sum(),
         counts: registry
@@ -164,7 +170,7 @@ pub fn fsck_with_copies(
     };
     let orphans: Vec<ObjectId> = stored
         .iter()
-        .filter(|id| !sizes.contains_key(id))
+        .filter(|id| !sizes.contains_key(id) && !list_objects.contains(id))
         .copied()
         .collect();
     report.orphans = orphans.iter().map(|id| id.to_hex()).collect();
@@ -181,7 +187,7 @@ pub fn fsck_with_copies(
                 let names = manifests
                     .values()
                     .flat_map(|m| &m.backends)
-                    .flat_map(|b| &b.files)
+                    .flat_map(|b| b.files.iter())
                     .filter(|f| f.object == *id)
                     .map(|f| f.name.as_str())
                     .collect();

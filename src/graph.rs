@@ -29,9 +29,19 @@ pub fn dot(manifests: &[Manifest]) -> String {
         referrers: BTreeSet<u64>,
     }
     let mut objects: BTreeMap<ObjectId, Object> = BTreeMap::new();
+    let mut lists: BTreeMap<ObjectId, Object> = BTreeMap::new();
     for m in manifests {
         for b in &m.backends {
-            for f in &b.files {
+            for l in b.lists.iter() {
+                let o = lists.entry(*l).or_insert(Object {
+                    size: 0,
+                    names: BTreeSet::new(),
+                    referrers: BTreeSet::new(),
+                });
+                o.names.insert(format!("{} file list", b.name));
+                o.referrers.insert(m.id);
+            }
+            for f in b.files.iter() {
                 let o = objects.entry(f.object).or_insert(Object {
                     size: f.size,
                     names: BTreeSet::new(),
@@ -75,6 +85,18 @@ pub fn dot(manifests: &[Manifest]) -> String {
             refs = o.referrers.len()
         );
     }
+    // File lists (manifest format 3): small notes beside the checkpoints that name them.
+    for (id, o) in &lists {
+        let names: Vec<String> = o.names.iter().map(|n| escape(n)).collect();
+        let _ = writeln!(
+            out,
+            "  \"{hex}\" [shape=note, style=filled, fillcolor=\"#fff4d6\", label=\"{shown}\\n{short}\\nrefs={refs}\"];",
+            hex = id.to_hex(),
+            shown = names.join("\\n"),
+            short = id.short(),
+            refs = o.referrers.len()
+        );
+    }
     for m in manifests {
         for id in m.objects() {
             let _ = writeln!(out, "  \"cp-{}\" -> \"{}\";", m.id, id.to_hex());
@@ -95,10 +117,10 @@ mod tests {
             id,
             started_unix_ms: 0,
             completed_unix_ms: 0,
-            backends: vec![BackendSnapshot {
-                name: "Operator-2/1".parse().unwrap(),
-                lineage: "l".into(),
-                files: files
+            backends: vec![BackendSnapshot::inline(
+                "Operator-2/1".parse().unwrap(),
+                "l".into(),
+                files
                     .iter()
                     .map(|(name, content)| FileEntry {
                         name: name.to_string(),
@@ -106,7 +128,7 @@ mod tests {
                         size: content.len() as u64,
                     })
                     .collect(),
-            }],
+            )],
             stats: CheckpointStats::default(),
         }
     }

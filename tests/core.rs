@@ -58,7 +58,7 @@ fn a_checkpoint_after_a_small_change_stores_only_the_new_ssts() {
                 fresh_sst_bytes += second
                     .backends
                     .iter()
-                    .flat_map(|b| &b.files)
+                    .flat_map(|b| b.files.iter())
                     .find(|f| &f.name == file && f.object == *object)
                     .unwrap()
                     .size
@@ -213,7 +213,7 @@ fn file_numbers_reused_after_a_restore_do_not_alias_abandoned_files() {
     let expected = snapshot_all(&engine);
     let cp = engine.checkpoint().unwrap();
     let mut collisions = 0;
-    for f in &cp.backends[0].files {
+    for f in cp.backends[0].files.iter() {
         if let Some(old) = abandoned.get(&f.name) {
             collisions += 1;
             assert!(
@@ -251,7 +251,7 @@ fn identical_files_are_stored_once_and_the_store_holds_only_referenced_objects()
     ckptfs::restore::restore_checkpoint(&store, cp.id, &staged, |_| {}).unwrap();
     let mut by_content = std::collections::BTreeMap::new();
     for b in &cp.backends {
-        for f in &b.files {
+        for f in b.files.iter() {
             let (id, _) = hash_file(&staged.join(b.name.rel_path()).join(&f.name)).unwrap();
             assert_eq!(id, f.object);
             by_content
@@ -264,9 +264,16 @@ fn identical_files_are_stored_once_and_the_store_holds_only_referenced_objects()
         by_content.values().any(|files| files.len() > 1),
         "no shared content at all"
     );
+    // Plus the backends' file lists (equal lists, as here, are one object too).
+    let lists: std::collections::BTreeSet<_> = cp
+        .backends
+        .iter()
+        .flat_map(|b| b.lists.iter().copied())
+        .collect();
+    assert_eq!(cp.backends.iter().map(|b| b.lists.len()).sum::<usize>(), 3);
     assert_eq!(
         engine.object_store().list().unwrap().len(),
-        by_content.len()
+        by_content.len() + lists.len()
     );
     assert_eq!(
         cp.stats.files_total as usize,
@@ -594,4 +601,99 @@ fn a_restore_that_fails_for_one_backend_changes_no_backend() {
     bad.restore_from = Some(3);
     assert!(matches!(Engine::open(bad), Err(Error::NoSuchCheckpoint(3))));
     assert!(!typo.exists());
+}
+
+/// Issue 9: a manifest names one stored file list per backend instead of repeating every
+/// file. A backend that did not change shares its list with the previous checkpoint; one
+/// that changed stores a small delta, so what a checkpoint adds to the store follows what
+/// changed, not how many files the backend has. After a restart every checkpoint reads back
+/// the same, with unchanged entries shared in memory; retention keeps the lists deltas need.
+#[test]
+fn manifests_share_file_lists_and_store_what_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let mut cfg = config(&store, &["A/0", "B/0"]);
+    cfg.retain = Some(100);
+    // Every checkpoint leaves one more SST: A's file count grows with history.
+    cfg.backend_options.rocksdb_options = Some("disable_auto_compactions=true".into());
+    let engine = Engine::open(cfg.clone()).unwrap();
+    let (a, b) = (name("A/0"), name("B/0"));
+    put_range(&engine, &b, 0..50, "b");
+    let mut cps = Vec::new();
+    for i in 0..40u32 {
+        put_range(&engine, &a, i * 10..i * 10 + 10, "a");
+        cps.push(engine.checkpoint().unwrap());
+    }
+    let object_len = |id: &ckptfs::store::ObjectId| {
+        let hex = id.to_hex();
+        std::fs::metadata(store.join("objects").join(&hex[..2]).join(&hex))
+            .unwrap()
+            .len()
+    };
+    let newest = cps.last().unwrap();
+    let files_of_a = newest.backend(&a).unwrap().files.len();
+    assert!(files_of_a > 40, "A has {files_of_a} files");
+    let mut deltas = 0;
+    for pair in cps.windows(2) {
+        let (before, after) = (&pair[0], &pair[1]);
+        assert_eq!(
+            before.backend(&b).unwrap().lists,
+            after.backend(&b).unwrap().lists,
+            "unchanged B shares its list"
+        );
+        let lists = &after.backend(&a).unwrap().lists;
+        assert_ne!(lists[0], before.backend(&a).unwrap().lists[0]);
+        assert!(lists.len() <= ckptfs::catalog::lists::MAX_CHAIN);
+        if lists.len() > 1 {
+            deltas += 1;
+            assert_eq!(
+                lists[1..],
+                before.backend(&a).unwrap().lists[..lists.len() - 1]
+            );
+            assert!(
+                object_len(&lists[0]) < 1024,
+                "a delta of a few changes is small"
+            );
+        }
+    }
+    assert!(deltas >= 30, "{deltas} of 39 lists are deltas");
+    // Manifests do not grow with the file count.
+    for cp in &cps {
+        let len = std::fs::metadata(store.join(format!("checkpoints/{}.json", cp.id)))
+            .unwrap()
+            .len();
+        assert!(len < 2048, "manifest {} has {len} bytes", cp.id);
+    }
+    assert_consistent(&engine);
+
+    // A restart reads every checkpoint back as it was, sharing unchanged entries.
+    drop(engine);
+    let engine = Engine::open(cfg).unwrap();
+    let reloaded = engine.checkpoints();
+    assert_eq!(reloaded, cps);
+    let first_sst = |m: &ckptfs::catalog::Manifest| {
+        m.backend(&a)
+            .unwrap()
+            .files
+            .iter()
+            .find(|f| f.name.ends_with(".sst"))
+            .unwrap()
+            .clone()
+    };
+    assert!(std::sync::Arc::ptr_eq(
+        &first_sst(&reloaded[5]),
+        &first_sst(&reloaded[30])
+    ));
+
+    // Retention drops the checkpoints whose lists later deltas are built on: the lists stay
+    // as long as a delta needs them, and every retained checkpoint restores exactly.
+    engine.set_retain(3).unwrap();
+    assert_consistent(&engine);
+    let live = scan(&engine, &a);
+    let restored = restored_contents(&store, cps.last().unwrap().id);
+    assert_eq!(restored[&a], live);
+    drop(engine);
+    assert!(ckptfs::fsck::fsck(&store, false, |_| {})
+        .unwrap()
+        .is_clean());
 }

@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use ckptfs::store::ObjectId;
 use ckptfs::{Engine, EngineConfig, Error};
 use common::*;
 
@@ -155,10 +156,7 @@ fn walk(root: &Path) -> Vec<PathBuf> {
 /// stores have them), so that the content checks, not the checksum, must catch it.
 fn edit_manifest(store: &Path, id: u64, edit: &dyn Fn(&mut serde_json::Value)) {
     let path = store.join(format!("checkpoints/{id}.json"));
-    let mut manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    manifest.as_object_mut().unwrap().remove("checksum");
-    manifest["format"] = 1.into();
+    let mut manifest = common::manifest_json(store, id);
     edit(&mut manifest);
     std::fs::write(&path, serde_json::to_vec(&manifest).unwrap()).unwrap();
 }
@@ -253,7 +251,7 @@ fn manifests_with_bad_fields_are_refused() {
     // A current manifest carries a checksum: a changed digit anywhere is caught, and so
     // is a removed checksum.
     let text = String::from_utf8(good.clone()).unwrap();
-    let size_at = text.find("\"size\": ").unwrap() + 8;
+    let size_at = text.find("\"completed_unix_ms\": ").unwrap() + 21;
     let mut flipped = text.clone().into_bytes();
     flipped[size_at] = if flipped[size_at] == b'1' { b'2' } else { b'1' };
     std::fs::write(&path, &flipped).unwrap();
@@ -581,7 +579,16 @@ fn an_object_that_is_a_symlink_is_not_followed() {
     let ids = six_checkpoints(&store);
     let secret = dir.path().join("secret");
     std::fs::write(&secret, b"not yours").unwrap();
-    let victim = objects(&store).into_iter().next().unwrap();
+    let newest = ckptfs::catalog::Catalog::open_existing(&store)
+        .unwrap()
+        .load(ids[5])
+        .unwrap();
+    let path_of = |id: ObjectId| {
+        let hex = id.to_hex();
+        store.join("objects").join(&hex[..2]).join(hex)
+    };
+    // A file's object.
+    let victim = path_of(newest.backends[0].files[0].object);
     std::fs::remove_file(&victim).unwrap();
     std::os::unix::fs::symlink(&secret, &victim).unwrap();
     let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
@@ -592,6 +599,21 @@ fn an_object_that_is_a_symlink_is_not_followed() {
     let err = ckptfs::restore::restore_checkpoint(&store, damaged, &out, |_| {}).unwrap_err();
     assert!(err.to_string().contains("symbolic link"), "{err}");
     assert!(ids.contains(&damaged));
+    // A file list's object: the checkpoints read through it cannot be read at all.
+    let list = path_of(newest.backends[0].lists[0]);
+    std::fs::remove_file(&list).unwrap();
+    std::os::unix::fs::symlink(&secret, &list).unwrap();
+    let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
+    assert!(
+        report
+            .unreadable_manifests
+            .iter()
+            .any(|m| m.starts_with(&format!("{}.json", ids[5])) && m.contains("symbolic link")),
+        "{report:?}"
+    );
+    let err = ckptfs::restore::restore_checkpoint(&store, ids[5], &out, |_| {}).unwrap_err();
+    assert!(err.to_string().contains("symbolic link"), "{err}");
+    assert!(!out.exists());
 }
 
 /// Second review: a file set aside by hand in checkpoints/ (`6.json.bad`) may name
@@ -656,8 +678,9 @@ fn the_checkpoint_of_an_unfinished_restore_is_kept() {
     assert!(retained_ids(&engine).contains(&ids[1]));
 }
 
-/// A store written by the previous format (1: no checksums) still mounts, restores, passes
-/// fsck and takes new (format 2) checkpoints beside the old ones.
+/// A store written by the first format (1: no checksums, files inline) still restores and
+/// passes fsck, is migrated at mount (format 3: file lists stored by content), and takes new
+/// checkpoints beside the old ones.
 #[test]
 fn a_format_1_store_still_works() {
     let dir = tempfile::tempdir().unwrap();
@@ -690,6 +713,18 @@ fn a_format_1_store_still_works() {
     let engine = Engine::open(EngineConfig::new(&store)).unwrap();
     assert_eq!(engine.backend_names(), vec![name("A/0"), name("B/1")]);
     assert_eq!(retained_ids(&engine), vec![2, 3]);
+    // Migrated at mount: the manifests now name stored file lists (format 3), and read
+    // back to the same files.
+    for id in [2, 3] {
+        let text = std::fs::read_to_string(store.join(format!("checkpoints/{id}.json"))).unwrap();
+        let stored: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(stored["format"], 3, "{text}");
+        for b in stored["backends"].as_array().unwrap() {
+            assert!(b["files"].is_null() && b["list"].is_string(), "{text}");
+        }
+    }
+    check(2);
+    check(3);
     let a = name("A/0");
     let restored: Vec<_> = engine.scan(&a).unwrap();
     assert_eq!(ckptfs::workload::current_round(&restored).unwrap(), Some(2));

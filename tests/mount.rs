@@ -166,10 +166,7 @@ fn cp_r_out_of_the_mount_gives_a_directory_rocksdb_opens() {
     }
     // find, du and sha256sum see a normal read-only tree.
     let cp_dir = m.mnt.join(format!("cp-{id}"));
-    let manifest: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(m.store.join(format!("checkpoints/{id}.json"))).unwrap(),
-    )
-    .unwrap();
+    let manifest = m.manifest(id);
     let files: Vec<&serde_json::Value> = manifest["backends"]
         .as_array()
         .unwrap()

@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+
+use crate::catalog::lists;
 use std::time::Instant;
 
 use super::{base_of, Base, Engine};
@@ -89,6 +91,73 @@ struct PendingBackend {
     base: Option<Base>,
 }
 
+/// Store a backend's file list (shared with, or a delta on, its base's while the base's
+/// lists are alive; pinned like files); returns the list chain the manifest will name.
+fn store_list(
+    engine: &Engine,
+    pins: &mut Vec<ObjectId>,
+    part: &PendingBackend,
+    files: &[Arc<FileEntry>],
+    stats: &mut CheckpointStats,
+) -> Result<Arc<[ObjectId]>> {
+    let store = &engine.inner.store;
+    let base = match part.base.as_ref().filter(|b| !b.list.chain.is_empty()) {
+        Some(base) => {
+            let mut st = engine.state();
+            if base.list.chain.iter().all(|l| st.can_share(l)) {
+                for l in base.list.chain.iter() {
+                    st.registry.pin(*l);
+                    pins.push(*l);
+                }
+                Some(&base.list)
+            } else {
+                None
+            }
+        }
+        None => None,
+    };
+    let Some(encoded) = lists::encode(files, base) else {
+        return Ok(base.expect("an unchanged list has a base").chain.clone());
+    };
+    let staged = if engine.state().can_share(&encoded.id) {
+        None
+    } else {
+        Some(store.stage_bytes(&encoded.bytes)?)
+    };
+    let mut st = engine.state();
+    match staged {
+        Some(staged) if !st.can_share(&encoded.id) => {
+            store.publish(staged)?;
+            stats.bytes_uploaded += encoded.bytes.len() as u64;
+            st.missing.remove(&encoded.id);
+        }
+        Some(staged) => store.discard(staged),
+        None => {}
+    }
+    st.registry.pin(encoded.id);
+    pins.push(encoded.id);
+    Ok(encoded.chain)
+}
+
+impl PendingBackend {
+    /// The entry for a file, shared with the base's when it is the same (memory follows
+    /// what changed, not the number of checkpoints).
+    fn entry(&self, name: &str, object: ObjectId, size: u64) -> Arc<FileEntry> {
+        self.base
+            .as_ref()
+            .and_then(|b| b.by_name.get(name))
+            .filter(|known| known.object == object && known.size == size)
+            .cloned()
+            .unwrap_or_else(|| {
+                Arc::new(FileEntry {
+                    name: name.to_string(),
+                    object,
+                    size,
+                })
+            })
+    }
+}
+
 /// A checkpoint between its synchronous phase and its completion. Completing it runs the
 /// asynchronous phase; dropping it without completing aborts it and leaves nothing behind.
 pub struct PendingCheckpoint {
@@ -169,7 +238,7 @@ impl PendingCheckpoint {
         let mut snapshots = Vec::new();
         for part in &self.parts {
             let mut entries = Vec::with_capacity(part.files.len());
-            for file in &part.files {
+            for file in part.files.iter() {
                 stats.files_total += 1;
                 stats.bytes_total += file.size;
                 let shared = is_shared_file(&file.name);
@@ -179,7 +248,7 @@ impl PendingCheckpoint {
                     .base
                     .as_ref()
                     .filter(|_| shared)
-                    .and_then(|b| b.files.get(&file.name))
+                    .and_then(|b| b.by_name.get(&file.name))
                     .filter(|known| known.size == file.size)
                 {
                     let mut st = self.engine.state();
@@ -208,11 +277,7 @@ impl PendingCheckpoint {
                         if shared {
                             stats.bytes_new_sst += size;
                         }
-                        entries.push(FileEntry {
-                            name: file.name.clone(),
-                            object: id,
-                            size,
-                        });
+                        entries.push(part.entry(&file.name, id, size));
                         continue;
                     }
                     Some((id, size))
@@ -249,16 +314,15 @@ impl PendingCheckpoint {
                 }
                 st.registry.pin(id);
                 self.pins.push(id);
-                entries.push(FileEntry {
-                    name: file.name.clone(),
-                    object: id,
-                    size,
-                });
+                entries.push(part.entry(&file.name, id, size));
             }
+            let files = lists::sorted(entries);
+            let chain = store_list(&self.engine, &mut self.pins, part, &files, &mut stats)?;
             snapshots.push(BackendSnapshot {
                 name: part.name.clone(),
                 lineage: part.lineage.clone(),
-                files: entries,
+                files,
+                lists: chain,
             });
         }
         Ok((snapshots, stats))

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 
 use crate::backend::{Backend, BackendOptions, WriteOp};
-use crate::catalog::{BackendSnapshot, Catalog, FileEntry, Manifest, StoreMeta};
+use crate::catalog::{BackendSnapshot, Catalog, FileEntry, FileList, Manifest, StoreMeta};
 use crate::error::{Error, Result};
 use crate::lock::{DirLock, StoreLock};
 use crate::names::BackendName;
@@ -66,7 +66,9 @@ impl EngineConfig {
 #[derive(Debug, Clone)]
 struct Base {
     checkpoint: u64,
-    files: Arc<HashMap<String, FileEntry>>,
+    by_name: Arc<HashMap<String, Arc<FileEntry>>>,
+    /// The checkpoint's file list of this backend: the base of the next one's.
+    list: FileList,
 }
 
 struct State {
@@ -98,7 +100,7 @@ impl State {
 struct Inner {
     store_root: PathBuf,
     state_dir: PathBuf,
-    store: Box<dyn ObjectStore>,
+    store: Arc<dyn ObjectStore>,
     catalog: Catalog,
     backend_options: BackendOptions,
     max_concurrent: usize,
@@ -393,13 +395,14 @@ fn backend_dir(state_dir: &Path, name: &BackendName) -> PathBuf {
 fn base_of(checkpoint: u64, snapshot: &BackendSnapshot) -> Base {
     Base {
         checkpoint,
-        files: Arc::new(
+        by_name: Arc::new(
             snapshot
                 .files
                 .iter()
                 .map(|f| (f.name.clone(), f.clone()))
                 .collect(),
         ),
+        list: snapshot.file_list(),
     }
 }
 

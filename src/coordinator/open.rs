@@ -10,7 +10,7 @@ use super::restore::{
 };
 use super::{backend_dir, base_of, validate_retain, Engine, EngineConfig, Inner, State};
 use crate::backend::Backend;
-use crate::catalog::{BackendSnapshot, Catalog, Manifest, StoreMeta};
+use crate::catalog::{BackendSnapshot, Catalog, FileList, Manifest, StoreMeta, FORMAT};
 use crate::error::{Error, IoContext, Result};
 use crate::fsutil::{create_private_dir_all, make_private, remove_tree};
 use crate::lock::{DirLock, StoreLock};
@@ -41,8 +41,8 @@ impl Engine {
                 root.display()
             )));
         }
-        let catalog = Catalog::open(&root)?;
-        let store = LocalStore::open(&root)?;
+        let store: Arc<dyn ObjectStore> = Arc::new(LocalStore::open(&root)?);
+        let catalog = Catalog::open_with(&root, store.clone())?;
         let loaded_meta = catalog.load_meta()?;
         // An unreadable manifest hides its checkpoint, never deletes it: the daemon starts
         // without it, keeps every object it may name and sweeps nothing; fsck reports it.
@@ -131,6 +131,28 @@ impl Engine {
         if leftovers > 0 {
             log::info!("removed {leftovers} leftovers of interrupted writes");
         }
+        let mut deletes_frozen = !unreadable.is_empty() || catalog.has_quarantine();
+        // Manifests of formats 1 and 2 list every file inline: store their lists (sharing
+        // between checkpoints) and rewrite them in the current format. Each rewrite is
+        // atomic after its lists are durable; lists of an interrupted one are orphans.
+        let manifests = if deletes_frozen {
+            manifests
+        } else {
+            match migrate(&catalog, manifests) {
+                Ok(migrated) => migrated,
+                Err((manifests, e)) => {
+                    // A rewrite that failed late may be on disk, naming lists the registry
+                    // would not know: delete nothing this run.
+                    let msg = format!(
+                        "could not migrate checkpoint manifests to format {FORMAT} ({e});                          no object is deleted until the next start"
+                    );
+                    log::error!("{msg}");
+                    last_error = Some(msg);
+                    deletes_frozen = true;
+                    manifests
+                }
+            }
+        };
         let newest = manifests
             .keys()
             .copied()
@@ -146,10 +168,9 @@ impl Engine {
         catalog.save_meta(&meta)?;
         let registry =
             Registry::from_checkpoints(manifests.iter().map(|(id, m)| (*id, m.objects())));
-        let deletes_frozen = !unreadable.is_empty() || catalog.has_quarantine();
         crate::failpoint!("open::before-sweep");
         let (orphans, missing) = if !deletes_frozen {
-            sweep(&store, &registry)?
+            sweep(store.as_ref(), &registry)?
         } else {
             let msg = "an unreadable or quarantined manifest exists: no object is deleted \
                        until it is resolved (fsck --repair, then remove STORE/quarantine/)";
@@ -247,7 +268,7 @@ impl Engine {
             .iter()
             .map(|(name, (_, snapshot))| (backend_dir(&state_dir, name), snapshot))
             .collect();
-        let prepared = prepare_all(&store, &config.backend_options, &items)?;
+        let prepared = prepare_all(store.as_ref(), &config.backend_options, &items)?;
         if let Some(n) = restore_from {
             write_restore_intent(&state_dir, n)?;
         }
@@ -288,7 +309,7 @@ impl Engine {
             inner: Arc::new(Inner {
                 store_root: root,
                 state_dir,
-                store: Box::new(store),
+                store,
                 catalog,
                 backend_options: config.backend_options.clone(),
                 max_concurrent: config.max_concurrent.max(1),
@@ -396,6 +417,50 @@ fn latest_snapshot_of_lineage(
             .filter(|s| s.lineage == lineage)
             .map(|s| (*id, s.clone()))
     })
+}
+
+/// Store the file lists of manifests that list files inline and rewrite them in the
+/// current format, oldest first (so each list can be a delta on the backend's previous one).
+/// On failure, the manifests as they are now in memory (each one migrated or not).
+#[allow(clippy::type_complexity)]
+fn migrate(
+    catalog: &Catalog,
+    manifests: BTreeMap<u64, Manifest>,
+) -> std::result::Result<BTreeMap<u64, Manifest>, (BTreeMap<u64, Manifest>, Error)> {
+    let mut previous: BTreeMap<(BackendName, String), FileList> = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    let mut migrated = 0;
+    let mut rest = manifests.into_iter();
+    while let Some((id, manifest)) = rest.next() {
+        let manifest = if manifest.has_inline_lists() {
+            let result = catalog.store_lists(&manifest, &previous).and_then(|m| {
+                catalog.commit(&m)?;
+                Ok(m)
+            });
+            match result {
+                Ok(mut m) => {
+                    m.format = FORMAT;
+                    migrated += 1;
+                    m
+                }
+                Err(e) => {
+                    out.insert(id, manifest);
+                    out.extend(rest);
+                    return Err((out, e));
+                }
+            }
+        } else {
+            manifest
+        };
+        for b in &manifest.backends {
+            previous.insert((b.name.clone(), b.lineage.clone()), b.file_list());
+        }
+        out.insert(id, manifest);
+    }
+    if migrated > 0 {
+        log::info!("migrated {migrated} checkpoint manifests to format {FORMAT}");
+    }
+    Ok(out)
 }
 
 /// Delete objects no manifest references;

@@ -155,7 +155,7 @@ pub fn materialize(
     progress: &mut dyn FnMut(u64),
 ) -> Result<()> {
     create_private_dir_all(dir)?;
-    for file in &snapshot.files {
+    for file in snapshot.files.iter() {
         store.copy_verified(&file.object, file.size, &dir.join(&file.name))?;
         progress(file.size);
     }

@@ -925,7 +925,7 @@ impl CkptFs {
         let mut sizes: BTreeMap<ObjectId, u64> = BTreeMap::new();
         for m in &status.checkpoints {
             for b in &m.backends {
-                for f in &b.files {
+                for f in b.files.iter() {
                     sizes.insert(f.object, f.size);
                 }
             }
@@ -974,30 +974,47 @@ impl CkptFs {
         let counts = engine.reference_counts();
         #[derive(Default)]
         struct Row {
-            size: u64,
+            size: Option<u64>,
             checkpoints: BTreeSet<u64>,
             files: BTreeSet<(String, String)>,
+            /// A file list (of these backends), not a file.
+            list_of: BTreeSet<String>,
         }
         let mut rows: BTreeMap<ObjectId, Row> = BTreeMap::new();
         for m in engine.checkpoints() {
             for b in &m.backends {
-                for f in &b.files {
+                for f in b.files.iter() {
                     let row = rows.entry(f.object).or_default();
-                    row.size = f.size;
+                    row.size = Some(f.size);
                     row.checkpoints.insert(m.id);
                     row.files.insert((b.name.to_string(), f.name.clone()));
+                }
+                for list in b.lists.iter() {
+                    let row = rows.entry(*list).or_default();
+                    row.checkpoints.insert(m.id);
+                    row.list_of.insert(b.name.to_string());
                 }
             }
         }
         let mut out = String::new();
         for (id, row) in rows {
-            let line = json!({
+            let size = row.size.unwrap_or_else(|| {
+                let store = engine.object_store();
+                store
+                    .open(&id)
+                    .and_then(|f| f.metadata().map_err(|e| Error::io("stat object", e)))
+                    .map_or(0, |m| m.len())
+            });
+            let mut line = json!({
                 "id": id.to_hex(),
-                "size": row.size,
+                "size": size,
                 "refcount": counts.get(&id).copied().unwrap_or(0),
                 "checkpoints": row.checkpoints,
                 "files": row.files.iter().map(|(b, f)| json!({"backend": b, "name": f})).collect::<Vec<_>>(),
             });
+            if !row.list_of.is_empty() {
+                line["file_list_of"] = json!(row.list_of);
+            }
             out.push_str(&line.to_string());
             out.push('\n');
         }

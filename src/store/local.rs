@@ -73,6 +73,28 @@ impl ObjectStore for LocalStore {
         }
     }
 
+    fn stage_bytes(&self, bytes: &[u8]) -> Result<Staged> {
+        use std::io::Write;
+        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
+        let tmp = self.tmp.join(format!("{}-{n}", std::process::id()));
+        let mut out = create_new_private().open(&tmp).ctx("create", &tmp)?;
+        let result = out
+            .write_all(bytes)
+            .ctx("write", &tmp)
+            .and_then(|_| out.sync_all().ctx("fsync", &tmp));
+        match result {
+            Ok(()) => Ok(Staged {
+                id: ObjectId::from_hash(blake3::hash(bytes)),
+                size: bytes.len() as u64,
+                tmp,
+            }),
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                Err(e)
+            }
+        }
+    }
+
     fn publish(&self, staged: Staged) -> Result<()> {
         let dest = self.path_of(&staged.id);
         let dir = dest.parent().expect("object paths have a parent");

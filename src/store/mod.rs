@@ -85,6 +85,8 @@ pub struct Staged {
 pub trait ObjectStore: Send + Sync {
     /// Copy `src` into a durable private temporary object, hashing it on the way.
     fn stage(&self, src: &Path) -> Result<Staged>;
+    /// Stage an object from bytes in memory (file lists).
+    fn stage_bytes(&self, bytes: &[u8]) -> Result<Staged>;
     /// Make a staged object visible under its id (durably).
     fn publish(&self, staged: Staged) -> Result<()>;
     /// Throw a staged object away (a duplicate, or an aborted checkpoint's).
@@ -109,6 +111,27 @@ pub trait ObjectStore: Send + Sync {
         let (hash, copied) = hash_copy(&mut src, Some(&mut out), dest)?;
         check(id, size, hash, copied)?;
         out.sync_all().ctx("fsync", dest)
+    }
+
+    /// Read a whole small object into memory, checking its hash; at most `limit` bytes.
+    fn read_verified(&self, id: &ObjectId, limit: u64) -> Result<Vec<u8>> {
+        let file = self.open(id)?;
+        let mut bytes = Vec::new();
+        file.take(limit + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| Error::io(format!("read object {id}"), e))?;
+        if bytes.len() as u64 > limit {
+            return Err(Error::Corrupt(format!(
+                "object {id} is larger than {limit} bytes"
+            )));
+        }
+        check(
+            id,
+            bytes.len() as u64,
+            blake3::hash(&bytes),
+            bytes.len() as u64,
+        )?;
+        Ok(bytes)
     }
 
     /// Read an object through, checking size and hash.

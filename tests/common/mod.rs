@@ -64,14 +64,42 @@ pub fn restored_contents(store: &Path, id: u64) -> BTreeMap<BackendName, Kv> {
         .collect()
 }
 
-/// Reference counts recomputed here from the manifests, independently of the registry.
+/// Checkpoint `id` of a store as JSON in the shape of a format-1 manifest (every backend's
+/// files listed inline, whatever file lists the stored manifest names).
+pub fn manifest_json(store: &Path, id: u64) -> serde_json::Value {
+    let m = ckptfs::catalog::Catalog::open_existing(store)
+        .unwrap()
+        .load(id)
+        .unwrap();
+    serde_json::json!({
+        "format": 1,
+        "id": m.id,
+        "started_unix_ms": m.started_unix_ms,
+        "completed_unix_ms": m.completed_unix_ms,
+        "backends": m.backends.iter().map(|b| serde_json::json!({
+            "name": b.name.to_string(),
+            "lineage": b.lineage,
+            "files": b.files.iter().map(|f| serde_json::to_value(&**f).unwrap()).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "stats": serde_json::to_value(&m.stats).unwrap(),
+    })
+}
+
+/// Reference counts recomputed here from the manifests, independently of the registry: a
+/// checkpoint references its files' objects and its file lists (each backend's list and the
+/// lists it is a delta on).
 pub fn recount(manifests: &[std::sync::Arc<Manifest>]) -> BTreeMap<ObjectId, u32> {
     let mut counts = BTreeMap::new();
     for m in manifests {
         let objects: BTreeSet<ObjectId> = m
             .backends
             .iter()
-            .flat_map(|b| b.files.iter().map(|f| f.object))
+            .flat_map(|b| {
+                b.files
+                    .iter()
+                    .map(|f| f.object)
+                    .chain(b.lists.iter().copied())
+            })
             .collect();
         for o in objects {
             *counts.entry(o).or_insert(0) += 1;

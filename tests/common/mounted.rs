@@ -138,11 +138,9 @@ impl Mounted {
             .collect()
     }
 
+    /// Checkpoint `id` as JSON with every backend's files resolved (see [`manifest_json`]).
     pub fn manifest(&self, id: u64) -> serde_json::Value {
-        serde_json::from_slice(
-            &std::fs::read(self.store.join(format!("checkpoints/{id}.json"))).unwrap(),
-        )
-        .unwrap()
+        super::manifest_json(&self.store, id)
     }
 
     pub fn root_names(&self) -> Vec<String> {

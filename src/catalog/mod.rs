@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -15,10 +16,16 @@ use crate::fsutil::{
     ensure_real_dir, fsync_dir, is_atomic_leftover, is_real_dir, remove_tree, write_atomic,
 };
 use crate::names::BackendName;
-use crate::store::ObjectId;
+use crate::store::{LocalStore, ObjectId, ObjectStore};
 
-/// The format written: manifests and `ckptfs.json` carry a checksum of their content.
-pub const FORMAT: u32 = 2;
+pub mod lists;
+
+pub use lists::FileList;
+use lists::ListReader;
+
+/// The format written: manifests name one stored file list per backend (format 3; format 2
+/// added a checksum of the content to manifests and `ckptfs.json`).
+pub const FORMAT: u32 = 3;
 /// The oldest format still read: format 1 files have no checksum.
 pub const OLDEST_FORMAT: u32 = 1;
 
@@ -81,7 +88,7 @@ fn check_format(format: u32, sealed: bool) -> Result<()> {
     Ok(())
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Hash)]
 pub struct FileEntry {
     /// The original RocksDB file name, e.g. `000012.sst` or `MANIFEST-000005`.
     pub name: String,
@@ -89,13 +96,37 @@ pub struct FileEntry {
     pub size: u64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackendSnapshot {
     pub name: BackendName,
     /// Identity of the local RocksDB instance that produced the files: file names are only
     /// meaningful within one lineage (a restore starts a new one).
     pub lineage: String,
-    pub files: Vec<FileEntry>,
+    /// The files, sorted by name; entries are shared between the checkpoints that list them.
+    pub files: Arc<[Arc<FileEntry>]>,
+    /// The stored file lists these files are read from, newest first (see [`lists`]); empty
+    /// when the manifest lists them inline (formats 1 and 2, until migrated).
+    pub lists: Arc<[ObjectId]>,
+}
+
+impl BackendSnapshot {
+    /// A snapshot of `files` (any order) not stored as a list yet.
+    pub fn inline(name: BackendName, lineage: String, files: Vec<FileEntry>) -> Self {
+        BackendSnapshot {
+            name,
+            lineage,
+            files: lists::sorted(files.into_iter().map(Arc::new).collect()),
+            lists: Arc::from([]),
+        }
+    }
+
+    /// The files and list chain, as the base of the backend's next list.
+    pub fn file_list(&self) -> FileList {
+        FileList {
+            files: self.files.clone(),
+            chain: self.lists.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -112,14 +143,39 @@ pub struct CheckpointStats {
     pub async_micros: u64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Manifest {
+    /// The format of the file this was read from (or [`FORMAT`] for one about to be written).
     pub format: u32,
     pub id: u64,
     pub started_unix_ms: u64,
     pub completed_unix_ms: u64,
     pub backends: Vec<BackendSnapshot>,
     pub stats: CheckpointStats,
+}
+
+/// A manifest as stored: format 3 names a list object per backend, formats 1 and 2 list the
+/// files inline (and format 3 may too: what was not migrated yet).
+#[derive(Debug, Serialize, Deserialize)]
+struct StoredManifest {
+    format: u32,
+    id: u64,
+    started_unix_ms: u64,
+    completed_unix_ms: u64,
+    backends: Vec<StoredBackend>,
+    stats: CheckpointStats,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct StoredBackend {
+    name: BackendName,
+    lineage: String,
+    // Field order and skipping keep the canonical bytes of format 1 and 2 manifests (which
+    // had `files` only) unchanged, so their checksums still verify.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    files: Option<Vec<FileEntry>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    list: Option<ObjectId>,
 }
 
 /// Check that a file name read from a store is one plain path component: 1 to 255 bytes
@@ -156,7 +212,7 @@ impl Manifest {
                 )));
             }
             let mut names = BTreeSet::new();
-            for file in &backend.files {
+            for file in backend.files.iter() {
                 validate_file_name(&file.name)
                     .map_err(|e| Error::Invalid(format!("backend {}: {e}", backend.name)))?;
                 if !names.insert(&file.name) {
@@ -176,11 +232,88 @@ impl Manifest {
         Ok(())
     }
 
+    /// Every object the checkpoint references: its files' and its file lists'.
     pub fn objects(&self) -> BTreeSet<ObjectId> {
         self.backends
             .iter()
-            .flat_map(|b| b.files.iter().map(|f| f.object))
+            .flat_map(|b| {
+                b.files
+                    .iter()
+                    .map(|f| f.object)
+                    .chain(b.lists.iter().copied())
+            })
             .collect()
+    }
+
+    /// True if some backend's files are listed inline (a format 1 or 2 manifest).
+    pub fn has_inline_lists(&self) -> bool {
+        self.backends.iter().any(|b| b.lists.is_empty())
+    }
+
+    fn to_stored(&self) -> StoredManifest {
+        StoredManifest {
+            format: FORMAT,
+            id: self.id,
+            started_unix_ms: self.started_unix_ms,
+            completed_unix_ms: self.completed_unix_ms,
+            backends: self
+                .backends
+                .iter()
+                .map(|b| StoredBackend {
+                    name: b.name.clone(),
+                    lineage: b.lineage.clone(),
+                    files: b
+                        .lists
+                        .is_empty()
+                        .then(|| b.files.iter().map(|f| (**f).clone()).collect()),
+                    list: b.lists.first().copied(),
+                })
+                .collect(),
+            stats: self.stats.clone(),
+        }
+    }
+
+    fn from_stored(stored: StoredManifest, reader: &mut ListReader) -> Result<Manifest> {
+        let mut backends = Vec::with_capacity(stored.backends.len());
+        for b in stored.backends {
+            let snapshot = match (b.files, b.list) {
+                (Some(files), None) => {
+                    let files = files.into_iter().map(|f| reader.intern(f)).collect();
+                    BackendSnapshot {
+                        name: b.name,
+                        lineage: b.lineage,
+                        files: lists::sorted(files),
+                        lists: Arc::from([]),
+                    }
+                }
+                (None, Some(list)) if stored.format >= 3 => {
+                    let resolved = reader
+                        .resolve(list)
+                        .map_err(|e| Error::Corrupt(format!("backend {}: {e}", b.name)))?;
+                    BackendSnapshot {
+                        name: b.name,
+                        lineage: b.lineage,
+                        files: resolved.files,
+                        lists: resolved.chain,
+                    }
+                }
+                _ => {
+                    return Err(Error::Invalid(format!(
+                        "backend {} must have either `files` or (format 3) `list`",
+                        b.name
+                    )))
+                }
+            };
+            backends.push(snapshot);
+        }
+        Ok(Manifest {
+            format: stored.format,
+            id: stored.id,
+            started_unix_ms: stored.started_unix_ms,
+            completed_unix_ms: stored.completed_unix_ms,
+            backends,
+            stats: stored.stats,
+        })
     }
 
     pub fn backend(&self, name: &BackendName) -> Option<&BackendSnapshot> {
@@ -209,30 +342,39 @@ impl Default for StoreMeta {
     }
 }
 
-/// The manifests directory (`checkpoints/<id>.json`) and `ckptfs.json` of one store.
+/// The manifests directory (`checkpoints/<id>.json`) and `ckptfs.json` of one store, and
+/// the object store its file lists are read from.
 pub struct Catalog {
     root: PathBuf,
     dir: PathBuf,
+    objects: Arc<dyn ObjectStore>,
 }
 
 impl Catalog {
     /// Open the catalog of a store, creating `checkpoints/` if missing (lock holders of a
     /// store that is new or known to be complete only; see Engine::open).
     pub fn open(root: &Path) -> Result<Self> {
+        Self::open_with(root, Arc::new(LocalStore::open_existing(root)?))
+    }
+
+    /// [`Catalog::open`] with file lists read from (and written to) `objects`.
+    pub fn open_with(root: &Path, objects: Arc<dyn ObjectStore>) -> Result<Self> {
         let dir = root.join("checkpoints");
         ensure_real_dir(&dir)?;
         Ok(Catalog {
             root: root.to_path_buf(),
             dir,
+            objects,
         })
     }
 
     /// The catalog of `root` as it is, whether `checkpoints/` exists or not (fsck).
-    pub fn at(root: &Path) -> Self {
-        Catalog {
+    pub fn at(root: &Path) -> Result<Self> {
+        Ok(Catalog {
             root: root.to_path_buf(),
             dir: root.join("checkpoints"),
-        }
+            objects: Arc::new(LocalStore::open_existing(root)?),
+        })
     }
 
     /// Open the catalog of an existing store without creating anything.
@@ -247,6 +389,7 @@ impl Catalog {
         Ok(Catalog {
             root: root.to_path_buf(),
             dir,
+            objects: Arc::new(LocalStore::open_existing(root)?),
         })
     }
 
@@ -292,9 +435,36 @@ impl Catalog {
         self.dir.join(format!("{id}.json"))
     }
 
-    /// Durably write a manifest: from here on the checkpoint exists.
+    /// Durably write a manifest (in the current format; its file lists must be stored
+    /// already): from here on the checkpoint exists.
     pub fn commit(&self, manifest: &Manifest) -> Result<()> {
-        write_atomic(&self.manifest_path(manifest.id), &seal(manifest))
+        write_atomic(
+            &self.manifest_path(manifest.id),
+            &seal(&manifest.to_stored()),
+        )
+    }
+
+    /// Store the file list of each backend whose files are listed inline, as a delta on
+    /// `previous` (the backend's list in an earlier checkpoint of the same lineage) where
+    /// that helps; returns the manifest with its lists. Nothing is committed.
+    pub fn store_lists(
+        &self,
+        manifest: &Manifest,
+        previous: &BTreeMap<(BackendName, String), FileList>,
+    ) -> Result<Manifest> {
+        let mut out = manifest.clone();
+        for b in out.backends.iter_mut().filter(|b| b.lists.is_empty()) {
+            let base = previous.get(&(b.name.clone(), b.lineage.clone()));
+            b.lists = match lists::encode(&b.files, base) {
+                None => base.expect("no change means a base").chain.clone(),
+                Some(encoded) => {
+                    let staged = self.objects.stage_bytes(&encoded.bytes)?;
+                    self.objects.publish(staged)?;
+                    encoded.chain
+                }
+            };
+        }
+        Ok(out)
     }
 
     /// Durably remove a manifest: from here on the checkpoint is gone.
@@ -308,6 +478,10 @@ impl Catalog {
     }
 
     pub fn load(&self, id: u64) -> Result<Manifest> {
+        self.load_with(id, &mut ListReader::new(self.objects.as_ref()))
+    }
+
+    fn load_with(&self, id: u64, reader: &mut ListReader) -> Result<Manifest> {
         let path = self.manifest_path(id);
         let bytes = fs::read(&path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
@@ -316,10 +490,11 @@ impl Catalog {
                 Error::io(format!("read {}", path.display()), e)
             }
         })?;
-        let (manifest, sealed): (Manifest, bool) = unseal(&bytes, &path)?;
-        check_format(manifest.format, sealed)
-            .and_then(|_| manifest.validate())
-            .map_err(|e| Error::Corrupt(format!("{} is invalid: {e}", path.display())))?;
+        let (stored, sealed): (StoredManifest, bool) = unseal(&bytes, &path)?;
+        let invalid = |e: Error| Error::Corrupt(format!("{} is invalid: {e}", path.display()));
+        check_format(stored.format, sealed).map_err(invalid)?;
+        let manifest = Manifest::from_stored(stored, reader).map_err(invalid)?;
+        manifest.validate().map_err(invalid)?;
         if manifest.id != id {
             return Err(Error::Corrupt(format!(
                 "{} claims to be checkpoint {}",
@@ -346,6 +521,7 @@ impl Catalog {
     pub fn load_all_lenient(&self) -> Result<(BTreeMap<u64, Manifest>, Vec<Unreadable>)> {
         let mut manifests = BTreeMap::new();
         let mut unreadable = Vec::new();
+        let mut reader = ListReader::new(self.objects.as_ref());
         if !self.dir.exists() {
             return Ok((manifests, unreadable));
         }
@@ -364,7 +540,7 @@ impl Catalog {
                 ));
                 continue;
             };
-            match self.load(id) {
+            match self.load_with(id, &mut reader) {
                 Ok(m) => {
                     manifests.insert(id, m);
                 }
@@ -464,15 +640,15 @@ mod tests {
             id,
             started_unix_ms: 1,
             completed_unix_ms: 2,
-            backends: vec![BackendSnapshot {
-                name: "op/0".parse().unwrap(),
-                lineage: "l1".into(),
-                files: vec![FileEntry {
+            backends: vec![BackendSnapshot::inline(
+                "op/0".parse().unwrap(),
+                "l1".into(),
+                vec![FileEntry {
                     name: "000007.sst".into(),
                     object: ObjectId::from_hash(blake3::hash(b"x")),
                     size: 1,
                 }],
-            }],
+            )],
             stats: CheckpointStats::default(),
         }
     }
