@@ -17,8 +17,8 @@
 //! per checkpoint, live SSTs per backend. Then one JSON line with every figure.
 //!
 //! Usage: `BENCH_CHECKPOINTS=N [BENCH_BACKENDS=2] [BENCH_KEYS=20000] [BENCH_MODE=time|random]
-//! [BENCH_SMALL_FILES=on|off] [BENCH_ROCKSDB_OPTIONS='name=value;...'] cargo run --example
-//! bench_scale` (scripts/bench-scale).
+//! [BENCH_SMALL_FILES=on|off] [BENCH_ROCKSDB_OPTIONS='name=value;...'] [BENCH_KEEP=DIR]
+//! cargo run --example bench_scale` (scripts/bench-scale).
 //! A benchmark, not a test: targets are reported, never asserted.
 
 use std::path::Path;
@@ -87,8 +87,13 @@ fn main() -> ExitCode {
             .chain(std::iter::once(checkpoints))
             .collect(),
     };
+    // BENCH_KEEP=DIR keeps the store (DIR/store) for a look through the mount afterwards.
+    let keep = std::env::var_os("BENCH_KEEP").map(std::path::PathBuf::from);
     let dir = tempfile::tempdir().expect("temporary directory");
-    let store = dir.path().join("store");
+    let store = match &keep {
+        Some(dir) => dir.join("store"),
+        None => dir.path().join("store"),
+    };
     let mut config = EngineConfig::new(&store);
     config.backends = (0..backends)
         .map(|i| BackendName::new("Scale", i).expect("name"))
@@ -118,7 +123,7 @@ fn main() -> ExitCode {
         if small_files { "on" } else { "off" }
     );
     println!(
-        "| checkpoint | ckpt ms (mean) | sync ms (mean) | RSS MiB | manifest KiB/ckpt | private KiB/ckpt | live SSTs/backend | merged files |"
+        "| checkpoint | ckpt ms (mean) | sync ms (mean) | RSS MiB | manifest+list KiB/ckpt | private KiB/ckpt | live SSTs/backend | merged files |"
     );
     println!("|---|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();
@@ -168,7 +173,24 @@ fn main() -> ExitCode {
                 .filter(|f| !f.name.ends_with(".sst"))
                 .map(|f| f.size)
                 .sum();
-            let manifests = dir_bytes(&store.join("checkpoints"));
+            // Manifests proper, plus the file lists they name (stored as objects).
+            let lists: std::collections::BTreeSet<_> = engine
+                .checkpoints()
+                .iter()
+                .flat_map(|m| {
+                    m.backends
+                        .iter()
+                        .flat_map(|b| b.lists.iter().copied())
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            let list_bytes: u64 = lists
+                .iter()
+                .filter_map(|id| engine.object_store().local_path(id))
+                .filter_map(|p| std::fs::metadata(p).ok())
+                .map(|m| m.len())
+                .sum();
+            let manifests = dir_bytes(&store.join("checkpoints")) + list_bytes;
             let ssts: usize = names
                 .iter()
                 .map(|n| engine.live_sst_files(n).map(|f| f.len()).unwrap_or(0))

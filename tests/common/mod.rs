@@ -91,16 +91,7 @@ pub fn manifest_json(store: &Path, id: u64) -> serde_json::Value {
 pub fn recount(manifests: &[std::sync::Arc<Manifest>]) -> BTreeMap<ObjectId, u32> {
     let mut counts = BTreeMap::new();
     for m in manifests {
-        let objects: BTreeSet<ObjectId> = m
-            .backends
-            .iter()
-            .flat_map(|b| {
-                b.files
-                    .iter()
-                    .map(|f| f.object)
-                    .chain(b.lists.iter().copied())
-            })
-            .collect();
+        let objects: BTreeSet<ObjectId> = m.objects();
         for o in objects {
             *counts.entry(o).or_insert(0) += 1;
         }
