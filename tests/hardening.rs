@@ -714,7 +714,11 @@ fn a_format_1_store_still_works() {
     assert_eq!(engine.backend_names(), vec![name("A/0"), name("B/1")]);
     assert_eq!(retained_ids(&engine), vec![2, 3]);
     // Migrated at mount: the manifests now name stored file lists (format 3), and read
-    // back to the same files.
+    // back to the same files; ckptfs.json says format 3, so that older versions refuse the
+    // store instead of finding every manifest unreadable.
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(store.join("ckptfs.json")).unwrap()).unwrap();
+    assert_eq!(meta["format"], 3);
     for id in [2, 3] {
         let text = std::fs::read_to_string(store.join(format!("checkpoints/{id}.json"))).unwrap();
         let stored: serde_json::Value = serde_json::from_str(&text).unwrap();

@@ -544,8 +544,11 @@ impl Catalog {
                 Ok(m) => {
                     manifests.insert(id, m);
                 }
-                // Dropped by a live daemon between the listing and the read.
+                // Dropped by a live daemon between the listing and the read: the manifest
+                // is gone, or (a daemon deletes a dropped checkpoint's objects after its
+                // manifest) one of its file lists is.
                 Err(Error::NoSuchCheckpoint(_)) => {}
+                Err(_) if !self.manifest_path(id).exists() => {}
                 Err(e) => unreadable.push((name, e)),
             }
         }

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::catalog::lists;
+use crate::catalog::{lists, FileList};
 use std::time::Instant;
 
 use super::{base_of, Base, Engine};
@@ -92,14 +92,16 @@ struct PendingBackend {
 }
 
 /// Store a backend's file list (shared with, or a delta on, its base's while the base's
-/// lists are alive; pinned like files); returns the list chain the manifest will name.
+/// lists are alive; pinned like files); returns the files and the list chain the manifest
+/// will name (the base's own, one allocation, when nothing changed).
 fn store_list(
     engine: &Engine,
     pins: &mut Vec<ObjectId>,
     part: &PendingBackend,
-    files: &[Arc<FileEntry>],
+    entries: Vec<Arc<FileEntry>>,
     stats: &mut CheckpointStats,
-) -> Result<Arc<[ObjectId]>> {
+) -> Result<FileList> {
+    let files = lists::sorted(entries);
     let store = &engine.inner.store;
     let base = match part.base.as_ref().filter(|b| !b.list.chain.is_empty()) {
         Some(base) => {
@@ -116,27 +118,31 @@ fn store_list(
         }
         None => None,
     };
-    let Some(encoded) = lists::encode(files, base) else {
-        return Ok(base.expect("an unchanged list has a base").chain.clone());
+    let Some(encoded) = lists::encode(&files, base) else {
+        return Ok(base.expect("an unchanged list has a base").clone());
     };
-    let staged = if engine.state().can_share(&encoded.id) {
-        None
-    } else {
-        Some(store.stage_bytes(&encoded.bytes)?)
-    };
-    let mut st = engine.state();
-    match staged {
-        Some(staged) if !st.can_share(&encoded.id) => {
-            store.publish(staged)?;
-            stats.bytes_uploaded += encoded.bytes.len() as u64;
-            st.missing.remove(&encoded.id);
+    let chain = encoded.chain;
+    {
+        // Checked and pinned under one lock: a live object cannot be deleted in between.
+        let mut st = engine.state();
+        if st.can_share(&encoded.id) {
+            st.registry.pin(encoded.id);
+            pins.push(encoded.id);
+            return Ok(FileList { files, chain });
         }
-        Some(staged) => store.discard(staged),
-        None => {}
+    }
+    let staged = store.stage_bytes(&encoded.bytes)?;
+    let mut st = engine.state();
+    if st.can_share(&encoded.id) {
+        store.discard(staged);
+    } else {
+        store.publish(staged)?;
+        stats.bytes_uploaded += encoded.bytes.len() as u64;
+        st.missing.remove(&encoded.id);
     }
     st.registry.pin(encoded.id);
     pins.push(encoded.id);
-    Ok(encoded.chain)
+    Ok(FileList { files, chain })
 }
 
 impl PendingBackend {
@@ -316,13 +322,12 @@ impl PendingCheckpoint {
                 self.pins.push(id);
                 entries.push(part.entry(&file.name, id, size));
             }
-            let files = lists::sorted(entries);
-            let chain = store_list(&self.engine, &mut self.pins, part, &files, &mut stats)?;
+            let list = store_list(&self.engine, &mut self.pins, part, entries, &mut stats)?;
             snapshots.push(BackendSnapshot {
                 name: part.name.clone(),
                 lineage: part.lineage.clone(),
-                files,
-                lists: chain,
+                files: list.files,
+                lists: list.chain,
             });
         }
         Ok((snapshots, stats))

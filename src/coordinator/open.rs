@@ -139,12 +139,18 @@ impl Engine {
             manifests
         } else {
             match migrate(&catalog, manifests) {
-                Ok(migrated) => migrated,
+                Ok(migrated) => {
+                    // Older versions must refuse the store clearly, not find every manifest
+                    // unreadable.
+                    meta.format = FORMAT;
+                    migrated
+                }
                 Err((manifests, e)) => {
                     // A rewrite that failed late may be on disk, naming lists the registry
                     // would not know: delete nothing this run.
                     let msg = format!(
-                        "could not migrate checkpoint manifests to format {FORMAT} ({e});                          no object is deleted until the next start"
+                        "could not migrate checkpoint manifests to format {FORMAT} ({e}); no \
+                         object is deleted until the next start"
                     );
                     log::error!("{msg}");
                     last_error = Some(msg);

@@ -15,7 +15,7 @@
 pub mod fuse;
 pub mod tree;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -922,11 +922,16 @@ impl CkptFs {
         let engine = self.controller.engine();
         let status = engine.status();
         let counts = engine.reference_counts();
-        let mut sizes: BTreeMap<ObjectId, u64> = BTreeMap::new();
+        let mut sizes: HashMap<ObjectId, u64> = HashMap::new();
+        // A backend that did not change shares its file list (one allocation) with the
+        // checkpoint before: each list is summed once, not once per checkpoint.
+        let mut lists_seen = HashSet::new();
         for m in &status.checkpoints {
             for b in &m.backends {
-                for f in b.files.iter() {
-                    sizes.insert(f.object, f.size);
+                if lists_seen.insert(Arc::as_ptr(&b.files) as *const () as usize) {
+                    for f in b.files.iter() {
+                        sizes.insert(f.object, f.size);
+                    }
                 }
             }
         }
