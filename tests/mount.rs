@@ -96,8 +96,17 @@ fn the_tree_follows_checkpoints_compactions_and_drops() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert!(!rows.is_empty());
+    let retained = m.checkpoint_ids();
     for row in &rows {
-        let refs = row["checkpoints"].as_array().unwrap().len() as u64;
+        // Runs of consecutive retained checkpoints: [first, last].
+        let runs = row["checkpoint_runs"].as_array().unwrap();
+        let refs = retained
+            .iter()
+            .filter(|id| {
+                runs.iter()
+                    .any(|r| r[0].as_u64().unwrap() <= **id && **id <= r[1].as_u64().unwrap())
+            })
+            .count() as u64;
         assert_eq!(row["refcount"].as_u64().unwrap(), refs);
         assert!(std::fs::metadata(
             m.store

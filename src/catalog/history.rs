@@ -195,10 +195,28 @@ mod tests {
     #[test]
     fn runs_match_a_recount() {
         let cps = vec![
-            manifest(2, &[("A/0", &[("1.sst", "x"), ("CURRENT", "c")]), ("B/0", &[("CURRENT", "c")])]),
-            manifest(3, &[("A/0", &[("1.sst", "x"), ("CURRENT", "c2")]), ("B/0", &[("CURRENT", "c")])]),
+            manifest(
+                2,
+                &[
+                    ("A/0", &[("1.sst", "x"), ("CURRENT", "c")]),
+                    ("B/0", &[("CURRENT", "c")]),
+                ],
+            ),
+            manifest(
+                3,
+                &[
+                    ("A/0", &[("1.sst", "x"), ("CURRENT", "c2")]),
+                    ("B/0", &[("CURRENT", "c")]),
+                ],
+            ),
             manifest(5, &[("A/0", &[("2.sst", "y"), ("CURRENT", "c")])]),
-            manifest(6, &[("A/0", &[("2.sst", "y")]), ("B/0", &[("9.sst", "x"), ("CURRENT", "c")])]),
+            manifest(
+                6,
+                &[
+                    ("A/0", &[("2.sst", "y")]),
+                    ("B/0", &[("9.sst", "x"), ("CURRENT", "c")]),
+                ],
+            ),
             manifest(9, &[("A/0", &[("2.sst", "y")]), ("B/0", &[("9.sst", "x")])]),
         ];
         let histories = object_histories(&cps);

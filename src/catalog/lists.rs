@@ -12,7 +12,7 @@
 //! and referenced by every checkpoint whose chain uses them (the registry counts them like
 //! any file), so they live exactly as long as a retained checkpoint needs them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -167,11 +167,7 @@ impl<'a> ListReader<'a> {
             next = list.base;
             pending.push((current, list));
         }
-        let mut files: BTreeMap<String, Arc<FileEntry>> = start
-            .files
-            .iter()
-            .map(|f| (f.name.clone(), f.clone()))
-            .collect();
+        let mut files = start.files;
         let mut chain: Vec<ObjectId> = start.chain.iter().copied().collect();
         if chain.len() + pending.len() > MAX_CHAIN_READ {
             return Err(Error::Corrupt(format!(
@@ -179,34 +175,65 @@ impl<'a> ListReader<'a> {
             )));
         }
         for (current, list) in pending.into_iter().rev() {
-            for name in &list.removed {
-                if files.remove(name).is_none() {
-                    return Err(Error::Corrupt(format!(
-                        "file list {current} removes {name:?}, which its base does not list"
-                    )));
-                }
-            }
-            let mut seen = std::collections::BTreeSet::new();
-            for entry in list.files {
-                validate_file_name(&entry.name)
-                    .map_err(|e| Error::Corrupt(format!("file list {current}: {e}")))?;
-                if !seen.insert(entry.name.clone()) {
-                    return Err(Error::Corrupt(format!(
-                        "file list {current} lists {} twice",
-                        entry.name
-                    )));
-                }
-                let shared = self.intern(entry);
-                files.insert(shared.name.clone(), shared);
-            }
+            files = self.apply(current, &files, list)?;
             chain.insert(0, current);
             let resolved = FileList {
-                files: files.values().cloned().collect(),
+                files: files.clone(),
                 chain: chain.iter().copied().collect(),
             };
             self.resolved.insert(current, resolved);
         }
         Ok(self.resolved[&id].clone())
+    }
+
+    /// The files of list `id`: its base's (sorted by name) without the removed names, with
+    /// the listed entries added or replaced. One merge walk; unchanged entries are shared.
+    fn apply(
+        &mut self,
+        id: ObjectId,
+        base: &[Arc<FileEntry>],
+        list: StoredList,
+    ) -> Result<Arc<[Arc<FileEntry>]>> {
+        let corrupt = |why: String| Error::Corrupt(format!("file list {id} {why}"));
+        let mut removed = list.removed;
+        removed.sort();
+        let mut changed = Vec::with_capacity(list.files.len());
+        for entry in list.files {
+            validate_file_name(&entry.name).map_err(|e| corrupt(format!(": {e}")))?;
+            changed.push(self.intern(entry));
+        }
+        changed.sort_by(|a, b| a.name.cmp(&b.name));
+        for pair in changed.windows(2) {
+            if pair[0].name == pair[1].name {
+                return Err(corrupt(format!("lists {} twice", pair[0].name)));
+            }
+        }
+        let mut out = Vec::with_capacity(base.len() + changed.len());
+        let mut removed = removed.iter().peekable();
+        let mut changed = changed.into_iter().peekable();
+        for file in base {
+            if let Some(name) = removed.next_if(|n| n.as_str() < file.name.as_str()) {
+                return Err(corrupt(format!(
+                    "removes {name:?}, which its base does not list"
+                )));
+            }
+            while let Some(entry) = changed.next_if(|c| c.name < file.name) {
+                out.push(entry);
+            }
+            let gone = removed.next_if(|n| **n == file.name).is_some();
+            match changed.next_if(|c| c.name == file.name) {
+                Some(entry) => out.push(entry),
+                None if gone => {}
+                None => out.push(file.clone()),
+            }
+        }
+        if let Some(name) = removed.next() {
+            return Err(corrupt(format!(
+                "removes {name:?}, which its base does not list"
+            )));
+        }
+        out.extend(changed);
+        Ok(out.into())
     }
 
     fn read(&self, id: &ObjectId) -> Result<StoredList> {

@@ -18,6 +18,7 @@ use crate::fsutil::{
 use crate::names::BackendName;
 use crate::store::{LocalStore, ObjectId, ObjectStore};
 
+pub mod history;
 pub mod lists;
 
 pub use lists::FileList;

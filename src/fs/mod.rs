@@ -15,7 +15,7 @@
 pub mod fuse;
 pub mod tree;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +24,7 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::json;
 
+use crate::catalog::history::object_histories;
 use crate::control::{self, Controller};
 use crate::error::{Error, Result};
 use crate::store::ObjectId;
@@ -922,19 +923,11 @@ impl CkptFs {
         let engine = self.controller.engine();
         let status = engine.status();
         let counts = engine.reference_counts();
-        let mut sizes: HashMap<ObjectId, u64> = HashMap::new();
-        // A backend that did not change shares its file list (one allocation) with the
-        // checkpoint before: each list is summed once, not once per checkpoint.
-        let mut lists_seen = HashSet::new();
-        for m in &status.checkpoints {
-            for b in &m.backends {
-                if lists_seen.insert(Arc::as_ptr(&b.files) as *const () as usize) {
-                    for f in b.files.iter() {
-                        sizes.insert(f.object, f.size);
-                    }
-                }
-            }
-        }
+        // Follows what changed between consecutive checkpoints, not every reference.
+        let store_bytes: u64 = object_histories(&status.checkpoints)
+            .values()
+            .filter_map(|h| h.size)
+            .sum();
         let checkpoints: Vec<_> = status
             .checkpoints
             .iter()
@@ -967,7 +960,7 @@ impl CkptFs {
                 "bytes": status.small_file_compactions.1,
             },
             "objects": counts.len(),
-            "store_bytes": sizes.values().sum::<u64>(),
+            "store_bytes": store_bytes,
         });
         let mut text = serde_json::to_string_pretty(&value).expect("json");
         text.push('\n');
@@ -977,30 +970,9 @@ impl CkptFs {
     pub fn registry_json(&self) -> String {
         let engine = self.controller.engine();
         let counts = engine.reference_counts();
-        #[derive(Default)]
-        struct Row {
-            size: Option<u64>,
-            checkpoints: BTreeSet<u64>,
-            files: BTreeSet<(String, String)>,
-            /// A file list (of these backends), not a file.
-            list_of: BTreeSet<String>,
-        }
-        let mut rows: BTreeMap<ObjectId, Row> = BTreeMap::new();
-        for m in engine.checkpoints() {
-            for b in &m.backends {
-                for f in b.files.iter() {
-                    let row = rows.entry(f.object).or_default();
-                    row.size = Some(f.size);
-                    row.checkpoints.insert(m.id);
-                    row.files.insert((b.name.to_string(), f.name.clone()));
-                }
-                for list in b.lists.iter() {
-                    let row = rows.entry(*list).or_default();
-                    row.checkpoints.insert(m.id);
-                    row.list_of.insert(b.name.to_string());
-                }
-            }
-        }
+        // Each object's referencing checkpoints as runs of consecutive retained ones: with
+        // thousands of checkpoints, a list of every one would be millions of numbers.
+        let rows = object_histories(&engine.checkpoints());
         let mut out = String::new();
         for (id, row) in rows {
             let size = row.size.unwrap_or_else(|| {
@@ -1014,7 +986,7 @@ impl CkptFs {
                 "id": id.to_hex(),
                 "size": size,
                 "refcount": counts.get(&id).copied().unwrap_or(0),
-                "checkpoints": row.checkpoints,
+                "checkpoint_runs": row.runs.iter().map(|(a, b)| [a, b]).collect::<Vec<_>>(),
                 "files": row.files.iter().map(|(b, f)| json!({"backend": b, "name": f})).collect::<Vec<_>>(),
             });
             if !row.list_of.is_empty() {
