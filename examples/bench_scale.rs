@@ -123,11 +123,12 @@ fn main() -> ExitCode {
         if small_files { "on" } else { "off" }
     );
     println!(
-        "| checkpoint | ckpt ms (mean) | sync ms (mean) | RSS MiB | manifest+list KiB/ckpt | private KiB/ckpt | live SSTs/backend | merged files |"
+        "| checkpoint | ckpt ms (mean) | sync ms (mean) | RSS MiB | manifest+list KiB/ckpt | private KiB listed | MANIFEST KiB stored/ckpt (mean) | uploaded KiB/ckpt (mean) | live SSTs/backend | merged files | stored objects |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();
-    let mut window: Vec<(f64, f64)> = Vec::new();
+    // Per checkpoint: total ms, sync ms, MANIFEST chunk bytes stored, bytes uploaded.
+    let mut window: Vec<[f64; 4]> = Vec::new();
     let mut merged = 0usize;
     let started = Instant::now();
     for i in 1..=checkpoints {
@@ -149,10 +150,12 @@ fn main() -> ExitCode {
         }
         let clock = Instant::now();
         let manifest = engine.checkpoint().expect("checkpoint");
-        window.push((
+        window.push([
             clock.elapsed().as_secs_f64() * 1000.0,
             manifest.stats.sync_micros as f64 / 1000.0,
-        ));
+            manifest.stats.bytes_uploaded_append_only as f64,
+            manifest.stats.bytes_uploaded as f64,
+        ]);
         if small_files && i % 100 == 0 {
             for name in &names {
                 merged += engine
@@ -164,8 +167,7 @@ fn main() -> ExitCode {
         if report_at.contains(&i) {
             let tail = window.len().div_ceil(10).max(1);
             let recent = &window[window.len() - tail..];
-            let mean =
-                |f: fn(&(f64, f64)) -> f64| recent.iter().map(f).sum::<f64>() / recent.len() as f64;
+            let mean = |k: usize| recent.iter().map(|w| w[k]).sum::<f64>() / recent.len() as f64;
             let private: u64 = manifest
                 .backends
                 .iter()
@@ -198,22 +200,28 @@ fn main() -> ExitCode {
                 / names.len();
             let row = json!({
                 "checkpoint": i,
-                "checkpoint_ms": mean(|w| w.0),
-                "sync_ms": mean(|w| w.1),
+                "checkpoint_ms": mean(0),
+                "sync_ms": mean(1),
+                "manifest_chunks_kib_stored_per_checkpoint": mean(2) / 1024.0,
+                "uploaded_kib_per_checkpoint": mean(3) / 1024.0,
                 "rss_mib": rss_kib() as f64 / 1024.0,
                 "manifest_kib_per_checkpoint": manifests as f64 / 1024.0 / i as f64,
                 "newest_manifest_kib": std::fs::metadata(store.join(format!("checkpoints/{}.json", manifest.id))).map(|m| m.len()).unwrap_or(0) as f64 / 1024.0,
-                "private_kib_per_checkpoint": private as f64 / 1024.0,
+                "private_kib_listed": private as f64 / 1024.0,
                 "live_ssts_per_backend": ssts,
+                "stored_objects": engine.reference_counts().len(),
                 "merged_files": merged,
             });
             println!(
-                "| {i} | {:.1} | {:.1} | {:.0} | {:.1} | {:.1} | {ssts} | {merged} |",
+                "| {i} | {:.1} | {:.1} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {ssts} | {merged} | {} |",
                 row["checkpoint_ms"].as_f64().unwrap_or(0.0),
                 row["sync_ms"].as_f64().unwrap_or(0.0),
                 row["rss_mib"].as_f64().unwrap_or(0.0),
                 row["manifest_kib_per_checkpoint"].as_f64().unwrap_or(0.0),
-                row["private_kib_per_checkpoint"].as_f64().unwrap_or(0.0),
+                row["private_kib_listed"].as_f64().unwrap_or(0.0),
+                row["manifest_chunks_kib_stored_per_checkpoint"].as_f64().unwrap_or(0.0),
+                row["uploaded_kib_per_checkpoint"].as_f64().unwrap_or(0.0),
+                row["stored_objects"],
             );
             rows.push(row);
             window.clear();

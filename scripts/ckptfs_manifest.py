@@ -37,3 +37,19 @@ def load(store, manifest_path):
         if "files" not in b:
             b["files"] = resolve_list(store, b["list"])
     return m
+
+
+def object_path(store, object_id):
+    return os.path.join(store, "objects", object_id[:2], object_id)
+
+
+def read_file(store, f):
+    """The content of one file entry: its object, or its chunks (format 4) joined."""
+    if "chunks" in f:
+        parts = []
+        for chunk in f["chunks"]["ids"]:
+            with open(object_path(store, chunk), "rb") as c:
+                parts.append(c.read())
+        return b"".join(parts)
+    with open(object_path(store, f["object"]), "rb") as o:
+        return o.read()

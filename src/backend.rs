@@ -119,6 +119,12 @@ pub fn is_shared_file(name: &str) -> bool {
     name.ends_with(".sst") || name.ends_with(".blob")
 }
 
+/// Files RocksDB only appends to (until it starts a new one): stored as chunks, so that a
+/// checkpoint stores what was appended since the previous one.
+pub fn is_append_only(name: &str) -> bool {
+    name.starts_with("MANIFEST-")
+}
+
 pub struct Backend {
     name: BackendName,
     dir: PathBuf,

@@ -405,7 +405,7 @@ pub fn store_bytes(store: &Path) -> u64 {
     for m in catalog.load_all().unwrap_or_default().values() {
         for b in &m.backends {
             for f in b.files.iter() {
-                sizes.insert(f.object, f.size);
+                sizes.extend(f.stored());
             }
         }
     }

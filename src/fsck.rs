@@ -93,12 +93,11 @@ pub fn fsck_with_copies(
     let mut sizes: BTreeMap<ObjectId, u64> = BTreeMap::new();
     for manifest in manifests.values() {
         for backend in &manifest.backends {
-            for file in backend.files.iter() {
-                if let Some(previous) = sizes.insert(file.object, file.size) {
-                    if previous != file.size {
+            for (object, size) in backend.files.iter().flat_map(|f| f.stored()) {
+                if let Some(previous) = sizes.insert(object, size) {
+                    if previous != size {
                         return Err(Error::Corrupt(format!(
-                            "manifests disagree on the size of object {}",
-                            file.object
+                            "manifests disagree on the size of object {object}"
                         )));
                     }
                 }

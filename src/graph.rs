@@ -41,9 +41,10 @@ pub fn dot(manifests: &[Manifest]) -> String {
                 o.names.insert(format!("{} file list", b.name));
                 o.referrers.insert(m.id);
             }
-            for f in b.files.iter() {
-                let o = objects.entry(f.object).or_insert(Object {
-                    size: f.size,
+            for (f, (object, size)) in b.files.iter().flat_map(|f| f.stored().map(move |s| (f, s)))
+            {
+                let o = objects.entry(object).or_insert(Object {
+                    size,
                     names: BTreeSet::new(),
                     referrers: BTreeSet::new(),
                 });
@@ -126,6 +127,7 @@ mod tests {
                         name: name.to_string(),
                         object: ObjectId::from_hash(blake3::hash(content.as_bytes())),
                         size: content.len() as u64,
+                        chunks: None,
                     })
                     .collect(),
             )],

@@ -576,7 +576,9 @@ fn soak_writers_checkpoints_readers_and_drops() {
     );
 }
 
-/// The objects a manifest (as JSON) references for one backend, by file name.
+/// The objects a manifest (as JSON) references for one backend, by file name; for a file
+/// stored as chunks, its last chunk (the one its checkpoint stored: the others are shared
+/// with the checkpoints before, for a file that only grew).
 fn objects_of(manifest: &serde_json::Value, backend: &str) -> Vec<(String, String)> {
     manifest["backends"]
         .as_array()
@@ -585,9 +587,13 @@ fn objects_of(manifest: &serde_json::Value, backend: &str) -> Vec<(String, Strin
         .filter(|b| b["name"] == backend)
         .flat_map(|b| b["files"].as_array().unwrap().clone())
         .map(|f| {
+            let object = match f["chunks"]["ids"].as_array() {
+                Some(ids) => ids.last().unwrap(),
+                None => &f["object"],
+            };
             (
                 f["name"].as_str().unwrap().to_string(),
-                f["object"].as_str().unwrap().to_string(),
+                object.as_str().unwrap().to_string(),
             )
         })
         .collect()

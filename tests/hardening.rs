@@ -713,16 +713,16 @@ fn a_format_1_store_still_works() {
     let engine = Engine::open(EngineConfig::new(&store)).unwrap();
     assert_eq!(engine.backend_names(), vec![name("A/0"), name("B/1")]);
     assert_eq!(retained_ids(&engine), vec![2, 3]);
-    // Migrated at mount: the manifests now name stored file lists (format 3), and read
-    // back to the same files; ckptfs.json says format 3, so that older versions refuse the
+    // Migrated at mount: the manifests now name stored file lists, and read back to the
+    // same files; ckptfs.json says the current format, so that older versions refuse the
     // store instead of finding every manifest unreadable.
     let meta: serde_json::Value =
         serde_json::from_slice(&std::fs::read(store.join("ckptfs.json")).unwrap()).unwrap();
-    assert_eq!(meta["format"], 3);
+    assert_eq!(meta["format"], ckptfs::catalog::FORMAT);
     for id in [2, 3] {
         let text = std::fs::read_to_string(store.join(format!("checkpoints/{id}.json"))).unwrap();
         let stored: serde_json::Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(stored["format"], 3, "{text}");
+        assert_eq!(stored["format"], ckptfs::catalog::FORMAT, "{text}");
         for b in stored["backends"].as_array().unwrap() {
             assert!(b["files"].is_null() && b["list"].is_string(), "{text}");
         }

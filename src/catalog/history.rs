@@ -50,7 +50,7 @@ pub fn object_histories(checkpoints: &[Arc<Manifest>]) -> BTreeMap<ObjectId, Obj
                 let h = out.entry(id).or_default();
                 match entry {
                     Some(f) => {
-                        h.size = Some(f.size);
+                        h.size = f.stored().find(|(o, _)| *o == id).map(|(_, size)| size);
                         h.files.insert((name.clone(), f.name.clone()));
                     }
                     None => {
@@ -62,7 +62,9 @@ pub fn object_histories(checkpoints: &[Arc<Manifest>]) -> BTreeMap<ObjectId, Obj
                 Some(old) => diff(old, b, &mut on_add, &mut removed),
                 None => {
                     for f in b.files.iter() {
-                        on_add(Some(f), f.object);
+                        for (id, _) in f.stored() {
+                            on_add(Some(f), id);
+                        }
                     }
                     for l in b.lists.iter() {
                         on_add(None, *l);
@@ -73,7 +75,7 @@ pub fn object_histories(checkpoints: &[Arc<Manifest>]) -> BTreeMap<ObjectId, Obj
         }
         // Backends this checkpoint does not have: everything they named goes.
         for old in previous.values() {
-            removed.extend(old.files.iter().map(|f| f.object));
+            removed.extend(old.files.iter().flat_map(|f| f.stored().map(|(id, _)| id)));
             removed.extend(old.lists.iter().copied());
         }
         previous = current;
@@ -127,17 +129,21 @@ fn diff(
             };
             match order {
                 std::cmp::Ordering::Less => {
-                    removed.push(a[i].object);
+                    removed.extend(a[i].stored().map(|(id, _)| id));
                     i += 1;
                 }
                 std::cmp::Ordering::Greater => {
-                    on_add(Some(&b[j]), b[j].object);
+                    for (id, _) in b[j].stored() {
+                        on_add(Some(&b[j]), id);
+                    }
                     j += 1;
                 }
                 std::cmp::Ordering::Equal => {
                     if !Arc::ptr_eq(&a[i], &b[j]) && a[i] != b[j] {
-                        removed.push(a[i].object);
-                        on_add(Some(&b[j]), b[j].object);
+                        removed.extend(a[i].stored().map(|(id, _)| id));
+                        for (id, _) in b[j].stored() {
+                            on_add(Some(&b[j]), id);
+                        }
                     }
                     i += 1;
                     j += 1;
@@ -180,6 +186,7 @@ mod tests {
                                 name: n.to_string(),
                                 object: obj(c),
                                 size: c.len() as u64,
+                                chunks: None,
                             })
                             .collect(),
                     )

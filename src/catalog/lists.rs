@@ -268,6 +268,7 @@ mod tests {
             name: name.into(),
             object: ObjectId::from_hash(blake3::hash(content.as_bytes())),
             size: content.len() as u64,
+            chunks: None,
         })
     }
 

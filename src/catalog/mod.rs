@@ -16,6 +16,7 @@ use crate::fsutil::{
     ensure_real_dir, fsync_dir, is_atomic_leftover, is_real_dir, remove_tree, write_atomic,
 };
 use crate::names::BackendName;
+use crate::store::chunks::Chunks;
 use crate::store::{LocalStore, ObjectId, ObjectStore};
 
 pub mod history;
@@ -24,9 +25,9 @@ pub mod lists;
 pub use lists::FileList;
 use lists::ListReader;
 
-/// The format written: manifests name one stored file list per backend (format 3; format 2
-/// added a checksum of the content to manifests and `ckptfs.json`).
-pub const FORMAT: u32 = 3;
+/// The format written. 4: file lists may store append-only files as chunks; 3: manifests
+/// name one stored file list per backend; 2: manifests and `ckptfs.json` carry a checksum.
+pub const FORMAT: u32 = 4;
 /// The oldest format still read: format 1 files have no checksum.
 pub const OLDEST_FORMAT: u32 = 1;
 
@@ -90,11 +91,53 @@ fn check_format(format: u32, sealed: bool) -> Result<()> {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(deny_unknown_fields)]
 pub struct FileEntry {
     /// The original RocksDB file name, e.g. `000012.sst` or `MANIFEST-000005`.
     pub name: String,
+    /// The BLAKE3 hash of the file's content: the object that holds it, unless it is
+    /// stored as chunks.
     pub object: ObjectId,
     pub size: u64,
+    /// An append-only file stored as chunks (format 4): only the chunks are objects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunks: Option<Chunks>,
+}
+
+impl FileEntry {
+    /// A file stored whole.
+    pub fn whole(name: impl Into<String>, object: ObjectId, size: u64) -> Self {
+        FileEntry {
+            name: name.into(),
+            object,
+            size,
+            chunks: None,
+        }
+    }
+
+    /// The stored objects that hold the file's content, with their sizes.
+    pub fn stored(&self) -> impl Iterator<Item = (ObjectId, u64)> + '_ {
+        let whole = self.chunks.is_none().then_some((self.object, self.size));
+        whole
+            .into_iter()
+            .chain(self.chunks.iter().flat_map(|c| c.with_lengths(self.size)))
+    }
+
+    /// Copy the file to `dest` (which must not exist), verified, and fsync it.
+    pub fn copy_verified(&self, store: &dyn ObjectStore, dest: &Path) -> Result<()> {
+        match &self.chunks {
+            None => store.copy_verified(&self.object, self.size, dest),
+            Some(chunks) => {
+                use std::io::Write;
+                let bytes = chunks.read(store, &self.object, self.size)?;
+                let mut out = crate::fsutil::create_new_private()
+                    .open(dest)
+                    .ctx("create", dest)?;
+                out.write_all(&bytes).ctx("write", dest)?;
+                out.sync_all().ctx("fsync", dest)
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,6 +183,10 @@ pub struct CheckpointStats {
     /// Bytes of the SST (shared) files that were not re-referenced from the previous
     /// confirmed checkpoint, whether uploaded or found already stored.
     pub bytes_new_sst: u64,
+    /// Bytes of append-only files (MANIFEST) stored as new chunks (format 4; skipped when
+    /// zero so that older manifests keep their checksums).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes_uploaded_append_only: u64,
     pub sync_micros: u64,
     pub async_micros: u64,
 }
@@ -177,6 +224,10 @@ struct StoredBackend {
     files: Option<Vec<FileEntry>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     list: Option<ObjectId>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Check that a file name read from a store is one plain path component: 1 to 255 bytes
@@ -222,11 +273,17 @@ impl Manifest {
                         backend.name, file.name
                     )));
                 }
-                if *sizes.entry(file.object).or_insert(file.size) != file.size {
-                    return Err(Error::Invalid(format!(
-                        "object {} is listed with two sizes",
-                        file.object
-                    )));
+                if let Some(chunks) = &file.chunks {
+                    chunks
+                        .validate(file.size)
+                        .map_err(|e| Error::Invalid(format!("file {}: {e}", file.name)))?;
+                }
+                for (object, size) in file.stored() {
+                    if *sizes.entry(object).or_insert(size) != size {
+                        return Err(Error::Invalid(format!(
+                            "object {object} is listed with two sizes"
+                        )));
+                    }
                 }
             }
         }
@@ -240,7 +297,7 @@ impl Manifest {
             .flat_map(|b| {
                 b.files
                     .iter()
-                    .map(|f| f.object)
+                    .flat_map(|f| f.stored().map(|(id, _)| id))
                     .chain(b.lists.iter().copied())
             })
             .collect()
@@ -647,11 +704,11 @@ mod tests {
             backends: vec![BackendSnapshot::inline(
                 "op/0".parse().unwrap(),
                 "l1".into(),
-                vec![FileEntry {
-                    name: "000007.sst".into(),
-                    object: ObjectId::from_hash(blake3::hash(b"x")),
-                    size: 1,
-                }],
+                vec![FileEntry::whole(
+                    "000007.sst",
+                    ObjectId::from_hash(blake3::hash(b"x")),
+                    1,
+                )],
             )],
             stats: CheckpointStats::default(),
         }

@@ -9,11 +9,13 @@ use crate::catalog::{lists, FileList};
 use std::time::Instant;
 
 use super::{base_of, Base, Engine};
-use crate::backend::{is_shared_file, StagedFile};
+use crate::backend::{is_append_only, is_shared_file, StagedFile};
 use crate::catalog::{BackendSnapshot, CheckpointStats, FileEntry, Manifest, FORMAT};
+use crate::error::IoContext;
 use crate::error::{Error, Result};
 use crate::fsutil::{create_private_dir_all, now_unix_ms, remove_tree};
 use crate::names::BackendName;
+use crate::store::chunks::{Chunks, CHUNK_SIZE, MAX_CHUNKED_FILE};
 use crate::store::{hash_file, ObjectId};
 
 impl Engine {
@@ -91,6 +93,54 @@ struct PendingBackend {
     base: Option<Base>,
 }
 
+/// Store an append-only file as chunks: the chunks the store holds already (all but the
+/// last of a file that only grew since the previous checkpoint) are re-referenced, the
+/// others stored. Pinned like files.
+fn store_chunked(
+    engine: &Engine,
+    pins: &mut Vec<ObjectId>,
+    part: &PendingBackend,
+    file: &StagedFile,
+    stats: &mut CheckpointStats,
+    upload_budget: &mut usize,
+) -> Result<Arc<FileEntry>> {
+    let store = &engine.inner.store;
+    let bytes = std::fs::read(&file.path).ctx("read", &file.path)?;
+    let (chunks, pieces) = Chunks::split(&bytes, CHUNK_SIZE);
+    for (id, piece) in chunks.ids.iter().zip(&pieces) {
+        {
+            let mut st = engine.state();
+            if st.can_share(id) {
+                st.registry.pin(*id);
+                pins.push(*id);
+                continue;
+            }
+        }
+        if *upload_budget == 0 {
+            return Err(Error::Busy("simulated crash".into()));
+        }
+        *upload_budget -= 1;
+        let staged = store.stage_bytes(piece)?;
+        let mut st = engine.state();
+        if st.can_share(id) {
+            store.discard(staged);
+        } else {
+            store.publish(staged)?;
+            stats.bytes_uploaded += piece.len() as u64;
+            stats.bytes_uploaded_append_only += piece.len() as u64;
+            st.missing.remove(id);
+        }
+        st.registry.pin(*id);
+        pins.push(*id);
+    }
+    Ok(part.entry_stored_as(FileEntry {
+        name: file.name.clone(),
+        object: ObjectId::from_hash(blake3::hash(&bytes)),
+        size: bytes.len() as u64,
+        chunks: Some(chunks),
+    }))
+}
+
 /// Store a backend's file list (shared with, or a delta on, its base's while the base's
 /// lists are alive; pinned like files); returns the files and the list chain the manifest
 /// will name (the base's own, one allocation, when nothing changed).
@@ -149,18 +199,17 @@ impl PendingBackend {
     /// The entry for a file, shared with the base's when it is the same (memory follows
     /// what changed, not the number of checkpoints).
     fn entry(&self, name: &str, object: ObjectId, size: u64) -> Arc<FileEntry> {
+        self.entry_stored_as(FileEntry::whole(name, object, size))
+    }
+
+    /// `entry`, or the base's equal one (same content, stored the same way).
+    fn entry_stored_as(&self, entry: FileEntry) -> Arc<FileEntry> {
         self.base
             .as_ref()
-            .and_then(|b| b.by_name.get(name))
-            .filter(|known| known.object == object && known.size == size)
+            .and_then(|b| b.by_name.get(&entry.name))
+            .filter(|known| ***known == entry)
             .cloned()
-            .unwrap_or_else(|| {
-                Arc::new(FileEntry {
-                    name: name.to_string(),
-                    object,
-                    size,
-                })
-            })
+            .unwrap_or_else(|| Arc::new(entry))
     }
 }
 
@@ -267,6 +316,18 @@ impl PendingCheckpoint {
                     }
                 }
                 stats.files_new += 1;
+                if is_append_only(&file.name) && file.size <= MAX_CHUNKED_FILE {
+                    let entry = store_chunked(
+                        &self.engine,
+                        &mut self.pins,
+                        part,
+                        file,
+                        &mut stats,
+                        &mut upload_budget,
+                    )?;
+                    entries.push(entry);
+                    continue;
+                }
                 // A new SST of an established lineage is almost never stored yet: copy it
                 // in one pass. Anything else (private files, the first checkpoint of a
                 // lineage, e.g. after a restore) is hashed first, because its content is

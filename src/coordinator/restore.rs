@@ -156,7 +156,7 @@ pub fn materialize(
 ) -> Result<()> {
     create_private_dir_all(dir)?;
     for file in snapshot.files.iter() {
-        store.copy_verified(&file.object, file.size, &dir.join(&file.name))?;
+        file.copy_verified(store, &dir.join(&file.name))?;
         progress(file.size);
     }
     fsync_dir(dir)

@@ -603,7 +603,12 @@ impl CkptFs {
             _ => {
                 let (cp, index, tree) = self.resolve(ino)?;
                 let node = &tree.nodes[index];
-                let NodeKind::File { object, size } = &node.kind else {
+                let NodeKind::File {
+                    object,
+                    size,
+                    chunks,
+                } = &node.kind
+                else {
                     return Err(Error::io(
                         "open",
                         std::io::Error::from_raw_os_error(libc::EISDIR),
@@ -611,6 +616,28 @@ impl CkptFs {
                 };
                 if write {
                     return Err(Error::ReadOnly(format!("cp-{cp} is a checkpoint")));
+                }
+                if let Some(chunks) = chunks {
+                    // An append-only file stored as chunks (a MANIFEST: small): assembled
+                    // and verified whole, then served from memory.
+                    let store = self.controller.engine().object_store();
+                    return match chunks.read(store, object, *size) {
+                        Ok(bytes) => Ok(Opened::Stream {
+                            fh: self.new_handle(Handle::Snapshot(bytes)),
+                            seekable: true,
+                        }),
+                        Err(_) if self.controller.engine().manifest(cp).is_none() => {
+                            Err(Error::NoSuchCheckpoint(cp))
+                        }
+                        Err(e) => {
+                            let path = tree.path_of(index);
+                            log::error!("cannot serve {path} (object {object}): {e}");
+                            self.controller
+                                .engine()
+                                .record_error(format!("{path}: {e}"));
+                            Err(e)
+                        }
+                    };
                 }
                 let opened = self
                     .verify_once(object, *size)
@@ -941,6 +968,7 @@ impl CkptFs {
                     "files_reused": s.files_reused,
                     "bytes": s.bytes_total,
                     "bytes_uploaded": s.bytes_uploaded,
+                    "bytes_uploaded_append_only": s.bytes_uploaded_append_only,
                     "sync_ms": s.sync_micros as f64 / 1000.0,
                     "async_ms": s.async_micros as f64 / 1000.0,
                 })

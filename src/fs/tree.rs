@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::catalog::Manifest;
+use crate::store::chunks::Chunks;
 use crate::store::ObjectId;
 
 #[derive(Debug)]
@@ -13,6 +14,8 @@ pub enum NodeKind {
     File {
         object: ObjectId,
         size: u64,
+        /// Stored as chunks: served from memory, assembled and verified at open.
+        chunks: Option<Chunks>,
     },
 }
 
@@ -135,6 +138,7 @@ impl CheckpointTree {
                     NodeKind::File {
                         object: file.object,
                         size: file.size,
+                        chunks: file.chunks.clone(),
                     },
                 );
             }

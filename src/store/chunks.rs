@@ -1,0 +1,139 @@
+//! Files stored as a list of chunk objects.
+//!
+//! An append-only file (RocksDB's MANIFEST; its WAL later) only grows between checkpoints:
+//! cut into fixed-size chunks aligned to the file's start, every chunk but the last is
+//! unchanged from the previous checkpoint and already stored, so a checkpoint stores the
+//! bytes appended since the previous one plus at most one partial chunk, and re-references
+//! the rest by content.
+
+use serde::{Deserialize, Serialize};
+
+use super::{ObjectId, ObjectStore};
+use crate::error::{Error, Result};
+
+/// The chunk size ckptfs writes (a MANIFEST is tens to hundreds of KiB and grows by a few
+/// hundred bytes per checkpoint).
+pub const CHUNK_SIZE: u32 = 16 * 1024;
+/// Files larger than this are stored whole (chunked files are served from memory).
+pub const MAX_CHUNKED_FILE: u64 = 64 << 20;
+/// The largest chunk size accepted from a manifest.
+const MAX_CHUNK_SIZE: u32 = 64 << 20;
+
+/// How a chunked file is stored: chunk objects of `size` bytes each (the last one shorter).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Hash)]
+pub struct Chunks {
+    pub size: u32,
+    pub ids: Vec<ObjectId>,
+}
+
+impl Chunks {
+    /// Cut `bytes` into chunks of `size`: the chunk list and each chunk's bytes.
+    pub fn split(bytes: &[u8], size: u32) -> (Chunks, Vec<&[u8]>) {
+        let pieces: Vec<&[u8]> = bytes.chunks(size as usize).collect();
+        let ids = pieces
+            .iter()
+            .map(|p| ObjectId::from_hash(blake3::hash(p)))
+            .collect();
+        (Chunks { size, ids }, pieces)
+    }
+
+    /// The length of chunk `index` of a file of `file_size` bytes.
+    pub fn len_of(&self, index: usize, file_size: u64) -> u64 {
+        let start = index as u64 * self.size as u64;
+        (file_size - start).min(self.size as u64)
+    }
+
+    /// Every chunk with its length.
+    pub fn with_lengths(&self, file_size: u64) -> impl Iterator<Item = (ObjectId, u64)> + '_ {
+        self.ids
+            .iter()
+            .enumerate()
+            .map(move |(i, id)| (*id, self.len_of(i, file_size)))
+    }
+
+    /// Check that the chunks can hold a file of `file_size` bytes.
+    pub fn validate(&self, file_size: u64) -> Result<()> {
+        if self.size == 0 || self.size > MAX_CHUNK_SIZE {
+            return Err(Error::Invalid(format!("chunk size {}", self.size)));
+        }
+        let expected = file_size.div_ceil(self.size as u64);
+        if self.ids.len() as u64 != expected || file_size > MAX_CHUNKED_FILE {
+            return Err(Error::Invalid(format!(
+                "{} chunks of {} bytes for a file of {file_size} bytes",
+                self.ids.len(),
+                self.size
+            )));
+        }
+        Ok(())
+    }
+
+    /// The whole file, read from its chunks, each verified, and the whole checked against
+    /// the file's own hash and size.
+    pub fn read(&self, store: &dyn ObjectStore, object: &ObjectId, size: u64) -> Result<Vec<u8>> {
+        self.validate(size)?;
+        let mut bytes = Vec::with_capacity(size as usize);
+        for (id, len) in self.with_lengths(size) {
+            let chunk = store.read_verified(&id, len)?;
+            if chunk.len() as u64 != len {
+                return Err(Error::Corrupt(format!(
+                    "chunk {id} has {} bytes, expected {len}",
+                    chunk.len()
+                )));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        if ObjectId::from_hash(blake3::hash(&bytes)) != *object {
+            return Err(Error::Corrupt(format!(
+                "the chunks of {object} do not add up to its content"
+            )));
+        }
+        Ok(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Appending to a file changes only its last chunk and adds new ones: the chunks before
+    /// are the same objects.
+    #[test]
+    fn appending_keeps_every_full_chunk() {
+        let mut file: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
+        let (before, _) = Chunks::split(&file, CHUNK_SIZE);
+        file.extend(std::iter::repeat_n(7u8, 300));
+        let (after, pieces) = Chunks::split(&file, CHUNK_SIZE);
+        assert_eq!(before.ids.len(), 3);
+        assert_eq!(after.ids[..2], before.ids[..2]);
+        assert_ne!(after.ids[2], before.ids[2]);
+        assert_eq!(pieces.concat(), file);
+        assert_eq!(after.len_of(2, file.len() as u64), 40_300 - 2 * 16_384);
+        after.validate(file.len() as u64).unwrap();
+        assert!(after.validate(file.len() as u64 + 20_000).is_err());
+    }
+
+    #[test]
+    fn reading_checks_every_chunk_and_the_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = super::super::LocalStore::open(dir.path()).unwrap();
+        let file: Vec<u8> = (0..20_000u32).map(|i| (i % 13) as u8).collect();
+        let object = ObjectId::from_hash(blake3::hash(&file));
+        let (chunks, pieces) = Chunks::split(&file, CHUNK_SIZE);
+        for piece in &pieces {
+            let staged = store.stage_bytes(piece).unwrap();
+            store.publish(staged).unwrap();
+        }
+        assert_eq!(
+            chunks.read(&store, &object, file.len() as u64).unwrap(),
+            file
+        );
+        // Chunks that are sound on their own but are not this file's.
+        let mut swapped = chunks.clone();
+        swapped.ids.swap(0, 1);
+        assert!(swapped.read(&store, &object, file.len() as u64).is_err());
+        // A damaged chunk.
+        let path = store.local_path(&chunks.ids[1]).unwrap();
+        std::fs::write(&path, vec![0u8; pieces[1].len()]).unwrap();
+        assert!(chunks.read(&store, &object, file.len() as u64).is_err());
+    }
+}
