@@ -459,9 +459,14 @@ fn links_to_the_store_work_and_links_inside_it_are_not_followed() {
 
     let outside = dir.path().join("outside");
     std::fs::create_dir(&outside).unwrap();
-    let victim = outside.join("f".repeat(64));
+    // A shard the store does not have (which ones it has depends on the content).
+    let shard = (0..=255u8)
+        .map(|b| format!("{b:02x}"))
+        .find(|s| !real.join("objects").join(s).exists())
+        .expect("a free shard");
+    let victim = outside.join(shard.repeat(32));
     std::fs::write(&victim, b"precious").unwrap();
-    std::os::unix::fs::symlink(&outside, real.join("objects/ff")).unwrap();
+    std::os::unix::fs::symlink(&outside, real.join("objects").join(&shard)).unwrap();
     drop(Engine::open(EngineConfig::new(&real)).unwrap());
     ckptfs::fsck::fsck(&real, true, |_| {}).unwrap();
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
