@@ -291,14 +291,17 @@ fn measure(
                 f.private_files += 1;
                 f.private_bytes += file.size;
             }
-            if !stored_before.contains(&file.object) && counted.insert(file.object) {
-                f.uploaded_objects += 1;
-                if sst {
-                    f.uploaded_sst += file.size;
-                    f.uploaded_ssts
-                        .push((backend.name.clone(), file.name.clone(), file.size));
-                } else {
-                    f.uploaded_private += file.size;
+            // The stored objects: the file, or its chunks (an append-only MANIFEST).
+            for (object, size) in file.stored() {
+                if !stored_before.contains(&object) && counted.insert(object) {
+                    f.uploaded_objects += 1;
+                    if sst {
+                        f.uploaded_sst += size;
+                        f.uploaded_ssts
+                            .push((backend.name.clone(), file.name.clone(), size));
+                    } else {
+                        f.uploaded_private += size;
+                    }
                 }
             }
         }

@@ -1,8 +1,9 @@
 """Read a ckptfs manifest with every backend's files resolved (for the benchmark scripts).
 
-Format 3 manifests name one stored file list per backend: a JSON object in
+Manifests of format 3 and later name one stored file list per backend: a JSON object in
 STORE/objects/xx/<id> with `files`, and for a delta `base` (the list it applies to) and
-`removed` (names). Formats 1 and 2 list `files` inline. Object ids are not verified here:
+`removed` (names). Formats 1 and 2 list `files` inline. A file entry with `chunks`
+(format 4: RocksDB's MANIFEST) is stored as the objects `chunks.ids`, joined in order. Object ids are not verified here:
 ckptfs fsck does that.
 """
 import json
@@ -50,6 +51,8 @@ def read_file(store, f):
         for chunk in f["chunks"]["ids"]:
             with open(object_path(store, chunk), "rb") as c:
                 parts.append(c.read())
-        return b"".join(parts)
+        data = b"".join(parts)
+        assert len(data) == f["size"], (f["name"], len(data), f["size"])
+        return data
     with open(object_path(store, f["object"]), "rb") as o:
         return o.read()

@@ -192,12 +192,24 @@ fn when(ms: u64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
+/// Every retained checkpoint, from `.ckptfs/checkpoints` (one JSON line each).
+fn read_checkpoints(mountpoint: &Path) -> Result<Vec<serde_json::Value>, Error> {
+    let path = mountpoint.join(".ckptfs").join("checkpoints");
+    let mut text = String::new();
+    std::fs::File::open(&path)
+        .map_err(|e| not_a_mount(mountpoint, e))?
+        .read_to_string(&mut text)
+        .ctx("read", &path)?;
+    text.lines()
+        .map(|l| {
+            serde_json::from_str(l)
+                .map_err(|e| Error::Corrupt(format!("unreadable checkpoint list: {e}")))
+        })
+        .collect()
+}
+
 pub fn ls(mountpoint: &Path, json: bool) -> Result<ExitCode, Error> {
-    let status = read_status(mountpoint)?;
-    let checkpoints = status["checkpoints"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    let checkpoints = read_checkpoints(mountpoint)?;
     if json {
         println!("{}", serde_json::Value::Array(checkpoints));
         return Ok(ExitCode::SUCCESS);
@@ -228,9 +240,18 @@ pub fn status(mountpoint: &Path, json: bool) -> Result<ExitCode, Error> {
         println!("{}", serde_json::to_string_pretty(&status).expect("json"));
         return Ok(ExitCode::SUCCESS);
     }
-    let ids: Vec<String> = status["checkpoints"]
+    // Runs of consecutive ids: "1-9999 10001".
+    let ids: Vec<String> = status["checkpoint_runs"]
         .as_array()
-        .map(|a| a.iter().map(|c| c["id"].to_string()).collect())
+        .map(|runs| {
+            runs.iter()
+                .map(|r| match (r[0].as_u64(), r[1].as_u64()) {
+                    (Some(a), Some(b)) if a == b => a.to_string(),
+                    (Some(a), Some(b)) => format!("{a}-{b}"),
+                    _ => "?".into(),
+                })
+                .collect()
+        })
         .unwrap_or_default();
     println!("store:       {}", status["store"].as_str().unwrap_or("?"));
     println!("daemon pid:  {}", status["pid"]);
@@ -246,8 +267,9 @@ pub fn status(mountpoint: &Path, json: bool) -> Result<ExitCode, Error> {
             .unwrap_or_default()
     );
     println!(
-        "checkpoints: {} (retain {})",
+        "checkpoints: {} ({} retained, retain {})",
         ids.join(" "),
+        status["checkpoints_total"],
         status["retain"]
     );
     println!("in flight:   {}", status["in_flight"]);

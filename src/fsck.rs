@@ -180,21 +180,48 @@ pub fn fsck_with_copies(
     if repair && !bad.is_empty() {
         let mut dirs = vec![store_root.join("state")];
         dirs.extend(copies.iter().cloned());
-        let wanted: BTreeMap<ObjectId, (u64, BTreeSet<&str>)> = bad
-            .iter()
-            .map(|id| {
-                let names = manifests
-                    .values()
-                    .flat_map(|m| &m.backends)
-                    .flat_map(|b| b.files.iter())
-                    .filter(|f| f.object == *id)
-                    .map(|f| f.name.as_str())
-                    .collect();
-                (*id, (sizes[id], names))
-            })
-            .collect();
-        for (id, path) in find_copies(&dirs, &wanted)? {
-            let staged = store.stage(&path)?;
+        // Where each damaged object's bytes may be found again: a file of the same name and
+        // size, or (a chunk of an append-only file) the same range of a file of the same
+        // name that is at least that long, such as the live MANIFEST that kept growing.
+        let mut wanted: BTreeMap<ObjectId, BTreeSet<Want>> = BTreeMap::new();
+        for f in manifests
+            .values()
+            .flat_map(|m| &m.backends)
+            .flat_map(|b| b.files.iter())
+        {
+            match &f.chunks {
+                None if bad.contains(&f.object) => {
+                    wanted.entry(f.object).or_default().insert(Want {
+                        name: f.name.clone(),
+                        offset: 0,
+                        len: f.size,
+                        whole: true,
+                    });
+                }
+                None => {}
+                Some(chunks) => {
+                    for (i, (id, len)) in chunks.with_lengths(f.size).enumerate() {
+                        if bad.contains(&id) {
+                            wanted.entry(id).or_default().insert(Want {
+                                name: f.name.clone(),
+                                offset: i as u64 * chunks.size as u64,
+                                len,
+                                whole: false,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        for (id, path, want) in find_copies(&dirs, &wanted)? {
+            let staged = if want.whole {
+                store.stage(&path)?
+            } else {
+                match read_range(&path, want.offset, want.len) {
+                    Ok(bytes) => store.stage_bytes(&bytes)?,
+                    Err(_) => continue,
+                }
+            };
             if staged.id != id {
                 store.discard(staged); // changed since it was hashed
                 continue;
@@ -223,13 +250,31 @@ pub fn fsck_with_copies(
     Ok(report)
 }
 
-/// Files under `dirs` (not following links) with the name and size of a wanted object and
-/// its exact content.
+/// Where a damaged object's bytes may be found: `len` bytes at `offset` of a file named
+/// `name` (`whole`: the file is exactly the object).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Want {
+    name: String,
+    offset: u64,
+    len: u64,
+    whole: bool,
+}
+
+fn read_range(path: &Path, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path)?;
+    let mut bytes = vec![0u8; len as usize];
+    file.read_exact_at(&mut bytes, offset)?;
+    Ok(bytes)
+}
+
+/// Files under `dirs` (not following links) that hold a wanted object's exact content where
+/// a [`Want`] says: the object, the file and where in it.
 fn find_copies(
     dirs: &[PathBuf],
-    wanted: &BTreeMap<ObjectId, (u64, BTreeSet<&str>)>,
-) -> Result<Vec<(ObjectId, PathBuf)>> {
-    let mut found: BTreeMap<ObjectId, PathBuf> = BTreeMap::new();
+    wanted: &BTreeMap<ObjectId, BTreeSet<Want>>,
+) -> Result<Vec<(ObjectId, PathBuf, Want)>> {
+    let mut found: BTreeMap<ObjectId, (PathBuf, Want)> = BTreeMap::new();
     let mut pending: Vec<PathBuf> = dirs.iter().filter(|d| d.is_dir()).cloned().collect();
     while let Some(dir) = pending.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -248,20 +293,38 @@ fn find_copies(
                 continue;
             }
             let name = entry.file_name().to_string_lossy().into_owned();
-            let size = entry.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
-            let candidates = wanted.iter().filter(|(id, (want_size, names))| {
-                *want_size == size && names.contains(name.as_str()) && !found.contains_key(id)
-            });
-            if candidates.clone().next().is_none() {
-                continue;
-            }
-            let Ok((id, _)) = hash_file(&path) else {
-                continue;
-            };
-            if candidates.map(|(c, _)| *c).any(|c| c == id) {
-                found.insert(id, path);
+            let size = entry.metadata().map(|m| m.len()).unwrap_or(0);
+            let mut whole_hash = None;
+            for (id, wants) in wanted {
+                if found.contains_key(id) {
+                    continue;
+                }
+                for want in wants.iter().filter(|w| w.name == name) {
+                    let fits = if want.whole {
+                        size == want.len
+                    } else {
+                        size >= want.offset + want.len
+                    };
+                    if !fits {
+                        continue;
+                    }
+                    let content = if want.whole {
+                        *whole_hash.get_or_insert_with(|| hash_file(&path).ok().map(|(h, _)| h))
+                    } else {
+                        read_range(&path, want.offset, want.len)
+                            .ok()
+                            .map(|b| ObjectId::from_hash(blake3::hash(&b)))
+                    };
+                    if content == Some(*id) {
+                        found.insert(*id, (path.clone(), want.clone()));
+                        break;
+                    }
+                }
             }
         }
     }
-    Ok(found.into_iter().collect())
+    Ok(found
+        .into_iter()
+        .map(|(id, (path, want))| (id, path, want))
+        .collect())
 }

@@ -175,6 +175,16 @@ pub fn now_unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Return memory the allocator holds free to the system (after loading thousands of
+/// manifests, or building a large status text), where the allocator supports it.
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of glibc's heap.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

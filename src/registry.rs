@@ -18,6 +18,8 @@ struct Slot {
     id: ObjectId,
     count: u32,
     pins: u32,
+    /// Bytes, where known (files and chunks; file lists are not sized).
+    size: u64,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -58,6 +60,7 @@ impl Registry {
             id,
             count: 0,
             pins: 0,
+            size: 0,
         };
         let slot = match self.free.pop() {
             Some(slot) => {
@@ -95,6 +98,33 @@ impl Registry {
             .filter(|e| e.count > 0)
             .map(|e| (e.id, e.count))
             .collect()
+    }
+
+    /// Record the sizes of known objects (for [`Registry::referenced_bytes`]).
+    pub fn set_sizes(&mut self, sizes: impl IntoIterator<Item = (ObjectId, u64)>) {
+        for (id, size) in sizes {
+            if let Some(slot) = self.index.get(&id) {
+                self.slots[*slot as usize].size = size;
+            }
+        }
+    }
+
+    /// How many objects retained checkpoints reference.
+    pub fn referenced_objects(&self) -> usize {
+        self.index
+            .values()
+            .filter(|s| self.slots[**s as usize].count > 0)
+            .count()
+    }
+
+    /// Bytes of the objects retained checkpoints reference (of those whose size is known).
+    pub fn referenced_bytes(&self) -> u64 {
+        self.index
+            .values()
+            .map(|s| &self.slots[*s as usize])
+            .filter(|e| e.count > 0)
+            .map(|e| e.size)
+            .sum()
     }
 
     /// Every object the registry keeps alive (referenced or pinned).

@@ -440,11 +440,15 @@ fn fsck_finds_corruption_missing_objects_and_orphans_and_repairs_what_it_can() {
         .find(|f| f.name.ends_with(".sst"))
         .unwrap()
         .object;
+    // The MANIFEST's first stored object (a chunk: it is stored as chunks).
     let missing = files
         .iter()
         .find(|f| f.name.starts_with("MANIFEST"))
         .unwrap()
-        .object;
+        .stored()
+        .next()
+        .unwrap()
+        .0;
     let corrupt_path = s.local_path(&corrupt).unwrap();
     let missing_path = s.local_path(&missing).unwrap();
     drop(engine);
@@ -772,7 +776,23 @@ fn append_only_files_store_what_was_appended() {
             || chunks_after.ids.len() == 1
     );
     assert_consistent(&engine);
-    engine.checkpoint().unwrap();
+    let newest = engine.checkpoint().unwrap();
     engine.checkpoint().unwrap();
     assert_consistent(&engine);
+
+    // A damaged chunk is found by fsck and stored again from the live MANIFEST, which
+    // still holds those bytes at the same offset (it only grew).
+    let chunk = manifest_of(&newest).chunks.as_ref().unwrap().ids[0];
+    let path = engine.object_store().local_path(&chunk).unwrap();
+    drop(engine);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[100] ^= 0x20;
+    std::fs::write(&path, bytes).unwrap();
+    let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
+    assert_eq!(report.corrupt, vec![chunk.to_hex()], "{report:?}");
+    let report = ckptfs::fsck::fsck(&store, true, |_| {}).unwrap();
+    assert_eq!(report.repaired_objects.len(), 1, "{report:?}");
+    assert!(ckptfs::fsck::fsck(&store, false, |_| {})
+        .unwrap()
+        .is_clean());
 }

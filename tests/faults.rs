@@ -576,9 +576,8 @@ fn soak_writers_checkpoints_readers_and_drops() {
     );
 }
 
-/// The objects a manifest (as JSON) references for one backend, by file name; for a file
-/// stored as chunks, its last chunk (the one its checkpoint stored: the others are shared
-/// with the checkpoints before, for a file that only grew).
+/// The objects a manifest (as JSON) references for one backend, by file name (files stored
+/// whole: SSTs).
 fn objects_of(manifest: &serde_json::Value, backend: &str) -> Vec<(String, String)> {
     manifest["backends"]
         .as_array()
@@ -586,14 +585,11 @@ fn objects_of(manifest: &serde_json::Value, backend: &str) -> Vec<(String, Strin
         .iter()
         .filter(|b| b["name"] == backend)
         .flat_map(|b| b["files"].as_array().unwrap().clone())
+        .filter(|f| f["chunks"].is_null())
         .map(|f| {
-            let object = match f["chunks"]["ids"].as_array() {
-                Some(ids) => ids.last().unwrap(),
-                None => &f["object"],
-            };
             (
                 f["name"].as_str().unwrap().to_string(),
-                object.as_str().unwrap().to_string(),
+                f["object"].as_str().unwrap().to_string(),
             )
         })
         .collect()
@@ -646,11 +642,42 @@ fn corruption_is_detected_contained_and_repaired_from_copies() {
     };
     let (flipped, truncated, missing) = (new_sst(1), new_sst(2), new_sst(3));
     // A private file of checkpoint 3 that the live database no longer has as it was.
-    let manifest_obj = objects_of(&m.manifest(ids[2]), "A/0")
+    // Stored as chunks: one that no other checkpoint shares (a MANIFEST that only grew
+    // shares its full chunks with the checkpoints after it).
+    let manifest_chunks = |id: u64| -> Vec<String> {
+        let manifest = m.manifest(id);
+        let backend = manifest["backends"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["name"] == "A/0")
+            .unwrap()
+            .clone();
+        let file = backend["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"].as_str().unwrap().starts_with("MANIFEST"))
+            .unwrap()
+            .clone();
+        match file["chunks"]["ids"].as_array() {
+            Some(ids) => ids
+                .iter()
+                .map(|i| i.as_str().unwrap().to_string())
+                .collect(),
+            None => vec![file["object"].as_str().unwrap().to_string()],
+        }
+    };
+    let shared: std::collections::BTreeSet<String> = ids
+        .iter()
+        .filter(|id| **id != ids[2])
+        .flat_map(|id| manifest_chunks(*id))
+        .collect();
+    let manifest_obj = manifest_chunks(ids[2])
         .into_iter()
-        .find(|(name, _)| name.starts_with("MANIFEST"))
-        .unwrap()
-        .1;
+        .rev()
+        .find(|c| !shared.contains(c))
+        .expect("a chunk only checkpoint 3 has");
     let mut bytes = std::fs::read(object_path(&m.store, &flipped)).unwrap();
     let at = bytes.len() / 2;
     bytes[at] ^= 0x40;

@@ -134,8 +134,8 @@ fn the_daemon_merges_small_files_in_the_background() {
     );
 }
 
-/// RocksDB's MANIFEST is stored whole at every checkpoint; ckptfs's built-in options keep
-/// it small (RocksDB's own default lets it grow to 1 GiB).
+/// RocksDB's MANIFEST is listed in every checkpoint (as chunks); ckptfs's built-in options
+/// keep it small (RocksDB's own default lets it grow to 1 GiB).
 #[test]
 fn the_rocksdb_manifest_stays_small_over_many_checkpoints() {
     let dir = tempfile::tempdir().unwrap();

@@ -163,6 +163,7 @@ fn diff(
 mod tests {
     use super::*;
     use crate::catalog::{CheckpointStats, FORMAT};
+    use crate::store::chunks::Chunks;
 
     fn obj(content: &str) -> ObjectId {
         ObjectId::from_hash(blake3::hash(content.as_bytes()))
@@ -186,7 +187,10 @@ mod tests {
                                 name: n.to_string(),
                                 object: obj(c),
                                 size: c.len() as u64,
-                                chunks: None,
+                                // MANIFESTs as chunks of 2 bytes.
+                                chunks: n
+                                    .starts_with("MANIFEST-")
+                                    .then(|| Chunks::split(c.as_bytes(), 2).0),
                             })
                             .collect(),
                     )
@@ -194,6 +198,45 @@ mod tests {
                 .collect(),
             stats: CheckpointStats::default(),
         })
+    }
+
+    fn assert_runs_match_a_recount(cps: &[Arc<Manifest>]) -> BTreeMap<ObjectId, ObjectHistory> {
+        let histories = object_histories(cps);
+        for (id, h) in &histories {
+            let referencing: Vec<u64> = cps
+                .iter()
+                .filter(|m| m.objects().contains(id))
+                .map(|m| m.id)
+                .collect();
+            assert_eq!(h.count, referencing.len() as u64, "{id:?}");
+            let from_runs: Vec<u64> = cps
+                .iter()
+                .map(|m| m.id)
+                .filter(|cp| h.runs.iter().any(|(a, b)| a <= cp && cp <= b))
+                .collect();
+            assert_eq!(from_runs, referencing, "{id:?}");
+        }
+        let all: BTreeSet<ObjectId> = cps.iter().flat_map(|m| m.objects()).collect();
+        assert_eq!(histories.keys().copied().collect::<BTreeSet<_>>(), all);
+        histories
+    }
+
+    /// A MANIFEST that grows shares its full chunks between checkpoints; one chunk may
+    /// appear twice in a file; a new MANIFEST starts over.
+    #[test]
+    fn chunked_files_count_each_chunk() {
+        let cps = vec![
+            manifest(1, &[("A/0", &[("MANIFEST-1", "aabbc")])]),
+            manifest(2, &[("A/0", &[("MANIFEST-1", "aabbcc")])]),
+            manifest(3, &[("A/0", &[("MANIFEST-1", "aabbccaa")])]),
+            manifest(4, &[("A/0", &[("MANIFEST-9", "cc")])]),
+        ];
+        let h = assert_runs_match_a_recount(&cps);
+        let chunk = |s: &str| obj(s);
+        assert_eq!(h[&chunk("aa")].runs, vec![(1, 3)]);
+        assert_eq!(h[&chunk("cc")].runs, vec![(2, 4)]);
+        assert_eq!(h[&chunk("c")].runs, vec![(1, 1)]);
+        assert_eq!(h[&chunk("aa")].size, Some(2));
     }
 
     /// The runs and counts equal a plain per-checkpoint recount, including objects shared

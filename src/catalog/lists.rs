@@ -12,7 +12,7 @@
 //! and referenced by every checkpoint whose chain uses them (the registry counts them like
 //! any file), so they live exactly as long as a retained checkpoint needs them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -126,7 +126,7 @@ pub fn encode(files: &[Arc<FileEntry>], base: Option<&FileList>) -> Option<Encod
 pub struct ListReader<'a> {
     store: &'a dyn ObjectStore,
     resolved: HashMap<ObjectId, FileList>,
-    interned: HashMap<FileEntry, Arc<FileEntry>>,
+    interned: HashSet<Arc<FileEntry>>,
 }
 
 impl<'a> ListReader<'a> {
@@ -134,7 +134,7 @@ impl<'a> ListReader<'a> {
         ListReader {
             store,
             resolved: HashMap::new(),
-            interned: HashMap::new(),
+            interned: HashSet::new(),
         }
     }
 
@@ -143,8 +143,8 @@ impl<'a> ListReader<'a> {
         if let Some(known) = self.interned.get(&entry) {
             return known.clone();
         }
-        let shared = Arc::new(entry.clone());
-        self.interned.insert(entry, shared.clone());
+        let shared = Arc::new(entry);
+        self.interned.insert(shared.clone());
         shared
     }
 

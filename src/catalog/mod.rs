@@ -303,6 +303,13 @@ impl Manifest {
             .collect()
     }
 
+    /// The stored objects of its files (not its lists), with their sizes.
+    pub fn stored_sizes(&self) -> impl Iterator<Item = (ObjectId, u64)> + '_ {
+        self.backends
+            .iter()
+            .flat_map(|b| b.files.iter().flat_map(|f| f.stored()))
+    }
+
     /// True if some backend's files are listed inline (a format 1 or 2 manifest).
     pub fn has_inline_lists(&self) -> bool {
         self.backends.iter().any(|b| b.lists.is_empty())

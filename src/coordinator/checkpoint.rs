@@ -106,6 +106,12 @@ fn store_chunked(
 ) -> Result<Arc<FileEntry>> {
     let store = &engine.inner.store;
     let bytes = std::fs::read(&file.path).ctx("read", &file.path)?;
+    if bytes.len() as u64 != file.size {
+        return Err(Error::Corrupt(format!(
+            "{} changed while it was being checkpointed",
+            file.path.display()
+        )));
+    }
     let (chunks, pieces) = Chunks::split(&bytes, CHUNK_SIZE);
     for (id, piece) in chunks.ids.iter().zip(&pieces) {
         {
@@ -304,7 +310,7 @@ impl PendingCheckpoint {
                     .as_ref()
                     .filter(|_| shared)
                     .and_then(|b| b.by_name.get(&file.name))
-                    .filter(|known| known.size == file.size)
+                    .filter(|known| known.size == file.size && known.chunks.is_none())
                 {
                     let mut st = self.engine.state();
                     if st.can_share(&known.object) {
@@ -412,6 +418,7 @@ impl PendingCheckpoint {
         let id = manifest.id;
         crate::failpoint!("checkpoint::after-commit");
         st.registry.register_checkpoint(id, manifest.objects());
+        st.registry.set_sizes(manifest.stored_sizes());
         crate::failpoint!("checkpoint::after-register");
         let mut garbage = Vec::new();
         for pin in self.pins.drain(..) {

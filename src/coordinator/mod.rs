@@ -132,6 +132,10 @@ pub struct Status {
     pub last_error: Option<String>,
     /// Small SSTs merged by small-file compaction since start: files, bytes.
     pub small_file_compactions: (u64, u64),
+    /// Stored objects the retained checkpoints reference, and their bytes (files and
+    /// chunks; file lists are counted but not sized).
+    pub objects: usize,
+    pub referenced_bytes: u64,
 }
 
 impl Engine {
@@ -326,6 +330,8 @@ impl Engine {
             max_concurrent: self.inner.max_concurrent,
             last_error: st.last_error.clone(),
             small_file_compactions: st.small_file_compactions,
+            objects: st.registry.referenced_objects(),
+            referenced_bytes: st.registry.referenced_bytes(),
         }
     }
 

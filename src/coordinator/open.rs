@@ -139,12 +139,7 @@ impl Engine {
             manifests
         } else {
             match migrate(&catalog, manifests) {
-                Ok(migrated) => {
-                    // Older versions must refuse the store clearly, not find every manifest
-                    // unreadable.
-                    meta.format = FORMAT;
-                    migrated
-                }
+                Ok(migrated) => migrated,
                 Err((manifests, e)) => {
                     // A rewrite that failed late may be on disk, naming lists the registry
                     // would not know: delete nothing this run.
@@ -159,6 +154,9 @@ impl Engine {
                 }
             }
         };
+        // This daemon writes manifests of the current format, migrated or not: older
+        // versions must refuse the store clearly, not find new manifests unreadable.
+        meta.format = FORMAT;
         let newest = manifests
             .keys()
             .copied()
@@ -172,8 +170,11 @@ impl Engine {
             meta.next_checkpoint = meta.next_checkpoint.max(last + 1);
         }
         catalog.save_meta(&meta)?;
-        let registry =
+        let mut registry =
             Registry::from_checkpoints(manifests.iter().map(|(id, m)| (*id, m.objects())));
+        for m in manifests.values() {
+            registry.set_sizes(m.stored_sizes());
+        }
         crate::failpoint!("open::before-sweep");
         let (orphans, missing) = if !deletes_frozen {
             sweep(store.as_ref(), &registry)?
@@ -343,6 +344,8 @@ impl Engine {
             let mut st = engine.state();
             engine.apply_retention(&mut st)?;
         }
+        // Loading thousands of manifests leaves freed memory behind: give it back.
+        crate::fsutil::release_free_memory();
         Ok(engine)
     }
 }

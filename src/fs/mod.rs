@@ -36,6 +36,10 @@ pub const CTL: u64 = 3;
 pub const STATUS: u64 = 4;
 pub const REGISTRY: u64 = 5;
 pub const LATEST: u64 = 6;
+pub const CHECKPOINTS: u64 = 7;
+
+/// Checkpoints `status` describes one by one (the newest); `.ckptfs/checkpoints` lists all.
+pub const STATUS_CHECKPOINTS: usize = 100;
 
 const META_DIR_NAME: &str = ".ckptfs";
 
@@ -349,7 +353,9 @@ impl CkptFs {
             }
             META_DIR => Ok(self.attr(META_DIR, Kind::Dir, 0, 0o755, 2, self.mounted_at)),
             CTL => Ok(self.attr(CTL, Kind::File, 0, 0o600, 1, self.mounted_at)),
-            STATUS | REGISTRY => Ok(self.attr(ino, Kind::File, 0, 0o444, 1, SystemTime::now())),
+            STATUS | REGISTRY | CHECKPOINTS => {
+                Ok(self.attr(ino, Kind::File, 0, 0o444, 1, SystemTime::now()))
+            }
             LATEST => {
                 let target = self
                     .latest()
@@ -423,6 +429,7 @@ impl CkptFs {
                 "ctl" => self.getattr(CTL),
                 "status" => self.getattr(STATUS),
                 "registry" => self.getattr(REGISTRY),
+                "checkpoints" => self.getattr(CHECKPOINTS),
                 _ => Err(missing()),
             },
             _ => {
@@ -458,6 +465,7 @@ impl CkptFs {
             }
             META_DIR => Ok(vec![
                 entry("ctl", CTL)?,
+                entry("checkpoints", CHECKPOINTS)?,
                 entry("registry", REGISTRY)?,
                 entry("status", STATUS)?,
             ]),
@@ -587,19 +595,22 @@ impl CkptFs {
                 }))),
                 seekable: false,
             }),
-            STATUS | REGISTRY if !write => {
-                let bytes = if ino == STATUS {
-                    self.status_json()
-                } else {
-                    self.registry_json()
+            STATUS | REGISTRY | CHECKPOINTS if !write => {
+                let bytes = match ino {
+                    STATUS => self.status_json(),
+                    REGISTRY => self.registry_json(),
+                    _ => self.checkpoints_json(),
                 };
+                crate::fsutil::release_free_memory();
                 Ok(Opened::Stream {
                     fh: self.new_handle(Handle::Snapshot(bytes.into_bytes())),
                     seekable: true,
                 })
             }
             META_DIR | ROOT | LATEST => Err(Error::Invalid("not a regular file".into())),
-            STATUS | REGISTRY => Err(Error::ReadOnly(".ckptfs status files are read-only".into())),
+            STATUS | REGISTRY | CHECKPOINTS => {
+                Err(Error::ReadOnly(".ckptfs status files are read-only".into()))
+            }
             _ => {
                 let (cp, index, tree) = self.resolve(ino)?;
                 let node = &tree.nodes[index];
@@ -946,38 +957,47 @@ impl CkptFs {
         }
     }
 
+    /// One checkpoint as `status` and `.ckptfs/checkpoints` describe it.
+    fn checkpoint_row(m: &crate::catalog::Manifest) -> serde_json::Value {
+        let s = &m.stats;
+        json!({
+            "id": m.id,
+            "completed_unix_ms": m.completed_unix_ms,
+            "files": s.files_total,
+            "files_new": s.files_new,
+            "files_reused": s.files_reused,
+            "bytes": s.bytes_total,
+            "bytes_uploaded": s.bytes_uploaded,
+            "bytes_uploaded_append_only": s.bytes_uploaded_append_only,
+            "sync_ms": s.sync_micros as f64 / 1000.0,
+            "async_ms": s.async_micros as f64 / 1000.0,
+        })
+    }
+
+    /// `.ckptfs/status`: a summary whose cost does not follow the number of checkpoints:
+    /// the newest [`STATUS_CHECKPOINTS`] one by one, all of them as runs of ids.
     pub fn status_json(&self) -> String {
         let engine = self.controller.engine();
         let status = engine.status();
-        let counts = engine.reference_counts();
-        // Follows what changed between consecutive checkpoints, not every reference.
-        let store_bytes: u64 = object_histories(&status.checkpoints)
-            .values()
-            .filter_map(|h| h.size)
-            .sum();
-        let checkpoints: Vec<_> = status
-            .checkpoints
+        let ids: Vec<u64> = status.checkpoints.iter().map(|m| m.id).collect();
+        let mut runs: Vec<[u64; 2]> = Vec::new();
+        for id in &ids {
+            match runs.last_mut() {
+                Some(run) if run[1] + 1 == *id => run[1] = *id,
+                _ => runs.push([*id, *id]),
+            }
+        }
+        let newest = status.checkpoints.len().saturating_sub(STATUS_CHECKPOINTS);
+        let checkpoints: Vec<_> = status.checkpoints[newest..]
             .iter()
-            .map(|m| {
-                let s = &m.stats;
-                json!({
-                    "id": m.id,
-                    "completed_unix_ms": m.completed_unix_ms,
-                    "files": s.files_total,
-                    "files_new": s.files_new,
-                    "files_reused": s.files_reused,
-                    "bytes": s.bytes_total,
-                    "bytes_uploaded": s.bytes_uploaded,
-                    "bytes_uploaded_append_only": s.bytes_uploaded_append_only,
-                    "sync_ms": s.sync_micros as f64 / 1000.0,
-                    "async_ms": s.async_micros as f64 / 1000.0,
-                })
-            })
+            .map(|m| Self::checkpoint_row(m))
             .collect();
         let value = json!({
             "pid": std::process::id(),
             "store": engine.store_root(),
             "backends": status.backends.iter().map(|b| b.to_string()).collect::<Vec<_>>(),
+            "checkpoints_total": ids.len(),
+            "checkpoint_runs": runs,
             "checkpoints": checkpoints,
             "in_flight": status.in_flight,
             "retain": status.retain,
@@ -987,12 +1007,22 @@ impl CkptFs {
                 "files": status.small_file_compactions.0,
                 "bytes": status.small_file_compactions.1,
             },
-            "objects": counts.len(),
-            "store_bytes": store_bytes,
+            "objects": status.objects,
+            "store_bytes": status.referenced_bytes,
         });
         let mut text = serde_json::to_string_pretty(&value).expect("json");
         text.push('\n');
         text
+    }
+
+    /// `.ckptfs/checkpoints`: every retained checkpoint, oldest first, one JSON line each.
+    pub fn checkpoints_json(&self) -> String {
+        let mut out = String::new();
+        for m in self.controller.engine().checkpoints() {
+            out.push_str(&Self::checkpoint_row(&m).to_string());
+            out.push('\n');
+        }
+        out
     }
 
     pub fn registry_json(&self) -> String {

@@ -16,8 +16,11 @@ use crate::error::{Error, Result};
 /// checkpoints): store growth per checkpoint (uploads + manifest and lists) 26.8 KiB with
 /// 4 KiB chunks, 26.0 with 2 KiB (3% more objects), 40-61 with 16 KiB.
 pub const CHUNK_SIZE: u32 = 4 * 1024;
-/// Files larger than this are stored whole (chunked files are served from memory).
-pub const MAX_CHUNKED_FILE: u64 = 64 << 20;
+/// Files larger than this are stored whole (a chunked file is assembled in memory when the
+/// mount serves it; ckptfs's defaults keep a MANIFEST near 64 KiB).
+pub const MAX_CHUNKED_FILE: u64 = 4 << 20;
+/// The largest chunked file accepted from a manifest (served from memory).
+const MAX_CHUNKED_READ: u64 = 64 << 20;
 /// The largest chunk size accepted from a manifest.
 const MAX_CHUNK_SIZE: u32 = 64 << 20;
 
@@ -59,7 +62,7 @@ impl Chunks {
             return Err(Error::Invalid(format!("chunk size {}", self.size)));
         }
         let expected = file_size.div_ceil(self.size as u64);
-        if self.ids.len() as u64 != expected || file_size > MAX_CHUNKED_FILE {
+        if self.ids.len() as u64 != expected || file_size > MAX_CHUNKED_READ {
             return Err(Error::Invalid(format!(
                 "{} chunks of {} bytes for a file of {file_size} bytes",
                 self.ids.len(),

@@ -129,12 +129,16 @@ impl Mounted {
             .unwrap()
     }
 
+    /// Every retained checkpoint's id, from `.ckptfs/checkpoints`.
     pub fn checkpoint_ids(&self) -> Vec<u64> {
-        self.status()["checkpoints"]
-            .as_array()
+        std::fs::read_to_string(self.mnt.join(".ckptfs/checkpoints"))
             .unwrap()
-            .iter()
-            .map(|c| c["id"].as_u64().unwrap())
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["id"]
+                    .as_u64()
+                    .unwrap()
+            })
             .collect()
     }
 
