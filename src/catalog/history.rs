@@ -269,21 +269,7 @@ mod tests {
             ),
             manifest(9, &[("A/0", &[("2.sst", "y")]), ("B/0", &[("9.sst", "x")])]),
         ];
-        let histories = object_histories(&cps);
-        for (id, h) in &histories {
-            let referencing: Vec<u64> = cps
-                .iter()
-                .filter(|m| m.objects().contains(id))
-                .map(|m| m.id)
-                .collect();
-            assert_eq!(h.count, referencing.len() as u64, "{id:?}");
-            let from_runs: Vec<u64> = cps
-                .iter()
-                .map(|m| m.id)
-                .filter(|cp| h.runs.iter().any(|(a, b)| a <= cp && cp <= b))
-                .collect();
-            assert_eq!(from_runs, referencing, "{id:?}");
-        }
+        let histories = assert_runs_match_a_recount(&cps);
         assert_eq!(histories[&obj("x")].runs, vec![(2, 3), (6, 9)]);
         assert_eq!(histories[&obj("c")].runs, vec![(2, 6)]);
         assert_eq!(histories.len(), 4);

@@ -637,17 +637,7 @@ impl CkptFs {
                             fh: self.new_handle(Handle::Snapshot(bytes)),
                             seekable: true,
                         }),
-                        Err(_) if self.controller.engine().manifest(cp).is_none() => {
-                            Err(Error::NoSuchCheckpoint(cp))
-                        }
-                        Err(e) => {
-                            let path = tree.path_of(index);
-                            log::error!("cannot serve {path} (object {object}): {e}");
-                            self.controller
-                                .engine()
-                                .record_error(format!("{path}: {e}"));
-                            Err(e)
-                        }
+                        Err(e) => Err(self.cannot_serve(cp, &tree, index, object, e)),
                     };
                 }
                 let opened = self
@@ -655,18 +645,7 @@ impl CkptFs {
                     .and_then(|_| self.controller.engine().object_store().open(object));
                 let file = match opened {
                     Ok(file) => Arc::new(file),
-                    // Dropped between lookup and open: gone, not corrupt.
-                    Err(_) if self.controller.engine().manifest(cp).is_none() => {
-                        return Err(Error::NoSuchCheckpoint(cp))
-                    }
-                    Err(e) => {
-                        let path = tree.path_of(index);
-                        log::error!("cannot serve {path} (object {object}): {e}");
-                        self.controller
-                            .engine()
-                            .record_error(format!("{path}: {e}"));
-                        return Err(e);
-                    }
+                    Err(e) => return Err(self.cannot_serve(cp, &tree, index, object, e)),
                 };
                 let fh = self.new_handle(Handle::Object(file.clone()));
                 Ok(Opened::Object {
@@ -676,6 +655,27 @@ impl CkptFs {
                 })
             }
         }
+    }
+
+    /// The error for a file of cp-N that cannot be opened: gone if the checkpoint was
+    /// dropped meanwhile, else logged and recorded with the object and the path it has.
+    fn cannot_serve(
+        &self,
+        cp: u64,
+        tree: &CheckpointTree,
+        index: usize,
+        object: &ObjectId,
+        e: Error,
+    ) -> Error {
+        if self.controller.engine().manifest(cp).is_none() {
+            return Error::NoSuchCheckpoint(cp);
+        }
+        let path = tree.path_of(index);
+        log::error!("cannot serve {path} (object {object}): {e}");
+        self.controller
+            .engine()
+            .record_error(format!("{path}: {e}"));
+        e
     }
 
     /// Check an object's size and checksum the first time this daemon serves it, so a
