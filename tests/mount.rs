@@ -96,6 +96,8 @@ fn the_tree_follows_checkpoints_compactions_and_drops() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert!(!rows.is_empty());
+    // File lists are stored objects too, named as such.
+    assert!(rows.iter().any(|r| r["file_list_of"].is_array()));
     let retained = m.checkpoint_ids();
     for row in &rows {
         // Runs of consecutive retained checkpoints: [first, last].

@@ -1031,27 +1031,45 @@ impl CkptFs {
         // Each object's referencing checkpoints as runs of consecutive retained ones: with
         // thousands of checkpoints, a list of every one would be millions of numbers.
         let rows = object_histories(&engine.checkpoints());
+        // Written directly (one row per stored object: 100,000 and more), strings escaped
+        // by serde_json.
+        use std::fmt::Write;
+        let text = |s: &str| serde_json::to_string(s).expect("string");
         let mut out = String::new();
         for (id, row) in rows {
+            // File lists are not sized in the manifests: the store knows.
             let size = row.size.unwrap_or_else(|| {
-                let store = engine.object_store();
-                store
-                    .open(&id)
-                    .and_then(|f| f.metadata().map_err(|e| Error::io("stat object", e)))
+                engine
+                    .object_store()
+                    .local_path(&id)
+                    .and_then(|p| std::fs::symlink_metadata(p).ok())
                     .map_or(0, |m| m.len())
             });
-            let mut line = json!({
-                "id": id.to_hex(),
-                "size": size,
-                "refcount": counts.get(&id).copied().unwrap_or(0),
-                "checkpoint_runs": row.runs.iter().map(|(a, b)| [a, b]).collect::<Vec<_>>(),
-                "files": row.files.iter().map(|(b, f)| json!({"backend": b, "name": f})).collect::<Vec<_>>(),
-            });
-            if !row.list_of.is_empty() {
-                line["file_list_of"] = json!(row.list_of);
+            let refcount = counts.get(&id).copied().unwrap_or(0);
+            let _ = write!(
+                out,
+                "{{\"id\":\"{id}\",\"size\":{size},\"refcount\":{refcount},\"checkpoint_runs\":["
+            );
+            for (i, (a, b)) in row.runs.iter().enumerate() {
+                let sep = if i == 0 { "" } else { "," };
+                let _ = write!(out, "{sep}[{a},{b}]");
             }
-            out.push_str(&line.to_string());
-            out.push('\n');
+            out.push_str("],\"files\":[");
+            for (i, (backend, name)) in row.files.iter().enumerate() {
+                let sep = if i == 0 { "" } else { "," };
+                let _ = write!(
+                    out,
+                    "{sep}{{\"backend\":{},\"name\":{}}}",
+                    text(backend),
+                    text(name)
+                );
+            }
+            out.push(']');
+            if !row.list_of.is_empty() {
+                let backends: Vec<String> = row.list_of.iter().map(|b| text(b)).collect();
+                let _ = write!(out, ",\"file_list_of\":[{}]", backends.join(","));
+            }
+            out.push_str("}\n");
         }
         out
     }
