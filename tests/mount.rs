@@ -917,3 +917,50 @@ fn load_reports_input_lines_and_progress() {
     assert!(err.contains("line 5001"), "{err}");
     assert!(err.contains("keys were loaded before it"), "{err}");
 }
+
+/// `ckptfs ls` lists every retained checkpoint (from `.ckptfs/checkpoints`), while
+/// `.ckptfs/status` describes the newest 100 one by one and all of them as runs of ids;
+/// `ckptfs status` shows the runs. A dropped checkpoint splits a run.
+#[test]
+fn ls_lists_every_checkpoint_and_status_summarises() {
+    let m = Mounted::new(&["--backend", "A/0", "--retain", "1000"]);
+    let mut ids = Vec::new();
+    for i in 0..105 {
+        m.put("A/0", &format!("k{i}"), "v");
+        ids.push(m.checkpoint());
+    }
+    std::fs::remove_dir(m.mnt.join(format!("cp-{}", ids[50]))).unwrap();
+    let retained: Vec<u64> = ids.iter().copied().filter(|id| *id != ids[50]).collect();
+    let listed: serde_json::Value =
+        serde_json::from_str(&ok(ckptfs(&["ls", m.mnt(), "--json"]))).unwrap();
+    let listed: Vec<u64> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(listed, retained);
+    let table = ok(ckptfs(&["ls", m.mnt()]));
+    assert_eq!(table.lines().count(), 1 + retained.len(), "{table}");
+    let status = m.status();
+    assert_eq!(status["checkpoints_total"], 104);
+    let newest: Vec<u64> = status["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(newest, retained[retained.len() - 100..].to_vec());
+    assert_eq!(
+        status["checkpoint_runs"],
+        serde_json::json!([[ids[0], ids[49]], [ids[51], ids[104]]])
+    );
+    let text = ok(ckptfs(&["status", m.mnt()]));
+    assert!(
+        text.contains(&format!(
+            "{}-{} {}-{} (104 retained",
+            ids[0], ids[49], ids[51], ids[104]
+        )),
+        "{text}"
+    );
+}
