@@ -964,3 +964,44 @@ fn ls_lists_every_checkpoint_and_status_summarises() {
         "{text}"
     );
 }
+
+/// Stores written by earlier versions (tests/fixtures/store-formatN) mount: their
+/// checkpoints are shown, `cp -r` of each gives exactly the data of its round (checkpoint
+/// N holds round N-1 of `ckptfs workload`), and a new checkpoint can be taken.
+#[test]
+fn stores_of_earlier_formats_mount_and_copy_out() {
+    for format in [1, 2, 3] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        let fixture = format!(
+            "{}/tests/fixtures/store-format{format}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        assert!(Command::new("cp")
+            .args(["-a", &fixture])
+            .arg(&store)
+            .status()
+            .unwrap()
+            .success());
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let m = Mounted::at(&store, &mnt, &[]);
+        assert_eq!(m.checkpoint_ids(), vec![2, 3], "format {format}");
+        for id in [2u64, 3] {
+            let dest = dir.path().join(format!("copy-{id}"));
+            assert!(m.copy_out(id, &dest), "format {format}: cp -r of cp-{id}");
+            for backend in ["A/0", "B/1"] {
+                let expected =
+                    ckptfs::workload::expected_after(&backend.parse().unwrap(), id - 1, 200, 20);
+                assert_eq!(
+                    scan(&dest.join(backend)),
+                    expected,
+                    "format {format} {backend}"
+                );
+            }
+        }
+        let new = m.checkpoint();
+        assert_eq!(new, 4, "format {format}");
+        m.umount();
+    }
+}
