@@ -178,14 +178,20 @@ pub fn request_retrying_busy(
     }
 }
 
-fn read_status(mountpoint: &Path) -> Result<serde_json::Value, Error> {
-    let path = mountpoint.join(".ckptfs").join("status");
+/// The text of `.ckptfs/NAME` of a mount.
+fn read_meta_file(mountpoint: &Path, name: &str) -> Result<String, Error> {
+    let path = mountpoint.join(".ckptfs").join(name);
     let mut text = String::new();
     std::fs::File::open(&path)
         .map_err(|e| not_a_mount(mountpoint, e))?
         .read_to_string(&mut text)
         .ctx("read", &path)?;
-    serde_json::from_str(&text).map_err(|e| Error::Corrupt(format!("unreadable status: {e}")))
+    Ok(text)
+}
+
+fn read_status(mountpoint: &Path) -> Result<serde_json::Value, Error> {
+    serde_json::from_str(&read_meta_file(mountpoint, "status")?)
+        .map_err(|e| Error::Corrupt(format!("unreadable status: {e}")))
 }
 
 fn when(ms: u64) -> String {
@@ -194,13 +200,8 @@ fn when(ms: u64) -> String {
 
 /// Every retained checkpoint, from `.ckptfs/checkpoints` (one JSON line each).
 fn read_checkpoints(mountpoint: &Path) -> Result<Vec<serde_json::Value>, Error> {
-    let path = mountpoint.join(".ckptfs").join("checkpoints");
-    let mut text = String::new();
-    std::fs::File::open(&path)
-        .map_err(|e| not_a_mount(mountpoint, e))?
-        .read_to_string(&mut text)
-        .ctx("read", &path)?;
-    text.lines()
+    read_meta_file(mountpoint, "checkpoints")?
+        .lines()
         .map(|l| {
             serde_json::from_str(l)
                 .map_err(|e| Error::Corrupt(format!("unreadable checkpoint list: {e}")))

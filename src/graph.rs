@@ -1,11 +1,10 @@
 //! `ckptfs graph`: the checkpoints and the stored objects they reference, with reference
 //! counts, as Graphviz DOT (the worked example's figure, drawn from a live store).
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
+use crate::catalog::history::object_histories;
 use crate::catalog::Manifest;
-use crate::store::ObjectId;
 
 fn escape(text: &str) -> String {
     text.replace('\\', "\\\\").replace('"', "\\\"")
@@ -23,36 +22,7 @@ fn human(bytes: u64) -> String {
 /// One node per checkpoint and per stored object; an edge for every reference. Object
 /// labels carry the file names they appear as, their size and reference count.
 pub fn dot(manifests: &[Manifest]) -> String {
-    struct Object {
-        size: u64,
-        names: BTreeSet<String>,
-        referrers: BTreeSet<u64>,
-    }
-    let mut objects: BTreeMap<ObjectId, Object> = BTreeMap::new();
-    let mut lists: BTreeMap<ObjectId, Object> = BTreeMap::new();
-    for m in manifests {
-        for b in &m.backends {
-            for l in b.lists.iter() {
-                let o = lists.entry(*l).or_insert(Object {
-                    size: 0,
-                    names: BTreeSet::new(),
-                    referrers: BTreeSet::new(),
-                });
-                o.names.insert(format!("{} file list", b.name));
-                o.referrers.insert(m.id);
-            }
-            for (f, (object, size)) in b.files.iter().flat_map(|f| f.stored().map(move |s| (f, s)))
-            {
-                let o = objects.entry(object).or_insert(Object {
-                    size,
-                    names: BTreeSet::new(),
-                    referrers: BTreeSet::new(),
-                });
-                o.names.insert(format!("{}/{}", b.name, f.name));
-                o.referrers.insert(m.id);
-            }
-        }
-    }
+    let objects = object_histories(manifests);
     let mut out = String::new();
     out.push_str(
         "digraph ckptfs {\n  rankdir=LR;\n  node [fontname=\"monospace\", fontsize=10];\n",
@@ -67,14 +37,38 @@ pub fn dot(manifests: &[Manifest]) -> String {
         );
     }
     for (id, o) in &objects {
-        let names: Vec<String> = o.names.iter().map(|n| escape(n)).collect();
+        if !o.list_of.is_empty() {
+            // A file list: a small note beside the checkpoints that name it.
+            let names: Vec<String> = o
+                .list_of
+                .iter()
+                .map(|b| escape(&format!("{b} file list")))
+                .collect();
+            let _ = writeln!(
+                out,
+                "  \"{hex}\" [shape=note, style=filled, fillcolor=\"#fff4d6\", label=\"{shown}\\n{short}\\nrefs={refs}\"];",
+                hex = id.to_hex(),
+                shown = names.join("\\n"),
+                short = id.short(),
+                refs = o.count
+            );
+            continue;
+        }
+        let names: Vec<String> = o
+            .files
+            .iter()
+            .map(|(b, f)| escape(&format!("{b}/{f}")))
+            .collect();
         let shown = if names.len() > 3 {
             format!("{}\\n(+{} more)", names[..3].join("\\n"), names.len() - 3)
         } else {
             names.join("\\n")
         };
         // SST files (shared across checkpoints) in green, private files in grey.
-        let sst = o.names.iter().any(|n| crate::backend::is_shared_file(n));
+        let sst = o
+            .files
+            .iter()
+            .any(|(_, f)| crate::backend::is_shared_file(f));
         let _ = writeln!(
             out,
             "  \"{hex}\" [shape=ellipse, style=filled, fillcolor=\"{color}\", label=\"{shown}\\n{short} {size}\\nrefs={refs}\"];",
@@ -82,20 +76,8 @@ pub fn dot(manifests: &[Manifest]) -> String {
             color = if sst { "#dff0d8" } else { "#eeeeee" },
             shown = shown,
             short = id.short(),
-            size = human(o.size),
-            refs = o.referrers.len()
-        );
-    }
-    // File lists (manifest format 3): small notes beside the checkpoints that name them.
-    for (id, o) in &lists {
-        let names: Vec<String> = o.names.iter().map(|n| escape(n)).collect();
-        let _ = writeln!(
-            out,
-            "  \"{hex}\" [shape=note, style=filled, fillcolor=\"#fff4d6\", label=\"{shown}\\n{short}\\nrefs={refs}\"];",
-            hex = id.to_hex(),
-            shown = names.join("\\n"),
-            short = id.short(),
-            refs = o.referrers.len()
+            size = human(o.size.unwrap_or(0)),
+            refs = o.count
         );
     }
     for m in manifests {
@@ -111,6 +93,7 @@ pub fn dot(manifests: &[Manifest]) -> String {
 mod tests {
     use super::*;
     use crate::catalog::{BackendSnapshot, CheckpointStats, FileEntry, FORMAT};
+    use crate::store::ObjectId;
 
     fn manifest(id: u64, files: &[(&str, &str)]) -> Manifest {
         Manifest {

@@ -29,8 +29,10 @@ pub struct ObjectHistory {
 }
 
 /// Every referenced object's history, from the retained checkpoints (in any order).
-pub fn object_histories(checkpoints: &[Arc<Manifest>]) -> BTreeMap<ObjectId, ObjectHistory> {
-    let mut sorted: Vec<&Manifest> = checkpoints.iter().map(|m| &**m).collect();
+pub fn object_histories<'a>(
+    checkpoints: impl IntoIterator<Item = &'a Manifest>,
+) -> BTreeMap<ObjectId, ObjectHistory> {
+    let mut sorted: Vec<&Manifest> = checkpoints.into_iter().collect();
     sorted.sort_by_key(|m| m.id);
     let ids: Vec<u64> = sorted.iter().map(|m| m.id).collect();
     let mut out: BTreeMap<ObjectId, ObjectHistory> = BTreeMap::new();
@@ -201,7 +203,7 @@ mod tests {
     }
 
     fn assert_runs_match_a_recount(cps: &[Arc<Manifest>]) -> BTreeMap<ObjectId, ObjectHistory> {
-        let histories = object_histories(cps);
+        let histories = object_histories(cps.iter().map(|m| &**m));
         for (id, h) in &histories {
             let referencing: Vec<u64> = cps
                 .iter()

@@ -1030,7 +1030,8 @@ impl CkptFs {
         let counts = engine.reference_counts();
         // Each object's referencing checkpoints as runs of consecutive retained ones: with
         // thousands of checkpoints, a list of every one would be millions of numbers.
-        let rows = object_histories(&engine.checkpoints());
+        let checkpoints = engine.checkpoints();
+        let rows = object_histories(checkpoints.iter().map(|m| &**m));
         // Written directly (one row per stored object: 100,000 and more), strings escaped
         // by serde_json.
         use std::fmt::Write;

@@ -110,10 +110,11 @@ pub fn assert_consistent(engine: &Engine) {
         "registry differs from a recount"
     );
     // The registry view's runs of referencing checkpoints agree with the recount too.
-    let runs: BTreeMap<ObjectId, u32> = ckptfs::catalog::history::object_histories(&manifests)
-        .into_iter()
-        .map(|(id, h)| (id, h.count as u32))
-        .collect();
+    let runs: BTreeMap<ObjectId, u32> =
+        ckptfs::catalog::history::object_histories(manifests.iter().map(|m| &**m))
+            .into_iter()
+            .map(|(id, h)| (id, h.count as u32))
+            .collect();
     assert_eq!(runs, counts, "object histories differ from a recount");
     let stored: BTreeSet<ObjectId> = engine.object_store().list().unwrap().into_iter().collect();
     let referenced: BTreeSet<ObjectId> = counts.keys().copied().collect();
