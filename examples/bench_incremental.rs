@@ -40,9 +40,10 @@ use ckptfs::store::ObjectId;
 use ckptfs::{BackendName, Engine, EngineConfig, WriteOp};
 use serde_json::{json, Value};
 
+mod common;
+use common::{key, mix, value, KEY_SIZE, VALUE_SIZE};
+
 const MIB: u64 = 1024 * 1024;
-const VALUE_SIZE: usize = 1024;
-const KEY_SIZE: usize = 16;
 const BATCH: u64 = 1000;
 const OPERATOR: &str = "Bench";
 /// Targets for a checkpoint after a small rewrite (reported, not asserted).
@@ -125,35 +126,6 @@ fn parse_args() -> Result<Args, String> {
         }
     }
     Ok(args)
-}
-
-/// A bijective 64-bit mixer (the SplitMix64 finalizer): key `i` lands at a uniformly spread,
-/// unpredictable point of the key space, so writing `0..n` in order is random-order writing.
-fn mix(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
-fn key(i: u64) -> Vec<u8> {
-    let k = format!("{:016x}", mix(i)).into_bytes();
-    debug_assert_eq!(k.len(), KEY_SIZE);
-    k
-}
-
-/// VALUE_SIZE pseudo-random bytes (xorshift64*), which snappy cannot compress.
-fn value(backend: u32, i: u64, round: u64) -> Vec<u8> {
-    let mut state = mix(i ^ (u64::from(backend) << 40) ^ (round << 56)) | 1;
-    let mut out = Vec::with_capacity(VALUE_SIZE);
-    while out.len() < VALUE_SIZE {
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        let word = state.wrapping_mul(0x2545_f491_4f6c_dd1d);
-        let take = (VALUE_SIZE - out.len()).min(8);
-        out.extend_from_slice(&word.to_le_bytes()[..take]);
-    }
-    out
 }
 
 /// Write the keys `indices` of every backend, one batch of BATCH keys per backend in turn.

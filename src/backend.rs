@@ -29,6 +29,46 @@ pub const DEFAULT_FORMAT_VERSION: i32 = 5;
 pub const DEFAULT_ROCKSDB_OPTIONS: &str =
     "max_manifest_file_size=65536;max_manifest_space_amp_pct=100";
 
+/// How a checkpoint captures what is in the memtables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CheckpointMode {
+    /// Flush every memtable, then store the SSTs that are new: a checkpoint's upload follows
+    /// what flushes and compactions rewrote.
+    #[default]
+    Flush,
+    /// No flush: the checkpoint carries the write-ahead log written since the last
+    /// materialization (stored incrementally) on top of that materialization's SSTs; stock
+    /// RocksDB replays it when it opens the directory.
+    Wal,
+}
+
+impl std::str::FromStr for CheckpointMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "flush" => Ok(CheckpointMode::Flush),
+            "wal" => Ok(CheckpointMode::Wal),
+            _ => Err(Error::Invalid(format!(
+                "checkpoint mode {s:?}: expected flush or wal"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for CheckpointMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CheckpointMode::Flush => "flush",
+            CheckpointMode::Wal => "wal",
+        })
+    }
+}
+
+/// WAL archiving in `wal` mode: RocksDB moves a WAL it no longer needs into `archive/`
+/// instead of deleting it, and ckptfs deletes it there once no checkpoint to come needs it
+/// (see [`Backend::prune_archived_wals`]). RocksDB itself never purges it first.
+const WAL_ARCHIVE_TTL_SECONDS: u64 = 100 * 365 * 24 * 3600;
+
 #[derive(Debug, Clone)]
 pub struct BackendOptions {
     pub format_version: i32,
@@ -37,6 +77,7 @@ pub struct BackendOptions {
     /// Further RocksDB options in RocksDB's own `name=value;name=value` syntax, applied
     /// last, e.g. `target_file_size_base=8388608;max_bytes_for_level_base=33554432`.
     pub rocksdb_options: Option<String>,
+    pub checkpoint_mode: CheckpointMode,
 }
 
 impl Default for BackendOptions {
@@ -45,6 +86,7 @@ impl Default for BackendOptions {
             format_version: DEFAULT_FORMAT_VERSION,
             write_buffer_size: None,
             rocksdb_options: None,
+            checkpoint_mode: CheckpointMode::default(),
         }
     }
 }
@@ -70,7 +112,8 @@ impl BackendOptions {
         Ok(())
     }
 
-    fn rocksdb_options(&self, create: bool) -> Result<Options> {
+    /// The RocksDB options a backend opens with (`create`: create a missing database).
+    pub fn rocksdb_options(&self, create: bool) -> Result<Options> {
         let mut opts = Options::default();
         opts.create_if_missing(create);
         opts.set_max_background_jobs(2);
@@ -80,6 +123,12 @@ impl BackendOptions {
         opts.set_block_based_table_factory(&table);
         if let Some(size) = self.write_buffer_size {
             opts.set_write_buffer_size(size);
+        }
+        // A recycled WAL is rewritten in place; ckptfs stores WAL files as chunks of a file
+        // that only grows.
+        opts.set_recycle_log_file_num(0);
+        if self.checkpoint_mode == CheckpointMode::Wal {
+            opts.set_wal_ttl_seconds(WAL_ARCHIVE_TTL_SECONDS);
         }
         let mut opts = opts
             .get_options_from_string(DEFAULT_ROCKSDB_OPTIONS)
@@ -124,7 +173,39 @@ pub fn is_shared_file(name: &str) -> bool {
 /// Files RocksDB only appends to (until it starts a new one): stored as chunks, so that a
 /// checkpoint stores what was appended since the previous one.
 pub fn is_append_only(name: &str) -> bool {
-    name.starts_with("MANIFEST-")
+    name.starts_with("MANIFEST-") || wal_number(name).is_some()
+}
+
+/// MANIFEST chunk size. A MANIFEST is tens of KiB and grows by a few hundred bytes per
+/// checkpoint; chosen by `scripts/bench-scale` (4 backends, 300 time-ordered checkpoints):
+/// store growth per checkpoint (uploads + manifest and lists) 26.8 KiB with 4 KiB chunks,
+/// 26.0 with 2 KiB (3% more objects), 40-61 with 16 KiB.
+pub const MANIFEST_CHUNK_SIZE: u32 = 4 * 1024;
+/// A larger MANIFEST is stored whole (ckptfs's defaults keep it near 64 KiB).
+pub const MAX_CHUNKED_MANIFEST: u64 = 4 << 20;
+/// WAL chunk size: a WAL grows by what the workload wrote since the previous checkpoint
+/// (hundreds of KiB to MiBs per backend), and a checkpoint stores at most one partial chunk
+/// more than that.
+pub const WAL_CHUNK_SIZE: u32 = 64 * 1024;
+
+/// How a file is stored: as chunks of this size (an append-only file), or whole (`None`).
+pub fn chunk_size_for(name: &str, size: u64) -> Option<u32> {
+    if wal_number(name).is_some() {
+        Some(WAL_CHUNK_SIZE)
+    } else if name.starts_with("MANIFEST-") && size <= MAX_CHUNKED_MANIFEST {
+        Some(MANIFEST_CHUNK_SIZE)
+    } else {
+        None
+    }
+}
+
+/// The number of a write-ahead log file (`000123.log`).
+pub fn wal_number(name: &str) -> Option<u64> {
+    let stem = name.strip_suffix(".log")?;
+    if stem.is_empty() || !stem.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    stem.parse().ok()
 }
 
 pub struct Backend {
@@ -147,6 +228,10 @@ impl Backend {
         // RocksDB would create its directory under the process umask.
         crate::fsutil::create_private_dir_all(&db_dir)?;
         let db = DB::open(&opts.rocksdb_options(create)?, &db_dir)?;
+        if opts.checkpoint_mode == CheckpointMode::Flush {
+            // What `wal` mode archived for checkpoints to come (in an earlier run).
+            prune_wals_in(&db_dir.join("archive"), u64::MAX)?;
+        }
         let lineage = match fs::read_to_string(dir.join("lineage")) {
             Ok(text) if !create && !text.trim().is_empty() => text.trim().to_string(),
             _ => {
@@ -302,26 +387,113 @@ impl Backend {
             .collect())
     }
 
-    /// The synchronous phase: RocksDB's native checkpoint (flush, then hard links) into
-    /// `staging`, which must not exist yet but whose parent must.
-    pub fn checkpoint_into(&self, staging: &Path) -> Result<Vec<StagedFile>> {
-        rocksdb::checkpoint::Checkpoint::new(&self.db)?.create_checkpoint(staging)?;
-        let mut files = Vec::new();
-        for entry in fs::read_dir(staging).ctx("list", staging)? {
-            let entry = entry.ctx("list", staging)?;
-            let meta = entry.metadata().ctx("stat", &entry.path())?;
-            if !meta.is_file() {
-                continue;
+    /// The synchronous phase: RocksDB's native checkpoint into `staging`, which must not
+    /// exist yet but whose parent must. It flushes the memtables first when the live WAL
+    /// files add up to `flush_at_wal_bytes` or more (0: always; `u64::MAX`: never), then
+    /// hard-links the SSTs and the closed WAL files and copies the open one, cut at a
+    /// record boundary.
+    pub fn checkpoint_into(
+        &self,
+        staging: &Path,
+        flush_at_wal_bytes: u64,
+    ) -> Result<Vec<StagedFile>> {
+        rocksdb::checkpoint::Checkpoint::new(&self.db)?
+            .create_checkpoint_with_log_size(staging, flush_at_wal_bytes)?;
+        list_files(staging)
+    }
+
+    /// Hard-link into `staging` the WAL files numbered from `from` up to (not including)
+    /// `below` that RocksDB no longer needs itself (still in the database directory, or
+    /// moved to its archive): closed, complete files. Returns what was linked.
+    pub fn link_old_wals(&self, staging: &Path, from: u64, below: u64) -> Result<Vec<StagedFile>> {
+        let db_dir = Self::db_dir(&self.dir);
+        let archive = db_dir.join("archive");
+        let mut names = std::collections::BTreeSet::new();
+        for dir in [&db_dir, &archive] {
+            let entries = match fs::read_dir(dir) {
+                Ok(entries) => entries,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(Error::io(format!("list {}", dir.display()), e)),
+            };
+            for entry in entries {
+                let name = entry
+                    .ctx("list", dir)?
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned();
+                if wal_number(&name).is_some_and(|n| n >= from && n < below) {
+                    names.insert(name);
+                }
             }
-            files.push(StagedFile {
-                name: entry.file_name().to_string_lossy().into_owned(),
-                path: entry.path(),
-                size: meta.len(),
+        }
+        let mut linked = Vec::new();
+        for name in names {
+            let dest = staging.join(&name);
+            // RocksDB may move it into the archive meanwhile (a rename): look there second.
+            let source = [db_dir.join(&name), archive.join(&name)]
+                .into_iter()
+                .find(|source| fs::hard_link(source, &dest).is_ok())
+                .ok_or_else(|| {
+                    Error::NotFound(format!("WAL file {name} vanished while it was linked"))
+                })?;
+            let size = fs::metadata(&dest).ctx("stat", &dest)?.len();
+            log::debug!("linked {} for a checkpoint", source.display());
+            linked.push(StagedFile {
+                name,
+                path: dest,
+                size,
             });
         }
-        files.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(files)
+        Ok(linked)
     }
+
+    /// Delete the archived WAL files numbered below `below` (no checkpoint to come needs
+    /// them). Returns how many were deleted.
+    pub fn prune_archived_wals(&self, below: u64) -> Result<usize> {
+        let archive = Self::db_dir(&self.dir).join("archive");
+        prune_wals_in(&archive, below)
+    }
+}
+
+/// Delete the WAL files numbered below `below` in `dir` (a RocksDB WAL archive).
+pub fn prune_wals_in(dir: &Path, below: u64) -> Result<usize> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(Error::io(format!("list {}", dir.display()), e)),
+    };
+    let mut deleted = 0;
+    for entry in entries {
+        let entry = entry.ctx("list", dir)?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if wal_number(&name).is_some_and(|n| n < below) {
+            match fs::remove_file(entry.path()) {
+                Ok(()) => deleted += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(format!("remove {}", entry.path().display()), e)),
+            }
+        }
+    }
+    Ok(deleted)
+}
+
+/// The regular files of a staging directory, sorted by name.
+fn list_files(staging: &Path) -> Result<Vec<StagedFile>> {
+    let mut files = Vec::new();
+    for entry in fs::read_dir(staging).ctx("list", staging)? {
+        let entry = entry.ctx("list", staging)?;
+        let meta = entry.metadata().ctx("stat", &entry.path())?;
+        if !meta.is_file() {
+            continue;
+        }
+        files.push(StagedFile {
+            name: entry.file_name().to_string_lossy().into_owned(),
+            path: entry.path(),
+            size: meta.len(),
+        });
+    }
+    files.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(files)
 }
 
 fn collect(db: &DB) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {

@@ -24,7 +24,7 @@ pub mod restore;
 pub mod store;
 pub mod workload;
 
-pub use backend::{BackendOptions, WriteOp};
-pub use coordinator::{Engine, EngineConfig, PendingCheckpoint};
+pub use backend::{BackendOptions, CheckpointMode, WriteOp};
+pub use coordinator::{Engine, EngineConfig, MaterializePolicy, PendingCheckpoint};
 pub use error::{Error, Result};
 pub use names::BackendName;

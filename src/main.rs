@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use ckptfs::backend::{scan_dir, BackendOptions, DEFAULT_FORMAT_VERSION};
+use ckptfs::backend::{scan_dir, BackendOptions, CheckpointMode, DEFAULT_FORMAT_VERSION};
 use ckptfs::error::Error;
 use ckptfs::names::BackendName;
 use ckptfs::{fsck, percent, restore, workload, Engine, EngineConfig};
@@ -73,6 +73,20 @@ enum Command {
         /// SST format_version the backends write.
         #[arg(long, default_value_t = DEFAULT_FORMAT_VERSION)]
         format_version: i32,
+        /// flush: a checkpoint flushes the memtables and stores the new SSTs. wal: no
+        /// flush; a checkpoint stores the write-ahead log written since the backend's last
+        /// materialization (chunks: about what was written), on top of that
+        /// materialization's SSTs.
+        #[arg(long, default_value_t = CheckpointMode::Flush)]
+        checkpoint_mode: CheckpointMode,
+        /// wal mode: a checkpoint materializes (adopts the current SSTs, storing the new
+        /// ones) at least this often, e.g. 5m.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
+        materialize_interval: std::time::Duration,
+        /// wal mode: a checkpoint materializes once a backend's WAL since the last
+        /// materialization reached this many MiB (what opening a checkpoint replays).
+        #[arg(long, default_value_t = 64)]
+        materialize_wal_mib: u64,
     },
     /// Unmount MOUNTPOINT and wait until its daemon has stopped.
     Umount {
@@ -208,6 +222,9 @@ enum Command {
         /// Further RocksDB options for the backends (name=value;name=value).
         #[arg(long)]
         rocksdb_options: Option<String>,
+        /// flush or wal (see mount).
+        #[arg(long, default_value_t = CheckpointMode::Flush)]
+        checkpoint_mode: CheckpointMode,
     },
 }
 
@@ -274,10 +291,14 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             no_verify,
             rocksdb_options,
             format_version,
+            checkpoint_mode,
+            materialize_interval,
+            materialize_wal_mib,
         } => {
             let backend_options = BackendOptions {
                 format_version,
                 rocksdb_options,
+                checkpoint_mode,
                 ..BackendOptions::default()
             };
             // Refuse bad options before anything is created or started.
@@ -303,6 +324,10 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             engine.max_concurrent = max_concurrent;
             engine.restore_from = restore;
             engine.backend_options = backend_options;
+            engine.materialize = ckptfs::MaterializePolicy {
+                interval: materialize_interval,
+                wal_bytes: materialize_wal_mib.saturating_mul(1 << 20),
+            };
             let config = ckptfs::daemon::MountConfig {
                 engine,
                 mountpoint,
@@ -458,6 +483,7 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             restore_every,
             format_version,
             rocksdb_options,
+            checkpoint_mode,
         } => {
             let mut config = EngineConfig::new(store);
             config.state = state;
@@ -470,6 +496,7 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             config.backend_options = BackendOptions {
                 format_version,
                 rocksdb_options,
+                checkpoint_mode,
                 ..BackendOptions::default()
             };
             let engine = Engine::open(config)?;

@@ -271,9 +271,16 @@ fn identical_files_are_stored_once_and_the_store_holds_only_referenced_objects()
         .flat_map(|b| b.lists.iter().copied())
         .collect();
     assert_eq!(cp.backends.iter().map(|b| b.lists.len()).sum::<usize>(), 3);
+    // Files are stored whole or, append-only ones (the MANIFEST, the WAL), as chunks.
+    let stored: std::collections::BTreeSet<_> = cp
+        .backends
+        .iter()
+        .flat_map(|b| b.files.iter())
+        .flat_map(|f| f.stored().map(|(id, _)| id))
+        .collect();
     assert_eq!(
         engine.object_store().list().unwrap().len(),
-        by_content.len() + lists.len()
+        stored.len() + lists.len()
     );
     assert_eq!(
         cp.stats.files_total as usize,
@@ -708,7 +715,7 @@ fn manifests_share_file_lists_and_store_what_changed() {
 /// deleted like any object.
 #[test]
 fn append_only_files_store_what_was_appended() {
-    use ckptfs::store::chunks::CHUNK_SIZE;
+    use ckptfs::backend::MANIFEST_CHUNK_SIZE as CHUNK_SIZE;
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     let mut cfg = config(&store, &["A/0"]);

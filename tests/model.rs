@@ -6,7 +6,7 @@ mod common;
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 
-use ckptfs::{BackendName, Engine, PendingCheckpoint};
+use ckptfs::{BackendName, CheckpointMode, Engine, PendingCheckpoint};
 use common::*;
 use proptest::prelude::*;
 
@@ -75,15 +75,19 @@ impl Model {
 
 struct Harness {
     store: std::path::PathBuf,
+    mode: CheckpointMode,
     engine: Option<Engine>,
     pending: VecDeque<(PendingCheckpoint, State)>,
     model: Model,
 }
 
 impl Harness {
-    fn open(store: &Path) -> Engine {
+    fn open(store: &Path, mode: CheckpointMode) -> Engine {
         let mut cfg = config(store, &BACKENDS);
         cfg.max_concurrent = 2;
+        cfg.backend_options.checkpoint_mode = mode;
+        // wal mode: a materialization every few bulk writes, checkpoints on top between.
+        cfg.materialize.wal_bytes = 200 * 1024;
         Engine::open(cfg).unwrap()
     }
 
@@ -198,12 +202,12 @@ impl Harness {
                     p.simulate_crash(0);
                 }
                 self.engine = None;
-                self.engine = Some(Self::open(&self.store));
+                self.engine = Some(Self::open(&self.store, self.mode));
             }
             Op::Restart => {
                 self.pending.clear();
                 self.engine = None;
-                self.engine = Some(Self::open(&self.store));
+                self.engine = Some(Self::open(&self.store, self.mode));
             }
         }
     }
@@ -241,20 +245,35 @@ proptest! {
 
     #[test]
     fn engine_matches_the_model(ops in proptest::collection::vec(op(), 1..40)) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = dir.path().join("store");
-        let engine = Harness::open(&store);
-        let current = BACKENDS.iter().map(|b| (name(b), Kv::new())).collect();
-        let mut h = Harness {
-            store,
-            engine: Some(engine),
-            pending: VecDeque::new(),
-            model: Model { current, retained: BTreeMap::new(), retain: 3 },
-        };
-        for op in &ops {
-            h.apply(op);
-            h.check();
-        }
-        h.pending.clear();
+        run(CheckpointMode::Flush, &ops);
     }
+
+    /// The same in `wal` mode: checkpoints without a flush, WAL chunks, materializations.
+    #[test]
+    fn engine_matches_the_model_in_wal_mode(ops in proptest::collection::vec(op(), 1..40)) {
+        run(CheckpointMode::Wal, &ops);
+    }
+}
+
+fn run(mode: CheckpointMode, ops: &[Op]) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let engine = Harness::open(&store, mode);
+    let current = BACKENDS.iter().map(|b| (name(b), Kv::new())).collect();
+    let mut h = Harness {
+        store,
+        mode,
+        engine: Some(engine),
+        pending: VecDeque::new(),
+        model: Model {
+            current,
+            retained: BTreeMap::new(),
+            retain: 3,
+        },
+    };
+    for op in ops {
+        h.apply(op);
+        h.check();
+    }
+    h.pending.clear();
 }

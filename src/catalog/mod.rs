@@ -128,13 +128,15 @@ impl FileEntry {
         match &self.chunks {
             None => store.copy_verified(&self.object, self.size, dest),
             Some(chunks) => {
-                use std::io::Write;
-                let bytes = chunks.read(store, &self.object, self.size)?;
-                let mut out = crate::fsutil::create_new_private()
+                let file = crate::fsutil::create_new_private()
                     .open(dest)
                     .ctx("create", dest)?;
-                out.write_all(&bytes).ctx("write", dest)?;
-                out.sync_all().ctx("fsync", dest)
+                let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+                chunks.copy_to(store, &self.object, self.size, &mut out)?;
+                let file = out
+                    .into_inner()
+                    .map_err(|e| Error::io(format!("write {}", dest.display()), e.into_error()))?;
+                file.sync_all().ctx("fsync", dest)
             }
         }
     }
@@ -187,6 +189,15 @@ pub struct CheckpointStats {
     /// zero so that older manifests keep their checksums).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub bytes_uploaded_append_only: u64,
+    /// Bytes of WAL files the checkpoint names (`wal` mode; the open WAL in `flush` mode).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes_wal: u64,
+    /// Bytes of WAL files stored as new chunks.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes_uploaded_wal: u64,
+    /// Backends whose SST set this checkpoint adopted (`wal` mode: materializations).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub backends_materialized: u64,
     pub sync_micros: u64,
     pub async_micros: u64,
 }

@@ -9,18 +9,19 @@ use crate::catalog::{lists, FileList};
 use std::time::Instant;
 
 use super::{base_of, Base, Engine};
-use crate::backend::{is_append_only, is_shared_file, StagedFile};
+use crate::backend::{chunk_size_for, is_shared_file, wal_number, StagedFile};
 use crate::catalog::{BackendSnapshot, CheckpointStats, FileEntry, Manifest, FORMAT};
 use crate::error::IoContext;
 use crate::error::{Error, Result};
 use crate::fsutil::{create_private_dir_all, now_unix_ms, remove_tree};
 use crate::names::BackendName;
-use crate::store::chunks::{Chunks, CHUNK_SIZE, MAX_CHUNKED_FILE};
+use crate::store::chunks::Chunks;
 use crate::store::{hash_file, ObjectId};
 
 impl Engine {
-    /// The synchronous phase: allocate an id, then flush and hard-link every backend's live
-    /// files into staging. Writers may continue as soon as this returns.
+    /// The synchronous phase: allocate an id, then stage every backend's files (RocksDB's
+    /// native checkpoint: hard links, a flush in `flush` mode; see [`super::materialize`]).
+    /// Writers may continue as soon as this returns.
     pub fn begin_checkpoint(&self) -> Result<PendingCheckpoint> {
         let started_unix_ms = now_unix_ms();
         let (id, bases) = {
@@ -47,19 +48,20 @@ impl Engine {
         let clock = Instant::now();
         let staging = self.inner.state_dir.join("staging").join(id.to_string());
         let mut parts = Vec::new();
+        let mut pins = Vec::new();
         let sync = (|| -> Result<()> {
             for name in self.inner.backends.keys() {
                 let dir = staging.join(name.rel_path());
                 let parent = dir.parent().expect("backend paths have a parent");
                 create_private_dir_all(parent)?;
-                let (lineage, files) = self.with_backend(name, |b| {
-                    Ok((b.lineage().to_string(), b.checkpoint_into(&dir)?))
-                })?;
+                let staged = self.stage_backend(name, &dir, clock, &mut pins)?;
                 let base = bases.get(name).cloned();
                 parts.push(PendingBackend {
                     name: name.clone(),
-                    lineage,
-                    files,
+                    lineage: staged.lineage,
+                    files: staged.files,
+                    kept: staged.kept,
+                    materializes: staged.materializes,
                     base,
                 });
             }
@@ -70,9 +72,10 @@ impl Engine {
             id,
             parts,
             staging,
+            started: clock,
             started_unix_ms,
             sync_micros: clock.elapsed().as_micros() as u64,
-            pins: Vec::new(),
+            pins,
             finished: false,
             keep_objects: false,
         };
@@ -86,39 +89,58 @@ impl Engine {
     }
 }
 
-struct PendingBackend {
-    name: BackendName,
-    lineage: String,
-    files: Vec<StagedFile>,
+pub(super) struct PendingBackend {
+    pub name: BackendName,
+    pub lineage: String,
+    pub files: Vec<StagedFile>,
+    /// Named as they are from the materialization this checkpoint builds on (pinned).
+    pub kept: Vec<Arc<FileEntry>>,
+    pub materializes: Option<u64>,
     base: Option<Base>,
 }
 
-/// Store an append-only file as chunks: the chunks the store holds already (all but the
-/// last of a file that only grew since the previous checkpoint) are re-referenced, the
-/// others stored. Pinned like files.
+/// Store an append-only file as chunks of `chunk_size`: the chunks the store holds already
+/// (all but the last of a file that only grew since the previous checkpoint) are
+/// re-referenced, the others stored. Pinned like files. Reads one chunk at a time.
+#[allow(clippy::too_many_arguments)]
 fn store_chunked(
     engine: &Engine,
     pins: &mut Vec<ObjectId>,
     part: &PendingBackend,
     file: &StagedFile,
+    chunk_size: u32,
     stats: &mut CheckpointStats,
     upload_budget: &mut usize,
 ) -> Result<Arc<FileEntry>> {
+    use std::io::Read;
     let store = &engine.inner.store;
-    let bytes = std::fs::read(&file.path).ctx("read", &file.path)?;
-    if bytes.len() as u64 != file.size {
-        return Err(Error::Corrupt(format!(
-            "{} changed while it was being checkpointed",
-            file.path.display()
-        )));
-    }
-    let (chunks, pieces) = Chunks::split(&bytes, CHUNK_SIZE);
-    for (id, piece) in chunks.ids.iter().zip(&pieces) {
+    let wal = wal_number(&file.name).is_some();
+    let mut input = std::fs::File::open(&file.path).ctx("open", &file.path)?;
+    let mut whole = blake3::Hasher::new();
+    let mut ids = Vec::with_capacity(file.size.div_ceil(chunk_size as u64) as usize);
+    let mut piece = vec![0u8; chunk_size as usize];
+    let mut total = 0u64;
+    loop {
+        let mut len = 0;
+        while len < piece.len() {
+            match input.read(&mut piece[len..]).ctx("read", &file.path)? {
+                0 => break,
+                n => len += n,
+            }
+        }
+        if len == 0 {
+            break;
+        }
+        let piece = &piece[..len];
+        total += len as u64;
+        whole.update(piece);
+        let id = ObjectId::from_hash(blake3::hash(piece));
+        ids.push(id);
         {
             let mut st = engine.state();
-            if st.can_share(id) {
-                st.registry.pin(*id);
-                pins.push(*id);
+            if st.can_share(&id) {
+                st.registry.pin(id);
+                pins.push(id);
                 continue;
             }
         }
@@ -128,22 +150,35 @@ fn store_chunked(
         *upload_budget -= 1;
         let staged = store.stage_bytes(piece)?;
         let mut st = engine.state();
-        if st.can_share(id) {
+        if st.can_share(&id) {
             store.discard(staged);
         } else {
             store.publish(staged)?;
-            stats.bytes_uploaded += piece.len() as u64;
-            stats.bytes_uploaded_append_only += piece.len() as u64;
-            st.missing.remove(id);
+            stats.bytes_uploaded += len as u64;
+            if wal {
+                stats.bytes_uploaded_wal += len as u64;
+            } else {
+                stats.bytes_uploaded_append_only += len as u64;
+            }
+            st.missing.remove(&id);
         }
-        st.registry.pin(*id);
-        pins.push(*id);
+        st.registry.pin(id);
+        pins.push(id);
+    }
+    if total != file.size {
+        return Err(Error::Corrupt(format!(
+            "{} changed while it was being checkpointed",
+            file.path.display()
+        )));
     }
     Ok(part.entry_stored_as(FileEntry {
         name: file.name.clone(),
-        object: ObjectId::from_hash(blake3::hash(&bytes)),
-        size: bytes.len() as u64,
-        chunks: Some(chunks),
+        object: ObjectId::from_hash(whole.finalize()),
+        size: total,
+        chunks: Some(Chunks {
+            size: chunk_size,
+            ids,
+        }),
     }))
 }
 
@@ -226,6 +261,7 @@ pub struct PendingCheckpoint {
     id: u64,
     parts: Vec<PendingBackend>,
     staging: PathBuf,
+    started: Instant,
     started_unix_ms: u64,
     sync_micros: u64,
     pins: Vec<ObjectId>,
@@ -298,10 +334,22 @@ impl PendingCheckpoint {
         let mut stats = CheckpointStats::default();
         let mut snapshots = Vec::new();
         for part in &self.parts {
-            let mut entries = Vec::with_capacity(part.files.len());
+            let mut entries = Vec::with_capacity(part.files.len() + part.kept.len());
+            for kept in &part.kept {
+                stats.files_total += 1;
+                stats.files_reused += 1;
+                stats.bytes_total += kept.size;
+                entries.push(kept.clone());
+            }
+            if part.materializes.is_some() {
+                stats.backends_materialized += 1;
+            }
             for file in part.files.iter() {
                 stats.files_total += 1;
                 stats.bytes_total += file.size;
+                if wal_number(&file.name).is_some() {
+                    stats.bytes_wal += file.size;
+                }
                 let shared = is_shared_file(&file.name);
                 // Re-reference by name only within the lineage of a confirmed checkpoint,
                 // and only while the object is still alive.
@@ -322,12 +370,13 @@ impl PendingCheckpoint {
                     }
                 }
                 stats.files_new += 1;
-                if is_append_only(&file.name) && file.size <= MAX_CHUNKED_FILE {
+                if let Some(chunk_size) = chunk_size_for(&file.name, file.size) {
                     let entry = store_chunked(
                         &self.engine,
                         &mut self.pins,
                         part,
                         file,
+                        chunk_size,
                         &mut stats,
                         &mut upload_budget,
                     )?;
@@ -427,6 +476,14 @@ impl PendingCheckpoint {
         engine.delete_objects(&st, &garbage);
         st.in_flight.remove(&id);
         inner.slot_freed.notify_all();
+        let mut prune = Vec::new();
+        for (part, snapshot) in self.parts.iter().zip(&manifest.backends) {
+            if let Some(below) =
+                Engine::note_materialization(&mut st, id, self.started, part, snapshot)
+            {
+                prune.push((part.name.clone(), below));
+            }
+        }
         for snapshot in &manifest.backends {
             let current = st.lineages.get(&snapshot.name) == Some(&snapshot.lineage);
             let newer = st
@@ -448,6 +505,7 @@ impl PendingCheckpoint {
         );
         let retention = engine.apply_retention(&mut st);
         drop(st);
+        engine.prune_wal_archives(&prune);
         self.finished = true;
         if let Err(e) = remove_tree(&self.staging) {
             log::warn!("could not remove staging of checkpoint {id}: {e}");

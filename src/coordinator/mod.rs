@@ -13,6 +13,7 @@
 //! what the parts share (retention, drops, deleting garbage).
 
 mod checkpoint;
+mod materialize;
 mod open;
 mod restore;
 
@@ -29,6 +30,7 @@ use crate::registry::Registry;
 use crate::store::{ObjectId, ObjectStore};
 
 pub use checkpoint::PendingCheckpoint;
+pub use materialize::MaterializePolicy;
 pub use open::ensure_store_dir;
 pub use restore::materialize;
 
@@ -45,6 +47,8 @@ pub struct EngineConfig {
     pub backend_options: BackendOptions,
     /// Start every backend of this checkpoint from it, discarding the local state.
     pub restore_from: Option<u64>,
+    /// When `wal` mode checkpoints materialize.
+    pub materialize: MaterializePolicy,
 }
 
 impl EngineConfig {
@@ -57,6 +61,7 @@ impl EngineConfig {
             max_concurrent: 1,
             backend_options: BackendOptions::default(),
             restore_from: None,
+            materialize: MaterializePolicy::default(),
         }
     }
 }
@@ -88,6 +93,10 @@ struct State {
     /// Referenced objects found missing at start: never shared, stored again when a
     /// checkpoint has their bytes (which repairs them).
     missing: BTreeSet<ObjectId>,
+    /// `wal` mode: the newest confirmed materialization of each backend.
+    materializations: HashMap<BackendName, materialize::Materialization>,
+    /// `wal` mode: archived WAL files numbered below this may be gone.
+    wal_pruned_below: HashMap<BackendName, u64>,
 }
 
 impl State {
@@ -103,6 +112,7 @@ struct Inner {
     store: Arc<dyn ObjectStore>,
     catalog: Catalog,
     backend_options: BackendOptions,
+    materialize: MaterializePolicy,
     max_concurrent: usize,
     backends: BTreeMap<BackendName, RwLock<Option<Backend>>>,
     state: Mutex<State>,

@@ -319,6 +319,7 @@ impl Engine {
                 store,
                 catalog,
                 backend_options: config.backend_options.clone(),
+                materialize: config.materialize,
                 max_concurrent: config.max_concurrent.max(1),
                 backends,
                 state: Mutex::new(State {
@@ -333,6 +334,8 @@ impl Engine {
                     small_file_compactions: (0, 0),
                     kept: BTreeSet::new(),
                     missing: missing.into_iter().collect(),
+                    materializations: HashMap::new(),
+                    wal_pruned_below: HashMap::new(),
                 }),
                 slot_freed: Condvar::new(),
                 deletes_frozen,

@@ -27,6 +27,7 @@ use serde_json::json;
 use crate::catalog::history::object_histories;
 use crate::control::{self, Controller};
 use crate::error::{Error, Result};
+use crate::store::chunks::{Chunks, MAX_ASSEMBLED};
 use crate::store::ObjectId;
 use tree::{CheckpointTree, NodeKind, TreeCache};
 
@@ -100,6 +101,8 @@ pub enum Opened {
 enum Handle {
     Object(Arc<File>),
     Snapshot(Vec<u8>),
+    /// A large file stored as chunks (a WAL): each read fetches the chunks it spans.
+    Chunked(Arc<(Chunks, u64)>),
     Control(Arc<ControlStream>),
     /// An open directory: its entries (with `.` and `..`) as of `opendir`, so that every
     /// page of a listing comes from one picture, whatever is dropped meanwhile; and the
@@ -629,8 +632,19 @@ impl CkptFs {
                     return Err(Error::ReadOnly(format!("cp-{cp} is a checkpoint")));
                 }
                 if let Some(chunks) = chunks {
-                    // An append-only file stored as chunks (a MANIFEST: small): assembled
-                    // and verified whole, then served from memory.
+                    if *size > MAX_ASSEMBLED {
+                        // A large append-only file (a WAL): every read verifies the chunks
+                        // it spans against their ids.
+                        if let Err(e) = chunks.validate(*size) {
+                            return Err(self.cannot_serve(cp, &tree, index, object, e));
+                        }
+                        return Ok(Opened::Stream {
+                            fh: self.new_handle(Handle::Chunked(Arc::new((chunks.clone(), *size)))),
+                            seekable: true,
+                        });
+                    }
+                    // An append-only file stored as chunks (a MANIFEST, a small WAL):
+                    // assembled and verified whole, then served from memory.
                     let store = self.controller.engine().object_store();
                     return match chunks.read(store, object, *size) {
                         Ok(bytes) => Ok(Opened::Stream {
@@ -705,6 +719,7 @@ impl CkptFs {
                 Ok(HandleRef::Bytes(bytes[start..end].to_vec()))
             }
             Some(Handle::Control(stream)) => Ok(HandleRef::Control(stream.clone())),
+            Some(Handle::Chunked(file)) => Ok(HandleRef::Chunked(file.clone())),
             Some(Handle::Dir(..)) => Err(Error::io(
                 "read",
                 std::io::Error::from_raw_os_error(libc::EISDIR),
@@ -717,6 +732,16 @@ impl CkptFs {
         match handle {
             Err(e) => reply(Err(e)),
             Ok(HandleRef::Bytes(b)) => reply(Ok(b)),
+            Ok(HandleRef::Chunked(file)) => {
+                let (chunks, file_size) = &*file;
+                let store = self.controller.engine().object_store();
+                let result = chunks.read_range(store, *file_size, offset, size as u64);
+                if let Err(e) = &result {
+                    log::error!("cannot read a chunked file: {e}");
+                    self.controller.engine().record_error(format!("read: {e}"));
+                }
+                reply(result);
+            }
             Ok(HandleRef::Object(file)) => {
                 let mut buf = vec![0u8; size as usize];
                 let mut filled = 0;
@@ -1088,6 +1113,7 @@ impl CkptFs {
 enum HandleRef {
     Object(Arc<File>),
     Bytes(Vec<u8>),
+    Chunked(Arc<(Chunks, u64)>),
     Control(Arc<ControlStream>),
 }
 

@@ -1,6 +1,6 @@
 //! Files stored as a list of chunk objects.
 //!
-//! An append-only file (RocksDB's MANIFEST; its WAL later) only grows between checkpoints:
+//! An append-only file (RocksDB's MANIFEST and write-ahead log) only grows between checkpoints:
 //! cut into fixed-size chunks aligned to the file's start, every chunk but the last is
 //! unchanged from the previous checkpoint and already stored, so a checkpoint stores the
 //! bytes appended since the previous one plus at most one partial chunk, and re-references
@@ -11,16 +11,9 @@ use serde::{Deserialize, Serialize};
 use super::{ObjectId, ObjectStore};
 use crate::error::{Error, Result};
 
-/// The chunk size ckptfs writes. A MANIFEST is tens of KiB and grows by a few hundred bytes
-/// per checkpoint; chosen by `scripts/bench-scale` (4 backends, 300 time-ordered
-/// checkpoints): store growth per checkpoint (uploads + manifest and lists) 26.8 KiB with
-/// 4 KiB chunks, 26.0 with 2 KiB (3% more objects), 40-61 with 16 KiB.
-pub const CHUNK_SIZE: u32 = 4 * 1024;
-/// Files larger than this are stored whole (a chunked file is assembled in memory when the
-/// mount serves it; ckptfs's defaults keep a MANIFEST near 64 KiB).
-pub const MAX_CHUNKED_FILE: u64 = 4 << 20;
-/// The largest chunked file accepted from a manifest (served from memory).
-const MAX_CHUNKED_READ: u64 = 64 << 20;
+/// Chunked files up to this size are assembled and verified whole when they are read
+/// (the mount then serves them from memory); larger ones are read chunk by chunk.
+pub const MAX_ASSEMBLED: u64 = 4 << 20;
 /// The largest chunk size accepted from a manifest.
 const MAX_CHUNK_SIZE: u32 = 64 << 20;
 
@@ -62,7 +55,7 @@ impl Chunks {
             return Err(Error::Invalid(format!("chunk size {}", self.size)));
         }
         let expected = file_size.div_ceil(self.size as u64);
-        if self.ids.len() as u64 != expected || file_size > MAX_CHUNKED_READ {
+        if self.ids.len() as u64 != expected {
             return Err(Error::Invalid(format!(
                 "{} chunks of {} bytes for a file of {file_size} bytes",
                 self.ids.len(),
@@ -75,24 +68,81 @@ impl Chunks {
     /// The whole file, read from its chunks, each verified, and the whole checked against
     /// the file's own hash and size.
     pub fn read(&self, store: &dyn ObjectStore, object: &ObjectId, size: u64) -> Result<Vec<u8>> {
+        let mut bytes = Vec::with_capacity(size.min(MAX_ASSEMBLED) as usize);
+        self.copy_to(store, object, size, &mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// Write the whole file to `out` chunk by chunk (one chunk in memory at a time), each
+    /// verified, and the whole checked against the file's own hash at the end: a caller
+    /// must not use what was written when this fails.
+    pub fn copy_to(
+        &self,
+        store: &dyn ObjectStore,
+        object: &ObjectId,
+        size: u64,
+        out: &mut dyn std::io::Write,
+    ) -> Result<()> {
         self.validate(size)?;
-        let mut bytes = Vec::with_capacity(size as usize);
-        for (id, len) in self.with_lengths(size) {
-            let chunk = store.read_verified(&id, len)?;
-            if chunk.len() as u64 != len {
-                return Err(Error::Corrupt(format!(
-                    "chunk {id} has {} bytes, expected {len}",
-                    chunk.len()
-                )));
-            }
-            bytes.extend_from_slice(&chunk);
+        let mut whole = blake3::Hasher::new();
+        for index in 0..self.ids.len() {
+            let chunk = self.read_chunk(store, index, size)?;
+            whole.update(&chunk);
+            out.write_all(&chunk)
+                .map_err(|e| Error::io("write an assembled file", e))?;
         }
-        if ObjectId::from_hash(blake3::hash(&bytes)) != *object {
+        if ObjectId::from_hash(whole.finalize()) != *object {
             return Err(Error::Corrupt(format!(
                 "the chunks of {object} do not add up to its content"
             )));
         }
-        Ok(bytes)
+        Ok(())
+    }
+
+    /// Chunk `index` of a file of `file_size` bytes, verified against its id.
+    pub fn read_chunk(
+        &self,
+        store: &dyn ObjectStore,
+        index: usize,
+        file_size: u64,
+    ) -> Result<Vec<u8>> {
+        let id = self
+            .ids
+            .get(index)
+            .ok_or_else(|| Error::Invalid(format!("chunk {index} of {}", self.ids.len())))?;
+        let len = self.len_of(index, file_size);
+        let chunk = store.read_verified(id, len)?;
+        if chunk.len() as u64 != len {
+            return Err(Error::Corrupt(format!(
+                "chunk {id} has {} bytes, expected {len}",
+                chunk.len()
+            )));
+        }
+        Ok(chunk)
+    }
+
+    /// Bytes `offset..offset + len` of a file of `file_size` bytes, read from the chunks
+    /// that hold them (each verified against its id).
+    pub fn read_range(
+        &self,
+        store: &dyn ObjectStore,
+        file_size: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>> {
+        let end = offset.saturating_add(len).min(file_size);
+        let mut out = Vec::with_capacity(end.saturating_sub(offset) as usize);
+        let mut pos = offset;
+        while pos < end {
+            let index = (pos / self.size as u64) as usize;
+            let start = index as u64 * self.size as u64;
+            let chunk = self.read_chunk(store, index, file_size)?;
+            let from = (pos - start) as usize;
+            let to = ((end - start) as usize).min(chunk.len());
+            out.extend_from_slice(&chunk[from..to]);
+            pos = start + to as u64;
+        }
+        Ok(out)
     }
 }
 
@@ -116,6 +166,38 @@ mod tests {
         assert_eq!(after.len_of(2, file.len() as u64), 40_300 - 2 * 16_384);
         after.validate(file.len() as u64).unwrap();
         assert!(after.validate(file.len() as u64 + 20_000).is_err());
+    }
+
+    /// Range reads cross chunk boundaries and stop at the end of the file.
+    #[test]
+    fn ranges_are_read_from_the_chunks_that_hold_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = super::super::LocalStore::open(dir.path()).unwrap();
+        let file: Vec<u8> = (0..10_000u32).map(|i| (i % 241) as u8).collect();
+        let (chunks, pieces) = Chunks::split(&file, 1024);
+        for piece in &pieces {
+            store.publish(store.stage_bytes(piece).unwrap()).unwrap();
+        }
+        let size = file.len() as u64;
+        for (offset, len) in [
+            (0, 10),
+            (1000, 100),
+            (1023, 1),
+            (1024, 3000),
+            (9990, 100),
+            (10_000, 5),
+            (0, 20_000),
+        ] {
+            let end = (offset + len).min(file.len());
+            let start = offset.min(end);
+            assert_eq!(
+                chunks
+                    .read_range(&store, size, offset as u64, len as u64)
+                    .unwrap(),
+                file[start..end],
+                "offset {offset} len {len}"
+            );
+        }
     }
 
     #[test]

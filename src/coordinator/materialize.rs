@@ -1,0 +1,261 @@
+//! The synchronous phase of one backend, and `wal` mode's materializations.
+//!
+//! In `flush` mode a checkpoint flushes the memtables and stores the SSTs that are new: its
+//! upload follows what flushes and compactions rewrote. In `wal` mode it does not flush: it
+//! names the SSTs, MANIFEST, CURRENT and OPTIONS of the backend's last *materialization*
+//! (a checkpoint that adopted the SST set RocksDB had then) plus every WAL file written since,
+//! which stock RocksDB replays when it opens the directory. WAL files only grow and are
+//! stored as chunks, so a checkpoint uploads about what the workload wrote since the
+//! previous one; SSTs that compaction creates and deletes between two materializations are
+//! never uploaded. A materialization happens at the first checkpoint of a lineage (after a
+//! start or a restore), once `interval` has passed since the last one, or once the WAL
+//! since it reaches `wal_bytes` (which bounds what opening a checkpoint replays).
+//!
+//! WAL files RocksDB no longer needs itself are kept in its archive (`db/archive/`) until a
+//! newer materialization is confirmed; a checkpoint hard-links the ones it needs during its
+//! synchronous phase, so pruning the archive never takes a file from under it.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::checkpoint::PendingBackend;
+use super::Engine;
+use crate::backend::{wal_number, CheckpointMode, StagedFile};
+use crate::catalog::{BackendSnapshot, FileEntry};
+use crate::error::Result;
+use crate::names::BackendName;
+use crate::store::ObjectId;
+
+/// When a `wal` mode checkpoint materializes.
+#[derive(Debug, Clone, Copy)]
+pub struct MaterializePolicy {
+    /// At the first checkpoint this long after the previous materialization.
+    pub interval: Duration,
+    /// At the first checkpoint after one whose WAL (since the materialization) reached this
+    /// many bytes in a backend.
+    pub wal_bytes: u64,
+}
+
+impl Default for MaterializePolicy {
+    fn default() -> Self {
+        MaterializePolicy {
+            interval: Duration::from_secs(5 * 60),
+            wal_bytes: 64 << 20,
+        }
+    }
+}
+
+/// The newest confirmed materialization of a backend's current lineage.
+#[derive(Debug, Clone)]
+pub(super) struct Materialization {
+    pub checkpoint: u64,
+    pub lineage: String,
+    /// Its files other than WAL files (SSTs, MANIFEST, CURRENT, OPTIONS).
+    pub files: Vec<Arc<FileEntry>>,
+    /// WAL files numbered from here on are replayed on top of it.
+    pub wal_from: u64,
+    pub at: Instant,
+    /// WAL bytes of the newest checkpoint built on it (the size trigger).
+    pub wal_bytes: u64,
+}
+
+/// One backend's part of a checkpoint after its synchronous phase.
+pub(super) struct StagedBackend {
+    pub lineage: String,
+    /// Files to store (all of them, or only the WAL files on top of a materialization).
+    pub files: Vec<StagedFile>,
+    /// Files named as they are from the materialization (pinned during the sync phase).
+    pub kept: Vec<Arc<FileEntry>>,
+    /// `wal` mode: this checkpoint materializes; WAL files from this number on belong to
+    /// the checkpoints that follow.
+    pub materializes: Option<u64>,
+}
+
+impl Engine {
+    /// The synchronous phase of one backend: its files staged in `dir` (which must not
+    /// exist yet) and, in `wal` mode, the materialization they build on, pinned.
+    pub(super) fn stage_backend(
+        &self,
+        name: &BackendName,
+        dir: &Path,
+        started: Instant,
+        pins: &mut Vec<ObjectId>,
+    ) -> Result<StagedBackend> {
+        let policy = self.inner.materialize;
+        self.with_backend(name, |b| {
+            let lineage = b.lineage().to_string();
+            if self.inner.backend_options.checkpoint_mode == CheckpointMode::Flush {
+                return Ok(StagedBackend {
+                    lineage,
+                    files: b.checkpoint_into(dir, 0)?,
+                    kept: Vec::new(),
+                    materializes: None,
+                });
+            }
+            let on_top_of = self.pin_materialization(name, &lineage, started, &policy, pins);
+            let flush_at = match on_top_of {
+                Some(_) => u64::MAX,
+                // Flush only when the WAL a materialization would carry is already large.
+                None => policy.wal_bytes,
+            };
+            let mut files = b.checkpoint_into(dir, flush_at)?;
+            if let Some(mat) = on_top_of {
+                let first_live = files.iter().filter_map(|f| wal_number(&f.name)).min();
+                if let Some(first_live) = first_live {
+                    let old = b.link_old_wals(dir, mat.wal_from, first_live);
+                    // The archive below `wal_pruned_below` may be gone (a newer
+                    // materialization was confirmed meanwhile): then materialize.
+                    let pruned = self
+                        .state()
+                        .wal_pruned_below
+                        .get(name)
+                        .is_some_and(|below| *below > mat.wal_from);
+                    match old {
+                        Ok(old) if !pruned => {
+                            files.retain(|f| wal_number(&f.name).is_some());
+                            files.extend(old);
+                            files.sort_by(|a, b| a.name.cmp(&b.name));
+                            return Ok(StagedBackend {
+                                lineage,
+                                files,
+                                kept: mat.files,
+                                materializes: None,
+                            });
+                        }
+                        Ok(_) => {}
+                        Err(e) => log::info!("backend {name}: materializing: {e}"),
+                    }
+                }
+            }
+            // Materialize: this checkpoint's own files, whatever RocksDB has now.
+            let materializes = files
+                .iter()
+                .filter_map(|f| wal_number(&f.name))
+                .min()
+                .or_else(|| {
+                    // No WAL at all: every WAL to come is numbered above every file now.
+                    files
+                        .iter()
+                        .filter_map(|f| file_number(&f.name))
+                        .max()
+                        .map(|n| n + 1)
+                })
+                .unwrap_or(0);
+            Ok(StagedBackend {
+                lineage,
+                files,
+                kept: Vec::new(),
+                materializes: Some(materializes),
+            })
+        })
+    }
+
+    /// The materialization a checkpoint of `name` can build on (its objects pinned into
+    /// `pins`), or `None` when this checkpoint should materialize.
+    fn pin_materialization(
+        &self,
+        name: &BackendName,
+        lineage: &str,
+        started: Instant,
+        policy: &MaterializePolicy,
+        pins: &mut Vec<ObjectId>,
+    ) -> Option<Materialization> {
+        let mut st = self.state();
+        let mat = st
+            .materializations
+            .get(name)
+            .filter(|m| m.lineage == lineage)
+            .filter(|m| started.duration_since(m.at) < policy.interval)
+            .filter(|m| m.wal_bytes < policy.wal_bytes)
+            .cloned()?;
+        let objects: Vec<ObjectId> = mat
+            .files
+            .iter()
+            .flat_map(|f| f.stored())
+            .map(|(id, _)| id)
+            .collect();
+        if !objects.iter().all(|id| st.can_share(id)) {
+            return None;
+        }
+        for id in objects {
+            st.registry.pin(id);
+            pins.push(id);
+        }
+        Some(mat)
+    }
+
+    /// After checkpoint `id` was committed, for one of its backends: remember what it
+    /// materialized (or how much WAL it carried on top of a materialization). Returns the
+    /// WAL number below which the backend's archive can be pruned.
+    pub(super) fn note_materialization(
+        st: &mut super::State,
+        id: u64,
+        started: Instant,
+        part: &PendingBackend,
+        snapshot: &BackendSnapshot,
+    ) -> Option<u64> {
+        let wal_bytes: u64 = part
+            .files
+            .iter()
+            .filter(|f| wal_number(&f.name).is_some())
+            .map(|f| f.size)
+            .sum();
+        let current = st.lineages.get(&part.name) == Some(&part.lineage);
+        let Some(wal_from) = part.materializes else {
+            if let Some(m) = st.materializations.get_mut(&part.name) {
+                if m.lineage == part.lineage {
+                    m.wal_bytes = m.wal_bytes.max(wal_bytes);
+                }
+            }
+            return None;
+        };
+        let newer = st
+            .materializations
+            .get(&part.name)
+            .is_none_or(|m| m.lineage != part.lineage || m.checkpoint < id);
+        if !(newer && current) {
+            return None;
+        }
+        let files = snapshot
+            .files
+            .iter()
+            .filter(|f| wal_number(&f.name).is_none())
+            .cloned()
+            .collect();
+        st.materializations.insert(
+            part.name.clone(),
+            Materialization {
+                checkpoint: id,
+                lineage: part.lineage.clone(),
+                files,
+                wal_from,
+                at: started,
+                wal_bytes,
+            },
+        );
+        let below = st.wal_pruned_below.entry(part.name.clone()).or_insert(0);
+        *below = (*below).max(wal_from);
+        Some(wal_from)
+    }
+
+    /// Delete archived WAL files no checkpoint to come needs (outside the state lock).
+    pub(super) fn prune_wal_archives(&self, prune: &[(BackendName, u64)]) {
+        for (name, below) in prune {
+            match self.with_backend(name, |b| b.prune_archived_wals(*below)) {
+                Ok(0) => {}
+                Ok(n) => log::debug!("backend {name}: pruned {n} archived WAL files"),
+                Err(e) => log::warn!("backend {name}: could not prune its WAL archive: {e}"),
+            }
+        }
+    }
+}
+
+/// The file number of a RocksDB file (`000012.sst`, `MANIFEST-000005`, `OPTIONS-000007`).
+fn file_number(name: &str) -> Option<u64> {
+    let digits = match name.split_once('-') {
+        Some((_, n)) => n,
+        None => name.split_once('.')?.0,
+    };
+    digits.parse().ok()
+}

@@ -1,0 +1,331 @@
+//! `wal` checkpoint mode: checkpoints without a flush carry the write-ahead log written
+//! since the backend's last materialization, stored as chunks; stock RocksDB replays it.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use ckptfs::backend::{wal_number, WAL_CHUNK_SIZE};
+use ckptfs::{CheckpointMode, Engine, EngineConfig, MaterializePolicy};
+use common::*;
+
+fn wal_config(store: &Path, backends: &[&str]) -> EngineConfig {
+    let mut config = config(store, backends);
+    config.backend_options.checkpoint_mode = CheckpointMode::Wal;
+    // Large memtables: nothing is flushed unless a test says so.
+    config.backend_options.write_buffer_size = None;
+    config.retain = Some(100);
+    config
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Keys and values of a RocksDB directory as read by Debian's ldb (RocksDB 7.8), in hex.
+fn read_with_ldb(db: &Path) -> Vec<(String, String)> {
+    let out = Command::new("ldb")
+        .arg(format!("--db={}", db.display()))
+        .args(["--ignore_unknown_options", "--hex", "scan"])
+        .output()
+        .expect("ldb (Debian package rocksdb-tools) must be installed: scripts/test installs it");
+    assert!(out.status.success(), "ldb 7.8: {}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .map(|l| {
+            let (k, v) = l.split_once(" : ").expect("ldb prints key : value");
+            (
+                k.trim_start_matches("0x").to_lowercase(),
+                v.trim_start_matches("0x").to_lowercase(),
+            )
+        })
+        .collect()
+}
+
+/// The same through the Python binding rocksdict, opened read-only.
+fn read_with_rocksdict(db: &Path) -> Vec<(String, String)> {
+    let script = "import sys\nfrom rocksdict import Rdict, Options, AccessType\n\
+db = Rdict(sys.argv[1], options=Options(raw_mode=True), access_type=AccessType.read_only())\n\
+for k, v in db.items():\n    print(k.hex(), v.hex())\ndb.close()\n";
+    let out = Command::new("python3")
+        .args(["-c", script, db.to_str().unwrap()])
+        .output()
+        .expect("python3");
+    assert!(out.status.success(), "rocksdict: {}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .map(|l| {
+            let (k, v) = l.split_once(' ').unwrap();
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+fn hex(kv: &Kv) -> Vec<(String, String)> {
+    let h = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    kv.iter().map(|(k, v)| (h(k), h(v))).collect()
+}
+
+/// A checkpoint after writes that were never flushed stores about what was written (the
+/// WAL's growth plus at most one chunk, and no SST), and the directory it restores opens in
+/// stock RocksDB of today and of older releases with those writes present.
+#[test]
+fn unflushed_writes_are_checkpointed_through_the_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let a = name("A/0");
+    let engine = Engine::open(wal_config(&store, &["A/0"])).unwrap();
+    put_range(&engine, &a, 0..2000, "first");
+    let cp1 = engine.checkpoint().unwrap();
+    assert_eq!(cp1.stats.backends_materialized, 1, "{:?}", cp1.stats);
+    assert!(cp1.stats.bytes_wal > 0, "{:?}", cp1.stats);
+    assert_eq!(
+        cp1.stats.bytes_new_sst, 0,
+        "nothing was flushed: {:?}",
+        cp1.stats
+    );
+
+    put_range(&engine, &a, 1500..2600, "second");
+    engine.delete(&a, b"k000007").unwrap();
+    let expected = scan(&engine, &a);
+    let cp2 = engine.checkpoint().unwrap();
+    let s = &cp2.stats;
+    assert_eq!(s.backends_materialized, 0, "{s:?}");
+    assert_eq!(s.bytes_new_sst, 0, "{s:?}");
+    let grown = s.bytes_wal - cp1.stats.bytes_wal;
+    assert!(grown > 1100 * 64, "the WAL grew by {grown} bytes only");
+    assert!(
+        s.bytes_uploaded_wal >= grown && s.bytes_uploaded_wal <= grown + WAL_CHUNK_SIZE as u64,
+        "the WAL grew by {grown} bytes and {} were stored ({s:?})",
+        s.bytes_uploaded_wal
+    );
+    // Nothing else changed: the MANIFEST, CURRENT, OPTIONS are the materialization's.
+    assert!(
+        s.bytes_uploaded <= s.bytes_uploaded_wal + 4096,
+        "stored {} bytes beyond the WAL ({s:?})",
+        s.bytes_uploaded - s.bytes_uploaded_wal
+    );
+    assert!(cp2.backends[0]
+        .files
+        .iter()
+        .any(|f| wal_number(&f.name).is_some() && f.chunks.is_some()));
+    assert_consistent(&engine);
+    drop(engine);
+
+    let restored = restored_contents(&store, cp2.id);
+    assert_eq!(restored[&a], expected);
+    for (who, read) in [
+        (
+            "ldb 7.8",
+            read_with_ldb as fn(&Path) -> Vec<(String, String)>,
+        ),
+        ("rocksdict", read_with_rocksdict),
+    ] {
+        let out = dir.path().join(format!("out-{}", who.replace(' ', "")));
+        ckptfs::restore::restore_checkpoint(&store, cp2.id, &out, |_| {}).unwrap();
+        assert_eq!(read(&out.join("A/0")), hex(&expected), "{who}");
+    }
+}
+
+/// Between materializations RocksDB flushes and compacts on its own: checkpoints keep naming
+/// the materialization's SSTs plus every WAL since (kept in RocksDB's archive), upload no
+/// SST, and each restores exactly its data. A materialization happens once the WAL since the
+/// last one passes the size set, and prunes the archive below it.
+#[test]
+fn flushes_and_compactions_between_materializations_upload_no_sst() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let (a, b) = (name("A/0"), name("B/0"));
+    let mut config = wal_config(&store, &["A/0", "B/0"]);
+    config.backend_options.write_buffer_size = Some(64 * 1024);
+    config.materialize = MaterializePolicy {
+        interval: Duration::from_secs(3600),
+        wal_bytes: 300 * 1024,
+    };
+    let engine = Engine::open(config).unwrap();
+    let mut expected = BTreeMap::new();
+    let mut materialized = Vec::new();
+    for round in 0..12u32 {
+        put_range(
+            &engine,
+            &a,
+            round * 300..round * 300 + 900,
+            &format!("r{round}"),
+        );
+        put_range(&engine, &b, 0..200, &format!("r{round}"));
+        if round % 4 == 3 {
+            engine.compact(&a).unwrap();
+        }
+        let state = snapshot_all(&engine);
+        let cp = engine.checkpoint().unwrap();
+        if cp.stats.backends_materialized == 0 {
+            assert_eq!(cp.stats.bytes_new_sst, 0, "round {round}: {:?}", cp.stats);
+        } else {
+            materialized.push(round);
+        }
+        expected.insert(cp.id, state);
+    }
+    // Round 0 materializes both; later ones once A's WAL since passed 300 KiB.
+    assert!(
+        materialized.len() >= 3 && materialized.len() <= 8,
+        "materialized at rounds {materialized:?}"
+    );
+    let live_ssts = engine.live_sst_files(&a).unwrap().len();
+    assert!(live_ssts > 0, "RocksDB flushed nothing on its own");
+    assert_consistent(&engine);
+    // The archive keeps nothing older than the newest materialization needs.
+    let newest = engine.checkpoints().last().unwrap().clone();
+    let oldest_wal = newest.backends[0]
+        .files
+        .iter()
+        .filter_map(|f| wal_number(&f.name))
+        .min()
+        .unwrap();
+    let archive = engine.state_dir().join("backends/A/0/db/archive");
+    if let Ok(entries) = std::fs::read_dir(&archive) {
+        for entry in entries {
+            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+            let n = wal_number(&name).unwrap_or(u64::MAX);
+            assert!(
+                n >= oldest_wal,
+                "archived {name} is older than any checkpoint needs"
+            );
+        }
+    }
+    drop(engine);
+    for (id, state) in &expected {
+        assert_eq!(&restored_contents(&store, *id), state, "checkpoint {id}");
+    }
+}
+
+/// Writers keep writing while checkpoints copy the open WAL: every checkpoint restores to a
+/// prefix of the writes that holds every write acknowledged before the checkpoint began.
+#[test]
+fn checkpoints_taken_while_writers_run_restore_a_consistent_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let a = name("A/0");
+    let mut config = wal_config(&store, &["A/0"]);
+    config.backend_options.write_buffer_size = Some(256 * 1024);
+    config.materialize.wal_bytes = 2 << 20;
+    let engine = Engine::open(config).unwrap();
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (engine, written, stop, a) = (engine.clone(), written.clone(), stop.clone(), a.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                put_range(&engine, &a, i..i + 10, "w");
+                i += 10;
+                written.store(i, std::sync::atomic::Ordering::SeqCst);
+            }
+        })
+    };
+    let mut taken = Vec::new();
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(30));
+        let acknowledged = written.load(std::sync::atomic::Ordering::SeqCst);
+        let cp = engine.checkpoint().unwrap();
+        taken.push((cp.id, acknowledged));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    drop(engine);
+    for (id, acknowledged) in taken {
+        let kv = &restored_contents(&store, id)[&a];
+        let n = kv.len() as u32;
+        assert!(
+            n >= acknowledged,
+            "checkpoint {id}: {n} keys, {acknowledged} acknowledged"
+        );
+        let prefix: Vec<Vec<u8>> = (0..n).map(|i| format!("k{i:06}").into_bytes()).collect();
+        assert!(
+            kv.keys().eq(prefix.iter()),
+            "checkpoint {id} is not a prefix of the writes"
+        );
+    }
+}
+
+/// After a restart (or a restore) nothing is known about earlier materializations: the
+/// first checkpoint materializes, and checkpoints before and after restore their data.
+#[test]
+fn the_first_checkpoint_after_a_restart_or_a_restore_materializes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let a = name("A/0");
+    let engine = Engine::open(wal_config(&store, &["A/0"])).unwrap();
+    put_range(&engine, &a, 0..500, "one");
+    let cp1 = engine.checkpoint().unwrap();
+    put_range(&engine, &a, 500..700, "two");
+    let cp2 = engine.checkpoint().unwrap();
+    assert_eq!(cp2.stats.backends_materialized, 0);
+    let at_cp2 = scan(&engine, &a);
+    drop(engine);
+
+    let engine = Engine::open(wal_config(&store, &["A/0"])).unwrap();
+    put_range(&engine, &a, 700..800, "three");
+    let cp3 = engine.checkpoint().unwrap();
+    assert_eq!(cp3.stats.backends_materialized, 1);
+    engine.restore_backends(cp1.id).unwrap();
+    put_range(&engine, &a, 0..50, "four");
+    let at_cp4 = scan(&engine, &a);
+    let cp4 = engine.checkpoint().unwrap();
+    assert_eq!(cp4.stats.backends_materialized, 1);
+    put_range(&engine, &a, 50..60, "five");
+    let at_cp5 = scan(&engine, &a);
+    let cp5 = engine.checkpoint().unwrap();
+    assert_eq!(cp5.stats.backends_materialized, 0);
+    assert_consistent(&engine);
+    drop(engine);
+    assert_eq!(restored_contents(&store, cp2.id)[&a], at_cp2);
+    assert_eq!(restored_contents(&store, cp4.id)[&a], at_cp4);
+    assert_eq!(restored_contents(&store, cp5.id)[&a], at_cp5);
+}
+
+/// Through the mount: `cp -r` of a `wal` mode checkpoint whose WAL is larger than what is
+/// assembled in memory (read chunk by chunk) gives the bytes `ckptfs restore` writes, and a
+/// directory RocksDB opens with every key.
+#[test]
+fn a_large_wal_copies_out_of_the_mount() {
+    use common::mounted::{ckptfs, ok, scan as scan_dir, Mounted};
+    let m = Mounted::new(&["--backend", "A/0", "--checkpoint-mode", "wal"]);
+    m.load_keys("A/0", 25_000);
+    let first = m.checkpoint();
+    m.put("A/0", "after", "the first checkpoint");
+    let second = m.checkpoint();
+    for (id, keys) in [(first, 25_000), (second, 25_001)] {
+        let copy = m.root.join(format!("copy-{id}"));
+        assert!(m.copy_out(id, &copy), "cp -r of cp-{id}");
+        let db = copy.join("A/0");
+        let wal: Vec<_> = std::fs::read_dir(&db)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| wal_number(&e.file_name().to_string_lossy()).is_some())
+            .collect();
+        let largest = wal.iter().map(|e| e.metadata().unwrap().len()).max();
+        assert!(
+            largest > Some(ckptfs::store::chunks::MAX_ASSEMBLED),
+            "cp-{id}: largest WAL file {largest:?} bytes"
+        );
+        let restored = m.root.join(format!("restored-{id}"));
+        ok(ckptfs(&[
+            "restore",
+            m.store.to_str().unwrap(),
+            &id.to_string(),
+            restored.to_str().unwrap(),
+        ]));
+        for e in &wal {
+            let copied = std::fs::read(e.path()).unwrap();
+            let want = std::fs::read(restored.join("A/0").join(e.file_name())).unwrap();
+            assert!(copied == want, "cp-{id}: {:?} differs", e.file_name());
+        }
+        let kv = scan_dir(&db);
+        assert_eq!(kv.len(), keys, "cp-{id}");
+    }
+    let status = m.status();
+    assert!(status["last_error"].is_null(), "{status}");
+}
