@@ -20,7 +20,8 @@
 //!
 //! Usage: `cargo run --example bench_modes -- [TOTAL_MIB [BACKENDS [CHECKPOINTS
 //! [CHURN_PERCENT]]]]` (defaults 256, 4, 200, 1). BENCH_SYSTEMS=flush,wal,backup chooses
-//! the systems. A benchmark, not a test: targets are reported, never asserted.
+//! the systems; BENCH_MATERIALIZE_WAL_MIB sets `wal` mode's `--materialize-wal-mib`.
+//! A benchmark, not a test: targets are reported, never asserted.
 
 mod common;
 
@@ -230,6 +231,12 @@ fn open_target(system: System, work: &Path, backends: usize) -> Box<dyn Target> 
             } else {
                 CheckpointMode::Flush
             };
+            if let Some(mib) = std::env::var("BENCH_MATERIALIZE_WAL_MIB")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                config.materialize.wal_bytes = mib << 20;
+            }
             let engine = Engine::open(config).unwrap();
             Box::new(Ckptfs {
                 engine,
@@ -493,14 +500,20 @@ fn svg(runs: &[Run], state: u64) -> String {
          fill=\"white\"/>\n<text x=\"{left}\" y=\"18\">bytes uploaded per checkpoint (log \
          scale)</text>\n"
     );
-    let mut tick = 10u64 * 1024;
-    while (tick as f64) <= state as f64 * 1.01 {
+    let ticks = [
+        (10 << 10, "10 KiB"),
+        (100 << 10, "100 KiB"),
+        (MIB, "1 MiB"),
+        (10 * MIB, "10 MiB"),
+        (100 * MIB, "100 MiB"),
+        (1 << 30, "1 GiB"),
+        (10 << 30, "10 GiB"),
+    ];
+    for (tick, label) in ticks
+        .into_iter()
+        .filter(|(t, _)| *t as f64 <= state as f64 * 1.01)
+    {
         let ty = y(tick);
-        let label = if tick >= MIB {
-            format!("{} MiB", tick / MIB)
-        } else {
-            format!("{} KiB", tick / 1024)
-        };
         out += &format!(
             "<line x1=\"{left}\" x2=\"{}\" y1=\"{ty:.1}\" y2=\"{ty:.1}\" stroke=\"#ddd\"/>\
              <text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{label}</text>\n",
@@ -508,7 +521,6 @@ fn svg(runs: &[Run], state: u64) -> String {
             left - 6.0,
             ty + 4.0
         );
-        tick *= 10;
     }
     out += &format!(
         "<text x=\"{:.0}\" y=\"{}\" text-anchor=\"middle\">checkpoint</text>\n",

@@ -29,6 +29,16 @@ pub const DEFAULT_FORMAT_VERSION: i32 = 5;
 pub const DEFAULT_ROCKSDB_OPTIONS: &str =
     "max_manifest_file_size=65536;max_manifest_space_amp_pct=100";
 
+/// RocksDB options ckptfs sets in `wal` mode, after [`DEFAULT_ROCKSDB_OPTIONS`] and before
+/// the user's. A checkpoint copies the open WAL file (RocksDB's native checkpoint copies it,
+/// cut at a record boundary, and syncs the copy), so its synchronous phase grows with the
+/// live WAL: 88 ms per backend at 55 MB (scripts/bench-incremental with BENCH_MODES). A
+/// 16 MiB memtable makes RocksDB switch to a new WAL (flushing the memtable in the
+/// background) at about 16 MiB instead of 64 MiB; closed WAL files are hard-linked from
+/// RocksDB's archive, not copied. (`max_total_wal_size` would not do it: RocksDB ignores it
+/// with a single column family.)
+pub const WAL_MODE_ROCKSDB_OPTIONS: &str = "write_buffer_size=16777216";
+
 /// How a checkpoint captures what is in the memtables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CheckpointMode {
@@ -121,30 +131,38 @@ impl BackendOptions {
         let mut table = BlockBasedOptions::default();
         table.set_format_version(self.format_version);
         opts.set_block_based_table_factory(&table);
-        if let Some(size) = self.write_buffer_size {
-            opts.set_write_buffer_size(size);
-        }
-        // A recycled WAL is rewritten in place; ckptfs stores WAL files as chunks of a file
-        // that only grows.
-        opts.set_recycle_log_file_num(0);
-        if self.checkpoint_mode == CheckpointMode::Wal {
-            opts.set_wal_ttl_seconds(WAL_ARCHIVE_TTL_SECONDS);
-        }
         let mut opts = opts
             .get_options_from_string(DEFAULT_ROCKSDB_OPTIONS)
             .map_err(|e| {
                 Error::Invalid(format!("built-in RocksDB options: {}", e.into_string()))
             })?;
-        match self
+        if self.checkpoint_mode == CheckpointMode::Wal {
+            opts = opts
+                .get_options_from_string(WAL_MODE_ROCKSDB_OPTIONS)
+                .map_err(|e| {
+                    Error::Invalid(format!("built-in RocksDB options: {}", e.into_string()))
+                })?;
+        }
+        if let Some(size) = self.write_buffer_size {
+            opts.set_write_buffer_size(size);
+        }
+        if let Some(text) = self
             .rocksdb_options
             .as_deref()
             .filter(|s| !s.trim().is_empty())
         {
-            None => Ok(opts),
-            Some(text) => opts.get_options_from_string(text).map_err(|e| {
+            opts = opts.get_options_from_string(text).map_err(|e| {
                 Error::Invalid(format!("RocksDB options {text:?}: {}", e.into_string()))
-            }),
+            })?;
         }
+        // Whatever the user's options say: a recycled WAL is rewritten in place, and ckptfs
+        // stores WAL files as chunks of a file that only grows; in `wal` mode the WAL files
+        // RocksDB no longer needs go to its archive, for the checkpoints to come.
+        opts.set_recycle_log_file_num(0);
+        if self.checkpoint_mode == CheckpointMode::Wal {
+            opts.set_wal_ttl_seconds(WAL_ARCHIVE_TTL_SECONDS);
+        }
+        Ok(opts)
     }
 }
 

@@ -81,11 +81,11 @@ enum Command {
         checkpoint_mode: CheckpointMode,
         /// wal mode: a checkpoint materializes (adopts the current SSTs, storing the new
         /// ones) at least this often, e.g. 5m.
-        #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
         materialize_interval: std::time::Duration,
         /// wal mode: a checkpoint materializes once a backend's WAL since the last
         /// materialization reached this many MiB (what opening a checkpoint replays).
-        #[arg(long, default_value_t = 64)]
+        #[arg(long, default_value_t = 256)]
         materialize_wal_mib: u64,
     },
     /// Unmount MOUNTPOINT and wait until its daemon has stopped.

@@ -2,7 +2,8 @@
 //! a drop, a restore and recovery, and at random instants; after each death check that
 //! nothing reported complete is lost, fsck finds nothing missing or corrupt, recovery
 //! leaves no orphan, reference counts equal a recount, and every retained checkpoint
-//! restores to exactly the data of its round.
+//! restores to exactly the data of its round. Trials alternate between the `flush` and
+//! `wal` checkpoint modes.
 //!
 //! Needs the cargo feature `failpoints` (scripts/test and scripts/torture enable it).
 //! `CKPTFS_TORTURE_TRIALS` sets the number of trials (default 40, the CI's short mode: every
@@ -56,13 +57,29 @@ struct Run {
     stderr: String,
 }
 
-fn workload(store: &Path, failpoint: Option<&str>, kill_after: Option<Duration>) -> Run {
-    workload_then(store, failpoint, kill_after, &mut || {})
+/// Trials alternate between the checkpoint modes (one store sees both, as a user switching
+/// modes would make it).
+fn mode_of(trial: usize) -> &'static str {
+    if trial % 2 == 1 {
+        "wal"
+    } else {
+        "flush"
+    }
+}
+
+fn workload(
+    store: &Path,
+    mode: &str,
+    failpoint: Option<&str>,
+    kill_after: Option<Duration>,
+) -> Run {
+    workload_then(store, mode, failpoint, kill_after, &mut || {})
 }
 
 /// Run the workload until it dies (or `kill_after`), then call `at_death` at once.
 fn workload_then(
     store: &Path,
+    mode: &str,
     failpoint: Option<&str>,
     kill_after: Option<Duration>,
     at_death: &mut dyn FnMut(),
@@ -76,6 +93,7 @@ fn workload_then(
         .args(["--value-size", &VALUE_SIZE.to_string()])
         .args(["--retain", &RETAIN.to_string()])
         .args(["--compact-every", "3", "--restore-every", "4"])
+        .args(["--checkpoint-mode", mode])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -246,6 +264,7 @@ fn kill_at_every_failpoint_and_at_random_instants() {
             random_kills += 1;
             workload(
                 &store,
+                mode_of(trial),
                 None,
                 Some(Duration::from_millis(100 + rng.below(1500))),
             )
@@ -265,7 +284,7 @@ fn kill_at_every_failpoint_and_at_random_instants() {
                 rng.below(4)
             };
             let spec = format!("{failpoint}={passes}*off->return");
-            let run = workload(&store, Some(&spec), None);
+            let run = workload(&store, mode_of(trial), Some(&spec), None);
             if run.failpoint_hit {
                 *hits.entry(failpoint).or_default() += 1;
             }
@@ -453,7 +472,7 @@ fn power_loss_at_random_instants() {
         disk.scribble_canary(tag);
         let delay = Duration::from_millis(300 + rng.below(2500));
         let mut copy = None;
-        let run = workload_then(&store, None, Some(delay), &mut || {
+        let run = workload_then(&store, mode_of(trial), None, Some(delay), &mut || {
             copy = Some(disk.cut_power_copy());
         });
         disk.replace_with(&copy.expect("copied at death"));

@@ -328,4 +328,47 @@ fn a_large_wal_copies_out_of_the_mount() {
     }
     let status = m.status();
     assert!(status["last_error"].is_null(), "{status}");
+    assert_eq!(status["checkpoint_mode"], "wal", "{status}");
+    // The first checkpoint materialized; the second carried the WAL on top of it.
+    assert_eq!(status["materializations"]["A/0"], first, "{status}");
+    let rows = status["checkpoints"].as_array().unwrap();
+    assert_eq!(rows[0]["backends_materialized"], 1, "{status}");
+    assert_eq!(rows[1]["backends_materialized"], 0, "{status}");
+    assert!(
+        rows[1]["bytes_uploaded_wal"].as_u64().unwrap() > 0,
+        "{status}"
+    );
+}
+
+/// A checkpoint resumes cutting a WAL file where the previous one stopped; when that
+/// checkpoint was dropped meanwhile (its chunks deleted), the chunks are stored again from
+/// the file, and the checkpoint restores whole.
+#[test]
+fn a_wal_whose_earlier_chunks_were_dropped_is_stored_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let a = name("A/0");
+    let engine = Engine::open(wal_config(&store, &["A/0"])).unwrap();
+    put_range(&engine, &a, 0..3000, "first");
+    let cp1 = engine.checkpoint().unwrap();
+    put_range(&engine, &a, 0..10, "second");
+    let cp2 = engine.checkpoint().unwrap();
+    assert!(
+        cp2.stats.bytes_uploaded_wal <= 2 * WAL_CHUNK_SIZE as u64,
+        "{:?}",
+        cp2.stats
+    );
+    engine.delete_checkpoint(cp1.id).unwrap();
+    engine.delete_checkpoint(cp2.id).unwrap();
+    put_range(&engine, &a, 10..20, "third");
+    let expected = scan(&engine, &a);
+    let cp3 = engine.checkpoint().unwrap();
+    assert!(
+        cp3.stats.bytes_uploaded_wal >= cp2.stats.bytes_wal,
+        "the WAL was not stored again: {:?}",
+        cp3.stats
+    );
+    assert_consistent(&engine);
+    drop(engine);
+    assert_eq!(restored_contents(&store, cp3.id)[&a], expected);
 }

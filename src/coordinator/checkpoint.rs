@@ -2,6 +2,7 @@
 //! asynchronous upload of what the store does not hold yet, the commit of the manifest,
 //! registration and retention.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -99,9 +100,78 @@ pub(super) struct PendingBackend {
     base: Option<Base>,
 }
 
+/// How far an append-only file was cut into chunks at a previous checkpoint: its first
+/// `len` bytes (a chunk boundary) are the chunks `ids`, and `hasher` has hashed them. A WAL
+/// file only grows (recycling is off), so the next checkpoint of the same lineage resumes
+/// here instead of reading and hashing the whole file again.
+#[derive(Clone)]
+pub(super) struct ChunkedPrefix {
+    len: u64,
+    chunk_size: u32,
+    hasher: blake3::Hasher,
+    ids: Vec<ObjectId>,
+}
+
+/// Store one chunk unless the store holds it already (checked and pinned under one lock).
+fn store_chunk(
+    engine: &Engine,
+    pins: &mut Vec<ObjectId>,
+    id: ObjectId,
+    piece: &[u8],
+    stats: &mut CheckpointStats,
+    wal: bool,
+    upload_budget: &mut usize,
+) -> Result<()> {
+    let store = &engine.inner.store;
+    {
+        let mut st = engine.state();
+        if st.can_share(&id) {
+            st.registry.pin(id);
+            pins.push(id);
+            return Ok(());
+        }
+    }
+    if *upload_budget == 0 {
+        return Err(Error::Busy("simulated crash".into()));
+    }
+    *upload_budget -= 1;
+    let staged = store.stage_bytes(piece)?;
+    let mut st = engine.state();
+    if st.can_share(&id) {
+        store.discard(staged);
+    } else {
+        store.publish(staged)?;
+        stats.bytes_uploaded += piece.len() as u64;
+        if wal {
+            stats.bytes_uploaded_wal += piece.len() as u64;
+        } else {
+            stats.bytes_uploaded_append_only += piece.len() as u64;
+        }
+        st.missing.remove(&id);
+    }
+    st.registry.pin(id);
+    pins.push(id);
+    Ok(())
+}
+
+/// Read up to `buf.len()` bytes at the current position (less only at the end of the file).
+fn read_full(input: &mut std::fs::File, buf: &mut [u8], path: &std::path::Path) -> Result<usize> {
+    use std::io::Read;
+    let mut len = 0;
+    while len < buf.len() {
+        match input.read(&mut buf[len..]).ctx("read", path)? {
+            0 => break,
+            n => len += n,
+        }
+    }
+    Ok(len)
+}
+
 /// Store an append-only file as chunks of `chunk_size`: the chunks the store holds already
 /// (all but the last of a file that only grew since the previous checkpoint) are
-/// re-referenced, the others stored. Pinned like files. Reads one chunk at a time.
+/// re-referenced, the others stored. Pinned like files. Reads one chunk at a time, and only
+/// what follows `resume` when given. Returns the entry and where the next checkpoint may
+/// resume.
 #[allow(clippy::too_many_arguments)]
 fn store_chunked(
     engine: &Engine,
@@ -109,25 +179,58 @@ fn store_chunked(
     part: &PendingBackend,
     file: &StagedFile,
     chunk_size: u32,
+    resume: Option<&ChunkedPrefix>,
     stats: &mut CheckpointStats,
     upload_budget: &mut usize,
-) -> Result<Arc<FileEntry>> {
-    use std::io::Read;
-    let store = &engine.inner.store;
+) -> Result<(Arc<FileEntry>, ChunkedPrefix)> {
+    use std::io::{Seek, SeekFrom};
     let wal = wal_number(&file.name).is_some();
     let mut input = std::fs::File::open(&file.path).ctx("open", &file.path)?;
-    let mut whole = blake3::Hasher::new();
-    let mut ids = Vec::with_capacity(file.size.div_ceil(chunk_size as u64) as usize);
     let mut piece = vec![0u8; chunk_size as usize];
-    let mut total = 0u64;
-    loop {
-        let mut len = 0;
-        while len < piece.len() {
-            match input.read(&mut piece[len..]).ctx("read", &file.path)? {
-                0 => break,
-                n => len += n,
+    let resume = resume.filter(|p| p.chunk_size == chunk_size && p.len <= file.size);
+    let (mut whole, mut ids, mut total) = match resume {
+        Some(prefix) => {
+            for (index, id) in prefix.ids.iter().enumerate() {
+                let shared = {
+                    let mut st = engine.state();
+                    let shared = st.can_share(id);
+                    if shared {
+                        st.registry.pin(*id);
+                        pins.push(*id);
+                    }
+                    shared
+                };
+                if !shared {
+                    // No longer stored (its checkpoints are gone): store it from the file.
+                    input
+                        .seek(SeekFrom::Start(index as u64 * chunk_size as u64))
+                        .ctx("seek", &file.path)?;
+                    let len = read_full(&mut input, &mut piece, &file.path)?;
+                    if ObjectId::from_hash(blake3::hash(&piece[..len])) != *id {
+                        return Err(Error::Corrupt(format!(
+                            "{} changed where it had only grown",
+                            file.path.display()
+                        )));
+                    }
+                    store_chunk(engine, pins, *id, &piece[..len], stats, wal, upload_budget)?;
+                }
             }
+            input
+                .seek(SeekFrom::Start(prefix.len))
+                .ctx("seek", &file.path)?;
+            (prefix.hasher.clone(), prefix.ids.clone(), prefix.len)
         }
+        None => (blake3::Hasher::new(), Vec::new(), 0),
+    };
+    let mut boundary = ChunkedPrefix {
+        len: total,
+        chunk_size,
+        hasher: whole.clone(),
+        ids: Vec::new(),
+    };
+    let mut boundary_chunks = ids.len();
+    loop {
+        let len = read_full(&mut input, &mut piece, &file.path)?;
         if len == 0 {
             break;
         }
@@ -136,34 +239,12 @@ fn store_chunked(
         whole.update(piece);
         let id = ObjectId::from_hash(blake3::hash(piece));
         ids.push(id);
-        {
-            let mut st = engine.state();
-            if st.can_share(&id) {
-                st.registry.pin(id);
-                pins.push(id);
-                continue;
-            }
+        if len == chunk_size as usize {
+            boundary.len = total;
+            boundary.hasher = whole.clone();
+            boundary_chunks = ids.len();
         }
-        if *upload_budget == 0 {
-            return Err(Error::Busy("simulated crash".into()));
-        }
-        *upload_budget -= 1;
-        let staged = store.stage_bytes(piece)?;
-        let mut st = engine.state();
-        if st.can_share(&id) {
-            store.discard(staged);
-        } else {
-            store.publish(staged)?;
-            stats.bytes_uploaded += len as u64;
-            if wal {
-                stats.bytes_uploaded_wal += len as u64;
-            } else {
-                stats.bytes_uploaded_append_only += len as u64;
-            }
-            st.missing.remove(&id);
-        }
-        st.registry.pin(id);
-        pins.push(id);
+        store_chunk(engine, pins, id, piece, stats, wal, upload_budget)?;
     }
     if total != file.size {
         return Err(Error::Corrupt(format!(
@@ -171,7 +252,8 @@ fn store_chunked(
             file.path.display()
         )));
     }
-    Ok(part.entry_stored_as(FileEntry {
+    boundary.ids = ids[..boundary_chunks].to_vec();
+    let entry = part.entry_stored_as(FileEntry {
         name: file.name.clone(),
         object: ObjectId::from_hash(whole.finalize()),
         size: total,
@@ -179,7 +261,8 @@ fn store_chunked(
             size: chunk_size,
             ids,
         }),
-    }))
+    });
+    Ok((entry, boundary))
 }
 
 /// Store a backend's file list (shared with, or a delta on, its base's while the base's
@@ -344,6 +427,7 @@ impl PendingCheckpoint {
             if part.materializes.is_some() {
                 stats.backends_materialized += 1;
             }
+            let mut prefixes = HashMap::new();
             for file in part.files.iter() {
                 stats.files_total += 1;
                 stats.bytes_total += file.size;
@@ -371,15 +455,28 @@ impl PendingCheckpoint {
                 }
                 stats.files_new += 1;
                 if let Some(chunk_size) = chunk_size_for(&file.name, file.size) {
-                    let entry = store_chunked(
+                    // A WAL file that only grew since the previous checkpoint of this
+                    // lineage: resume where that one stopped cutting it.
+                    let resume = wal_number(&file.name).and_then(|_| {
+                        let st = self.engine.state();
+                        st.wal_prefixes
+                            .get(&part.name)
+                            .filter(|(lineage, _)| *lineage == part.lineage)
+                            .and_then(|(_, files)| files.get(&file.name).cloned())
+                    });
+                    let (entry, prefix) = store_chunked(
                         &self.engine,
                         &mut self.pins,
                         part,
                         file,
                         chunk_size,
+                        resume.as_deref(),
                         &mut stats,
                         &mut upload_budget,
                     )?;
+                    if wal_number(&file.name).is_some() {
+                        prefixes.insert(file.name.clone(), Arc::new(prefix));
+                    }
                     entries.push(entry);
                     continue;
                 }
@@ -438,6 +535,11 @@ impl PendingCheckpoint {
                 self.pins.push(id);
                 entries.push(part.entry(&file.name, id, size));
             }
+            // Only the WAL files of this checkpoint can grow further.
+            self.engine
+                .state()
+                .wal_prefixes
+                .insert(part.name.clone(), (part.lineage.clone(), prefixes));
             let list = store_list(&self.engine, &mut self.pins, part, entries, &mut stats)?;
             snapshots.push(BackendSnapshot {
                 name: part.name.clone(),

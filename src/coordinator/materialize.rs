@@ -40,8 +40,8 @@ pub struct MaterializePolicy {
 impl Default for MaterializePolicy {
     fn default() -> Self {
         MaterializePolicy {
-            interval: Duration::from_secs(5 * 60),
-            wal_bytes: 64 << 20,
+            interval: Duration::from_secs(10 * 60),
+            wal_bytes: 256 << 20,
         }
     }
 }

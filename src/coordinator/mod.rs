@@ -97,6 +97,9 @@ struct State {
     materializations: HashMap<BackendName, materialize::Materialization>,
     /// `wal` mode: archived WAL files numbered below this may be gone.
     wal_pruned_below: HashMap<BackendName, u64>,
+    /// Per backend (and its lineage): how far each of its WAL files was cut into chunks by
+    /// the newest checkpoint that stored it.
+    wal_prefixes: HashMap<BackendName, (String, HashMap<String, Arc<checkpoint::ChunkedPrefix>>)>,
 }
 
 impl State {
@@ -146,6 +149,9 @@ pub struct Status {
     /// chunks; file lists are counted but not sized).
     pub objects: usize,
     pub referenced_bytes: u64,
+    pub checkpoint_mode: crate::backend::CheckpointMode,
+    /// `wal` mode: the checkpoint each backend's newest confirmed materialization is.
+    pub materializations: Vec<(BackendName, u64)>,
 }
 
 impl Engine {
@@ -342,6 +348,12 @@ impl Engine {
             small_file_compactions: st.small_file_compactions,
             objects: st.registry.referenced_objects(),
             referenced_bytes: st.registry.referenced_bytes(),
+            checkpoint_mode: self.inner.backend_options.checkpoint_mode,
+            materializations: st
+                .materializations
+                .iter()
+                .map(|(name, m)| (name.clone(), m.checkpoint))
+                .collect(),
         }
     }
 

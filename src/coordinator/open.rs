@@ -336,6 +336,7 @@ impl Engine {
                     missing: missing.into_iter().collect(),
                     materializations: HashMap::new(),
                     wal_pruned_below: HashMap::new(),
+                    wal_prefixes: HashMap::new(),
                 }),
                 slot_freed: Condvar::new(),
                 deletes_frozen,

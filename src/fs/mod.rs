@@ -994,6 +994,9 @@ impl CkptFs {
             "bytes": s.bytes_total,
             "bytes_uploaded": s.bytes_uploaded,
             "bytes_uploaded_append_only": s.bytes_uploaded_append_only,
+            "bytes_wal": s.bytes_wal,
+            "bytes_uploaded_wal": s.bytes_uploaded_wal,
+            "backends_materialized": s.backends_materialized,
             "sync_ms": s.sync_micros as f64 / 1000.0,
             "async_ms": s.async_micros as f64 / 1000.0,
         })
@@ -1027,6 +1030,10 @@ impl CkptFs {
             "in_flight": status.in_flight,
             "retain": status.retain,
             "max_concurrent": status.max_concurrent,
+            "checkpoint_mode": status.checkpoint_mode.to_string(),
+            "materializations": status.materializations.iter()
+                .map(|(b, id)| (b.to_string(), *id))
+                .collect::<std::collections::BTreeMap<_, _>>(),
             "last_error": status.last_error,
             "small_file_compactions": {
                 "files": status.small_file_compactions.0,
