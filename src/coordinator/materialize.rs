@@ -104,13 +104,15 @@ impl Engine {
                 let first_live = files.iter().filter_map(|f| wal_number(&f.name)).min();
                 if let Some(first_live) = first_live {
                     let old = b.link_old_wals(dir, mat.wal_from, first_live);
-                    // The archive below `wal_pruned_below` may be gone (a newer
-                    // materialization was confirmed meanwhile): then materialize.
+                    // A newer materialization confirmed meanwhile may have pruned some of
+                    // these from the archive before they were linked: then materialize.
+                    // (Pruning starts only after it is recorded, so if it is not recorded
+                    // yet, every link above was made first.)
                     let pruned = self
                         .state()
-                        .wal_pruned_below
+                        .materializations
                         .get(name)
-                        .is_some_and(|below| *below > mat.wal_from);
+                        .is_some_and(|m| m.lineage == lineage && m.wal_from > mat.wal_from);
                     match old {
                         Ok(old) if !pruned => {
                             files.retain(|f| wal_number(&f.name).is_some());
@@ -234,8 +236,6 @@ impl Engine {
                 wal_bytes,
             },
         );
-        let below = st.wal_pruned_below.entry(part.name.clone()).or_insert(0);
-        *below = (*below).max(wal_from);
         Some(wal_from)
     }
 

@@ -95,8 +95,6 @@ struct State {
     missing: BTreeSet<ObjectId>,
     /// `wal` mode: the newest confirmed materialization of each backend.
     materializations: HashMap<BackendName, materialize::Materialization>,
-    /// `wal` mode: archived WAL files numbered below this may be gone.
-    wal_pruned_below: HashMap<BackendName, u64>,
     /// Per backend (and its lineage): how far each of its WAL files was cut into chunks by
     /// the newest checkpoint that stored it.
     wal_prefixes: HashMap<BackendName, (String, HashMap<String, Arc<checkpoint::ChunkedPrefix>>)>,

@@ -335,7 +335,6 @@ impl Engine {
                     kept: BTreeSet::new(),
                     missing: missing.into_iter().collect(),
                     materializations: HashMap::new(),
-                    wal_pruned_below: HashMap::new(),
                     wal_prefixes: HashMap::new(),
                 }),
                 slot_freed: Condvar::new(),
