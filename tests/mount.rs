@@ -970,7 +970,7 @@ fn ls_lists_every_checkpoint_and_status_summarises() {
 /// N holds round N-1 of `ckptfs workload`), and a new checkpoint can be taken.
 #[test]
 fn stores_of_earlier_formats_mount_and_copy_out() {
-    for format in [1, 2, 3] {
+    for format in [1, 2, 3, 4] {
         let dir = tempfile::tempdir().unwrap();
         let store = dir.path().join("store");
         let fixture = format!(

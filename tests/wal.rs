@@ -207,9 +207,15 @@ fn flushes_and_compactions_between_materializations_upload_no_sst() {
         .iter()
         .filter(|f| wal_number(&f.name).is_some())
         .count();
-    assert!(wal_files > 1, "checkpoint {id} carries {wal_files} WAL file(s)");
+    assert!(
+        wal_files > 1,
+        "checkpoint {id} carries {wal_files} WAL file(s)"
+    );
     for (who, read) in [
-        ("ldb 7.8", read_with_ldb as fn(&Path) -> Vec<(String, String)>),
+        (
+            "ldb 7.8",
+            read_with_ldb as fn(&Path) -> Vec<(String, String)>,
+        ),
         ("rocksdict", read_with_rocksdict),
     ] {
         let out = dir.path().join(format!("out-{}", who.replace(' ', "")));

@@ -25,9 +25,11 @@ pub mod lists;
 pub use lists::FileList;
 use lists::ListReader;
 
-/// The format written. 4: file lists may store append-only files as chunks; 3: manifests
-/// name one stored file list per backend; 2: manifests and `ckptfs.json` carry a checksum.
-pub const FORMAT: u32 = 4;
+/// The format written. 5: WAL files stored as chunks (of any size: format 4 readers
+/// refused chunked files over 64 MiB) and WAL figures in the stats; 4: file lists may store
+/// append-only files as chunks; 3: manifests name one stored file list per backend; 2:
+/// manifests and `ckptfs.json` carry a checksum.
+pub const FORMAT: u32 = 5;
 /// The oldest format still read: format 1 files have no checksum.
 pub const OLDEST_FORMAT: u32 = 1;
 
@@ -99,7 +101,8 @@ pub struct FileEntry {
     /// stored as chunks.
     pub object: ObjectId,
     pub size: u64,
-    /// An append-only file stored as chunks (format 4): only the chunks are objects.
+    /// An append-only file stored as chunks (format 4; WAL files from format 5): only the
+    /// chunks are objects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunks: Option<Chunks>,
 }
