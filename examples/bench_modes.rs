@@ -111,7 +111,7 @@ impl Target for Ckptfs {
             .map(|m| m.len())
             .unwrap_or(0);
         (
-            m.stats.bytes_uploaded + manifest,
+            m.stats.bytes_uploaded + m.stats.bytes_uploaded_materialization + manifest,
             Some(m.stats.sync_micros),
             m.stats.backends_materialized > 0,
         )

@@ -327,6 +327,7 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             engine.materialize = ckptfs::MaterializePolicy {
                 interval: materialize_interval,
                 wal_bytes: materialize_wal_mib.saturating_mul(1 << 20),
+                ..ckptfs::MaterializePolicy::default()
             };
             let config = ckptfs::daemon::MountConfig {
                 engine,

@@ -86,8 +86,9 @@ impl Harness {
         let mut cfg = config(store, &BACKENDS);
         cfg.max_concurrent = 2;
         cfg.backend_options.checkpoint_mode = mode;
-        // wal mode: a materialization every few bulk writes, checkpoints on top between.
-        cfg.materialize.wal_bytes = 200 * 1024;
+        // wal mode: a materialization due after most bulk writes, prepared in the background
+        // and adopted by a later checkpoint; checkpoints on top of the previous one between.
+        cfg.materialize.wal_bytes = 32 * 1024;
         Engine::open(cfg).unwrap()
     }
 
@@ -201,11 +202,15 @@ impl Harness {
                 for (p, _) in self.pending.drain(..) {
                     p.simulate_crash(0);
                 }
+                // A background materialization holds the engine until it ends (a real
+                // crash would end it too; in process it cannot be killed).
+                self.engine().wait_background();
                 self.engine = None;
                 self.engine = Some(Self::open(&self.store, self.mode));
             }
             Op::Restart => {
                 self.pending.clear();
+                self.engine().wait_background();
                 self.engine = None;
                 self.engine = Some(Self::open(&self.store, self.mode));
             }

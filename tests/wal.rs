@@ -144,6 +144,9 @@ fn flushes_and_compactions_between_materializations_upload_no_sst() {
     config.materialize = MaterializePolicy {
         interval: Duration::from_secs(3600),
         wal_bytes: 300 * 1024,
+        // Materialized by the checkpoint that finds it due (the background way has its
+        // own test below).
+        background: false,
     };
     let engine = Engine::open(config).unwrap();
     let mut expected = BTreeMap::new();
@@ -241,9 +244,12 @@ fn checkpoints_taken_while_writers_run_restore_a_consistent_prefix() {
         let (engine, written, stop, a) = (engine.clone(), written.clone(), stop.clone(), a.clone());
         std::thread::spawn(move || {
             let mut i = 0u32;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            // Keys are k000000..k999999: stop short of a seventh digit (which would sort
+            // before the six-digit ones).
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < 990_000 {
                 put_range(&engine, &a, i..i + 10, "w");
                 i += 10;
+                std::thread::sleep(Duration::from_micros(100));
                 written.store(i, std::sync::atomic::Ordering::SeqCst);
             }
         })
@@ -394,4 +400,67 @@ fn a_wal_whose_earlier_chunks_were_dropped_is_stored_again() {
     assert_consistent(&engine);
     drop(engine);
     assert_eq!(restored_contents(&store, cp3.id)[&a], expected);
+}
+
+/// A materialization found due is prepared in the background: the checkpoint that found it
+/// due and the ones after it build on the previous materialization and store no SST; the
+/// first checkpoint after the preparation finished adopts it (its SSTs stored before it
+/// began), and every checkpoint restores its data.
+#[test]
+fn a_due_materialization_is_prepared_in_the_background_and_adopted() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let a = name("A/0");
+    let mut config = wal_config(&store, &["A/0"]);
+    config.backend_options.write_buffer_size = Some(64 * 1024);
+    config.materialize.wal_bytes = 200 * 1024;
+    let engine = Engine::open(config).unwrap();
+    let mut expected = BTreeMap::new();
+    let mut checkpoint = |engine: &Engine, range: std::ops::Range<u32>, tag: &str| {
+        put_range(engine, &a, range, tag);
+        let state = scan(engine, &a);
+        let cp = engine.checkpoint().unwrap();
+        expected.insert(cp.id, state);
+        cp
+    };
+    let first = checkpoint(&engine, 0..1000, "one");
+    assert_eq!(first.stats.backends_materialized, 1);
+    // Past 200 KiB of WAL since the materialization: the next checkpoint finds it due.
+    let big = checkpoint(&engine, 0..3000, "two");
+    assert_eq!(big.stats.backends_materialized, 0, "{:?}", big.stats);
+    let due = checkpoint(&engine, 0..10, "three");
+    assert_eq!(due.stats.backends_materialized, 0, "{:?}", due.stats);
+    assert_eq!(due.stats.bytes_new_sst, 0, "{:?}", due.stats);
+    engine.wait_idle();
+    assert!(
+        !engine.prepared_objects().is_empty(),
+        "nothing was prepared"
+    );
+    assert_consistent(&engine);
+    let adopting = checkpoint(&engine, 10..20, "four");
+    let s = &adopting.stats;
+    assert_eq!(s.backends_materialized, 1, "{s:?}");
+    assert!(s.bytes_uploaded_materialization > 0, "{s:?}");
+    assert_eq!(
+        s.bytes_new_sst, 0,
+        "its SSTs were stored before it began: {s:?}"
+    );
+    assert!(engine.prepared_objects().is_empty());
+    // The next one builds on the adopted materialization: only its WAL since.
+    let after = checkpoint(&engine, 20..30, "five");
+    assert_eq!(after.stats.backends_materialized, 0);
+    assert!(
+        after.stats.bytes_wal < adopting.stats.bytes_wal + big.stats.bytes_wal,
+        "the WAL before the adopted materialization is still carried: {:?}",
+        after.stats
+    );
+    assert_consistent(&engine);
+    drop(engine);
+    for (id, state) in &expected {
+        assert_eq!(
+            &restored_contents(&store, *id)[&a],
+            state,
+            "checkpoint {id}"
+        );
+    }
 }

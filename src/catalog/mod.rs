@@ -201,6 +201,10 @@ pub struct CheckpointStats {
     /// Backends whose SST set this checkpoint adopted (`wal` mode: materializations).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub backends_materialized: u64,
+    /// Bytes a background materialization this checkpoint adopted stored before it began
+    /// (not in `bytes_uploaded`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes_uploaded_materialization: u64,
     pub sync_micros: u64,
     pub async_micros: u64,
 }

@@ -50,6 +50,7 @@ impl Engine {
         let staging = self.inner.state_dir.join("staging").join(id.to_string());
         let mut parts = Vec::new();
         let mut pins = Vec::new();
+        let mut stats = CheckpointStats::default();
         let sync = (|| -> Result<()> {
             for name in self.inner.backends.keys() {
                 let dir = staging.join(name.rel_path());
@@ -65,6 +66,7 @@ impl Engine {
                     materializes: staged.materializes,
                     base,
                 });
+                stats.bytes_uploaded_materialization += staged.uploaded_before;
             }
             Ok(())
         })();
@@ -77,6 +79,7 @@ impl Engine {
             started_unix_ms,
             sync_micros: clock.elapsed().as_micros() as u64,
             pins,
+            stats,
             finished: false,
             keep_objects: false,
         };
@@ -98,6 +101,25 @@ pub(super) struct PendingBackend {
     pub kept: Vec<Arc<FileEntry>>,
     pub materializes: Option<u64>,
     base: Option<Base>,
+}
+
+impl PendingBackend {
+    /// Staged files to store on top of `base` (the backend's newest confirmed checkpoint).
+    pub(super) fn new(
+        name: BackendName,
+        lineage: String,
+        files: Vec<StagedFile>,
+        base: Option<Base>,
+    ) -> Self {
+        PendingBackend {
+            name,
+            lineage,
+            files,
+            kept: Vec::new(),
+            materializes: None,
+            base,
+        }
+    }
 }
 
 /// How far an append-only file was cut into chunks at a previous checkpoint: its first
@@ -319,6 +341,140 @@ fn store_list(
     Ok(FileList { files, chain })
 }
 
+/// Store the staged files of one backend (the asynchronous phase's work): re-reference
+/// what the base holds under the same name, store what is new (append-only files as
+/// chunks), pin everything into `pins`. Returns the entries, `kept` ones first.
+pub(super) fn store_files(
+    engine: &Engine,
+    part: &PendingBackend,
+    pins: &mut Vec<ObjectId>,
+    stats: &mut CheckpointStats,
+    upload_budget: &mut usize,
+) -> Result<Vec<Arc<FileEntry>>> {
+    let inner = &engine.inner;
+    let mut entries = Vec::with_capacity(part.files.len() + part.kept.len());
+    for kept in &part.kept {
+        stats.files_total += 1;
+        stats.files_reused += 1;
+        stats.bytes_total += kept.size;
+        entries.push(kept.clone());
+    }
+    let mut prefixes = HashMap::new();
+    for file in part.files.iter() {
+        stats.files_total += 1;
+        stats.bytes_total += file.size;
+        if wal_number(&file.name).is_some() {
+            stats.bytes_wal += file.size;
+        }
+        let shared = is_shared_file(&file.name);
+        // Re-reference by name only within the lineage of a confirmed checkpoint,
+        // and only while the object is still alive.
+        if let Some(known) = part
+            .base
+            .as_ref()
+            .filter(|_| shared)
+            .and_then(|b| b.by_name.get(&file.name))
+            .filter(|known| known.size == file.size && known.chunks.is_none())
+        {
+            let mut st = engine.state();
+            if st.can_share(&known.object) {
+                st.registry.pin(known.object);
+                pins.push(known.object);
+                stats.files_reused += 1;
+                entries.push(known.clone());
+                continue;
+            }
+        }
+        stats.files_new += 1;
+        if let Some(chunk_size) = chunk_size_for(&file.name, file.size) {
+            // A WAL file that only grew since the previous checkpoint of this
+            // lineage: resume where that one stopped cutting it.
+            let resume = wal_number(&file.name).and_then(|_| {
+                let st = engine.state();
+                st.wal_prefixes
+                    .get(&part.name)
+                    .filter(|(lineage, _)| *lineage == part.lineage)
+                    .and_then(|(_, files)| files.get(&file.name).cloned())
+            });
+            let (entry, prefix) = store_chunked(
+                engine,
+                pins,
+                part,
+                file,
+                chunk_size,
+                resume.as_deref(),
+                stats,
+                upload_budget,
+            )?;
+            if wal_number(&file.name).is_some() {
+                prefixes.insert(file.name.clone(), Arc::new(prefix));
+            }
+            entries.push(entry);
+            continue;
+        }
+        // A new SST of an established lineage is almost never stored yet: copy it
+        // in one pass. Anything else (private files, the first checkpoint of a
+        // lineage, e.g. after a restore) is hashed first, because its content is
+        // often stored already and the copy can be skipped.
+        let hash_first = !(shared && part.base.is_some());
+        let expected = if hash_first {
+            let (id, size) = hash_file(&file.path)?;
+            let mut st = engine.state();
+            if st.can_share(&id) {
+                // Same content already stored (another backend, a private file that
+                // did not change, a restored file, or a concurrent checkpoint).
+                st.registry.pin(id);
+                pins.push(id);
+                if shared {
+                    stats.bytes_new_sst += size;
+                }
+                entries.push(part.entry(&file.name, id, size));
+                continue;
+            }
+            Some((id, size))
+        } else {
+            None
+        };
+        if *upload_budget == 0 {
+            return Err(Error::Busy("simulated crash".into()));
+        }
+        *upload_budget -= 1;
+        let staged = inner.store.stage(&file.path)?;
+        let (id, size) = (staged.id, staged.size);
+        if expected.is_some_and(|e| e != (id, size)) {
+            inner.store.discard(staged);
+            return Err(Error::Corrupt(format!(
+                "{} changed while it was being checkpointed",
+                file.path.display()
+            )));
+        }
+        if shared {
+            stats.bytes_new_sst += size;
+        }
+        let mut st = engine.state();
+        if st.can_share(&id) {
+            // Stored already (by a concurrent checkpoint, or elsewhere): that copy
+            // survives, ours is the duplicate.
+            inner.store.discard(staged);
+        } else {
+            inner.store.publish(staged)?;
+            stats.bytes_uploaded += size;
+            if st.missing.remove(&id) {
+                log::info!("object {id} was missing and is stored again");
+            }
+        }
+        st.registry.pin(id);
+        pins.push(id);
+        entries.push(part.entry(&file.name, id, size));
+    }
+    // Only the WAL files of this checkpoint can grow further.
+    engine
+        .state()
+        .wal_prefixes
+        .insert(part.name.clone(), (part.lineage.clone(), prefixes));
+    Ok(entries)
+}
+
 impl PendingBackend {
     /// The entry for a file, shared with the base's when it is the same (memory follows
     /// what changed, not the number of checkpoints).
@@ -348,6 +504,8 @@ pub struct PendingCheckpoint {
     started_unix_ms: u64,
     sync_micros: u64,
     pins: Vec<ObjectId>,
+    /// Figures gathered in the synchronous phase (a background materialization adopted).
+    stats: CheckpointStats,
     finished: bool,
     /// The manifest may exist on disk after a failed commit: delete nothing, let the next
     /// start decide from what is durable.
@@ -413,133 +571,19 @@ impl PendingCheckpoint {
         &mut self,
         mut upload_budget: usize,
     ) -> Result<(Vec<BackendSnapshot>, CheckpointStats)> {
-        let inner = &self.engine.inner;
-        let mut stats = CheckpointStats::default();
+        let mut stats = self.stats.clone();
         let mut snapshots = Vec::new();
         for part in &self.parts {
-            let mut entries = Vec::with_capacity(part.files.len() + part.kept.len());
-            for kept in &part.kept {
-                stats.files_total += 1;
-                stats.files_reused += 1;
-                stats.bytes_total += kept.size;
-                entries.push(kept.clone());
-            }
             if part.materializes.is_some() {
                 stats.backends_materialized += 1;
             }
-            let mut prefixes = HashMap::new();
-            for file in part.files.iter() {
-                stats.files_total += 1;
-                stats.bytes_total += file.size;
-                if wal_number(&file.name).is_some() {
-                    stats.bytes_wal += file.size;
-                }
-                let shared = is_shared_file(&file.name);
-                // Re-reference by name only within the lineage of a confirmed checkpoint,
-                // and only while the object is still alive.
-                if let Some(known) = part
-                    .base
-                    .as_ref()
-                    .filter(|_| shared)
-                    .and_then(|b| b.by_name.get(&file.name))
-                    .filter(|known| known.size == file.size && known.chunks.is_none())
-                {
-                    let mut st = self.engine.state();
-                    if st.can_share(&known.object) {
-                        st.registry.pin(known.object);
-                        self.pins.push(known.object);
-                        stats.files_reused += 1;
-                        entries.push(known.clone());
-                        continue;
-                    }
-                }
-                stats.files_new += 1;
-                if let Some(chunk_size) = chunk_size_for(&file.name, file.size) {
-                    // A WAL file that only grew since the previous checkpoint of this
-                    // lineage: resume where that one stopped cutting it.
-                    let resume = wal_number(&file.name).and_then(|_| {
-                        let st = self.engine.state();
-                        st.wal_prefixes
-                            .get(&part.name)
-                            .filter(|(lineage, _)| *lineage == part.lineage)
-                            .and_then(|(_, files)| files.get(&file.name).cloned())
-                    });
-                    let (entry, prefix) = store_chunked(
-                        &self.engine,
-                        &mut self.pins,
-                        part,
-                        file,
-                        chunk_size,
-                        resume.as_deref(),
-                        &mut stats,
-                        &mut upload_budget,
-                    )?;
-                    if wal_number(&file.name).is_some() {
-                        prefixes.insert(file.name.clone(), Arc::new(prefix));
-                    }
-                    entries.push(entry);
-                    continue;
-                }
-                // A new SST of an established lineage is almost never stored yet: copy it
-                // in one pass. Anything else (private files, the first checkpoint of a
-                // lineage, e.g. after a restore) is hashed first, because its content is
-                // often stored already and the copy can be skipped.
-                let hash_first = !(shared && part.base.is_some());
-                let expected = if hash_first {
-                    let (id, size) = hash_file(&file.path)?;
-                    let mut st = self.engine.state();
-                    if st.can_share(&id) {
-                        // Same content already stored (another backend, a private file that
-                        // did not change, a restored file, or a concurrent checkpoint).
-                        st.registry.pin(id);
-                        self.pins.push(id);
-                        if shared {
-                            stats.bytes_new_sst += size;
-                        }
-                        entries.push(part.entry(&file.name, id, size));
-                        continue;
-                    }
-                    Some((id, size))
-                } else {
-                    None
-                };
-                if upload_budget == 0 {
-                    return Err(Error::Busy("simulated crash".into()));
-                }
-                upload_budget -= 1;
-                let staged = inner.store.stage(&file.path)?;
-                let (id, size) = (staged.id, staged.size);
-                if expected.is_some_and(|e| e != (id, size)) {
-                    inner.store.discard(staged);
-                    return Err(Error::Corrupt(format!(
-                        "{} changed while it was being checkpointed",
-                        file.path.display()
-                    )));
-                }
-                if shared {
-                    stats.bytes_new_sst += size;
-                }
-                let mut st = self.engine.state();
-                if st.can_share(&id) {
-                    // Stored already (by a concurrent checkpoint, or elsewhere): that copy
-                    // survives, ours is the duplicate.
-                    inner.store.discard(staged);
-                } else {
-                    inner.store.publish(staged)?;
-                    stats.bytes_uploaded += size;
-                    if st.missing.remove(&id) {
-                        log::info!("object {id} was missing and is stored again");
-                    }
-                }
-                st.registry.pin(id);
-                self.pins.push(id);
-                entries.push(part.entry(&file.name, id, size));
-            }
-            // Only the WAL files of this checkpoint can grow further.
-            self.engine
-                .state()
-                .wal_prefixes
-                .insert(part.name.clone(), (part.lineage.clone(), prefixes));
+            let entries = store_files(
+                &self.engine,
+                part,
+                &mut self.pins,
+                &mut stats,
+                &mut upload_budget,
+            )?;
             let list = store_list(&self.engine, &mut self.pins, part, entries, &mut stats)?;
             snapshots.push(BackendSnapshot {
                 name: part.name.clone(),

@@ -19,11 +19,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::checkpoint::PendingBackend;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::checkpoint::{store_files, PendingBackend};
 use super::Engine;
 use crate::backend::{wal_number, CheckpointMode, StagedFile};
-use crate::catalog::{BackendSnapshot, FileEntry};
+use crate::catalog::{BackendSnapshot, CheckpointStats, FileEntry};
 use crate::error::Result;
+use crate::fsutil::{create_private_dir_all, remove_tree};
 use crate::names::BackendName;
 use crate::store::ObjectId;
 
@@ -35,6 +38,10 @@ pub struct MaterializePolicy {
     /// At the first checkpoint after one whose WAL (since the materialization) reached this
     /// many bytes in a backend.
     pub wal_bytes: u64,
+    /// Prepare a due materialization in the background (its SSTs stored while checkpoints
+    /// go on on top of the previous one; the next checkpoint after it is ready adopts it)
+    /// instead of in the asynchronous phase of the checkpoint that found it due.
+    pub background: bool,
 }
 
 impl Default for MaterializePolicy {
@@ -42,6 +49,7 @@ impl Default for MaterializePolicy {
         MaterializePolicy {
             interval: Duration::from_secs(10 * 60),
             wal_bytes: 256 << 20,
+            background: true,
         }
     }
 }
@@ -60,6 +68,24 @@ pub(super) struct Materialization {
     pub wal_bytes: u64,
 }
 
+/// A materialization prepared in the background: its files stored and pinned, waiting for
+/// the next checkpoint of the backend to adopt it.
+pub(super) struct Prepared {
+    mat: Materialization,
+    pins: Vec<ObjectId>,
+    /// Bytes it stored.
+    uploaded: u64,
+}
+
+/// What a checkpoint builds on (see [`Engine::choose_base`]).
+struct Base {
+    /// The materialization, and whether it is a prepared one adopted now (with the bytes
+    /// it stored).
+    on_top_of: Option<(Materialization, Option<u64>)>,
+    /// Start preparing the next materialization in the background.
+    prepare: bool,
+}
+
 /// One backend's part of a checkpoint after its synchronous phase.
 pub(super) struct StagedBackend {
     pub lineage: String,
@@ -70,6 +96,8 @@ pub(super) struct StagedBackend {
     /// `wal` mode: this checkpoint materializes; WAL files from this number on belong to
     /// the checkpoints that follow.
     pub materializes: Option<u64>,
+    /// Bytes a background materialization this checkpoint adopts stored before.
+    pub uploaded_before: u64,
 }
 
 impl Engine {
@@ -83,24 +111,28 @@ impl Engine {
         pins: &mut Vec<ObjectId>,
     ) -> Result<StagedBackend> {
         let policy = self.inner.materialize;
-        self.with_backend(name, |b| {
+        let staged = self.with_backend(name, |b| {
             let lineage = b.lineage().to_string();
             if self.inner.backend_options.checkpoint_mode == CheckpointMode::Flush {
-                return Ok(StagedBackend {
-                    lineage,
-                    files: b.checkpoint_into(dir, 0)?,
-                    kept: Vec::new(),
-                    materializes: None,
-                });
+                return Ok((
+                    StagedBackend {
+                        lineage,
+                        files: b.checkpoint_into(dir, 0)?,
+                        kept: Vec::new(),
+                        materializes: None,
+                        uploaded_before: 0,
+                    },
+                    false,
+                ));
             }
-            let on_top_of = self.pin_materialization(name, &lineage, started, &policy, pins);
-            let flush_at = match on_top_of {
+            let base = self.choose_base(name, &lineage, started, &policy, pins);
+            let flush_at = match base.on_top_of {
                 Some(_) => u64::MAX,
                 // Flush only when the WAL a materialization would carry is already large.
                 None => policy.wal_bytes,
             };
             let mut files = b.checkpoint_into(dir, flush_at)?;
-            if let Some(mat) = on_top_of {
+            if let Some((mat, adopted)) = base.on_top_of {
                 let first_live = files.iter().filter_map(|f| wal_number(&f.name)).min();
                 if let Some(first_live) = first_live {
                     let old = b.link_old_wals(dir, mat.wal_from, first_live);
@@ -118,12 +150,16 @@ impl Engine {
                             files.retain(|f| wal_number(&f.name).is_some());
                             files.extend(old);
                             files.sort_by(|a, b| a.name.cmp(&b.name));
-                            return Ok(StagedBackend {
-                                lineage,
-                                files,
-                                kept: mat.files,
-                                materializes: None,
-                            });
+                            return Ok((
+                                StagedBackend {
+                                    lineage,
+                                    files,
+                                    kept: mat.files,
+                                    materializes: adopted.map(|_| mat.wal_from),
+                                    uploaded_before: adopted.unwrap_or(0),
+                                },
+                                base.prepare,
+                            ));
                         }
                         Ok(_) => {}
                         Err(e) => log::info!("backend {name}: materializing: {e}"),
@@ -131,46 +167,69 @@ impl Engine {
                 }
             }
             // Materialize: this checkpoint's own files, whatever RocksDB has now.
-            let materializes = files
-                .iter()
-                .filter_map(|f| wal_number(&f.name))
-                .min()
-                .or_else(|| {
-                    // No WAL at all: every WAL to come is numbered above every file now.
-                    files
-                        .iter()
-                        .filter_map(|f| file_number(&f.name))
-                        .max()
-                        .map(|n| n + 1)
-                })
-                .unwrap_or(0);
-            Ok(StagedBackend {
-                lineage,
-                files,
-                kept: Vec::new(),
-                materializes: Some(materializes),
-            })
-        })
+            let materializes = first_wal(&files);
+            Ok((
+                StagedBackend {
+                    lineage,
+                    files,
+                    kept: Vec::new(),
+                    materializes: Some(materializes),
+                    uploaded_before: 0,
+                },
+                false,
+            ))
+        })?;
+        let (staged, prepare) = staged;
+        if prepare {
+            let (engine, name) = (self.clone(), name.clone());
+            std::thread::spawn(move || engine.prepare_materialization(name));
+        }
+        Ok(staged)
     }
 
-    /// The materialization a checkpoint of `name` can build on (its objects pinned into
-    /// `pins`), or `None` when this checkpoint should materialize.
-    fn pin_materialization(
+    /// What a `wal` mode checkpoint of `name` builds on: a materialization prepared in the
+    /// background (adopted: its pins move into `pins`), else the newest confirmed one (its
+    /// objects pinned into `pins`); `None` when this checkpoint must materialize itself.
+    /// Also says whether to start preparing the next materialization in the background.
+    fn choose_base(
         &self,
         name: &BackendName,
         lineage: &str,
         started: Instant,
         policy: &MaterializePolicy,
         pins: &mut Vec<ObjectId>,
-    ) -> Option<Materialization> {
+    ) -> Base {
         let mut st = self.state();
-        let mat = st
+        if let Some(prepared) = st.prepared.remove(name) {
+            if prepared.mat.lineage == lineage {
+                pins.extend(prepared.pins);
+                return Base {
+                    on_top_of: Some((prepared.mat, Some(prepared.uploaded))),
+                    prepare: false,
+                };
+            }
+            // Of an earlier lineage (a restore came between): useless now.
+            self.release_pins(&mut st, prepared.pins);
+        }
+        let Some(mat) = st
             .materializations
             .get(name)
             .filter(|m| m.lineage == lineage)
-            .filter(|m| started.duration_since(m.at) < policy.interval)
-            .filter(|m| m.wal_bytes < policy.wal_bytes)
-            .cloned()?;
+            .cloned()
+        else {
+            return Base {
+                on_top_of: None,
+                prepare: false,
+            };
+        };
+        let due =
+            started.duration_since(mat.at) >= policy.interval || mat.wal_bytes >= policy.wal_bytes;
+        if due && !policy.background {
+            return Base {
+                on_top_of: None,
+                prepare: false,
+            };
+        }
         let objects: Vec<ObjectId> = mat
             .files
             .iter()
@@ -178,13 +237,114 @@ impl Engine {
             .map(|(id, _)| id)
             .collect();
         if !objects.iter().all(|id| st.can_share(id)) {
-            return None;
+            return Base {
+                on_top_of: None,
+                prepare: false,
+            };
         }
         for id in objects {
             st.registry.pin(id);
             pins.push(id);
         }
-        Some(mat)
+        let prepare = due && st.preparing.insert(name.clone());
+        Base {
+            on_top_of: Some((mat, None)),
+            prepare,
+        }
+    }
+
+    /// Release pins taken outside a checkpoint; delete what nothing keeps alive any more.
+    fn release_pins(&self, st: &mut super::State, pins: Vec<ObjectId>) {
+        let mut garbage = Vec::new();
+        for pin in pins {
+            garbage.extend(st.registry.unpin(&pin));
+        }
+        self.delete_objects(st, &garbage);
+    }
+
+    /// Prepare the next materialization of `name` in the background: RocksDB's native
+    /// checkpoint without a flush, its SSTs, MANIFEST, CURRENT and OPTIONS stored (pinned),
+    /// kept for the next checkpoint of the backend to adopt.
+    fn prepare_materialization(&self, name: BackendName) {
+        let started = Instant::now();
+        let mut pins = Vec::new();
+        let result = self.prepare(&name, started, &mut pins);
+        let mut st = self.state();
+        st.preparing.remove(&name);
+        match result {
+            Ok(prepared) if st.lineages.get(&name) == Some(&prepared.mat.lineage) => {
+                log::info!(
+                    "backend {name}: materialization prepared in {} ms ({} bytes stored)",
+                    started.elapsed().as_millis(),
+                    prepared.uploaded
+                );
+                if let Some(old) = st.prepared.insert(name, prepared) {
+                    self.release_pins(&mut st, old.pins);
+                }
+            }
+            Ok(prepared) => self.release_pins(&mut st, prepared.pins),
+            Err(e) => {
+                log::warn!("backend {name}: preparing a materialization failed: {e}");
+                self.release_pins(&mut st, pins);
+            }
+        }
+        drop(st);
+        self.inner.slot_freed.notify_all();
+    }
+
+    fn prepare(
+        &self,
+        name: &BackendName,
+        started: Instant,
+        pins: &mut Vec<ObjectId>,
+    ) -> Result<Prepared> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let staging = self.inner.state_dir.join("staging").join(format!(
+            "materialize-{}",
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let dir = staging.join(name.rel_path());
+        let result = (|| {
+            create_private_dir_all(dir.parent().expect("backend paths have a parent"))?;
+            let (lineage, files) = self.with_backend(name, |b| {
+                Ok((b.lineage().to_string(), b.checkpoint_into(&dir, u64::MAX)?))
+            })?;
+            let wal_from = first_wal(&files);
+            let base = self.state().bases.get(name).cloned();
+            let files = files
+                .into_iter()
+                .filter(|f| wal_number(&f.name).is_none())
+                .collect();
+            let part = PendingBackend::new(name.clone(), lineage.clone(), files, base);
+            let mut stats = CheckpointStats::default();
+            let mut budget = usize::MAX;
+            let files = store_files(self, &part, pins, &mut stats, &mut budget)?;
+            Ok(Prepared {
+                mat: Materialization {
+                    checkpoint: 0,
+                    lineage,
+                    files,
+                    wal_from,
+                    at: started,
+                    wal_bytes: 0,
+                },
+                pins: std::mem::take(pins),
+                uploaded: stats.bytes_uploaded,
+            })
+        })();
+        if let Err(e) = remove_tree(&staging) {
+            log::warn!("could not remove {}: {e}", staging.display());
+        }
+        result
+    }
+
+    /// Objects stored by prepared materializations no checkpoint adopted yet (pinned).
+    pub fn prepared_objects(&self) -> std::collections::BTreeSet<ObjectId> {
+        self.state()
+            .prepared
+            .values()
+            .flat_map(|p| p.pins.iter().copied())
+            .collect()
     }
 
     /// After checkpoint `id` was committed, for one of its backends: remember what it
@@ -249,6 +409,24 @@ impl Engine {
             }
         }
     }
+}
+
+/// The number of the first WAL file of a staged checkpoint: WAL files from it on belong to
+/// the checkpoints built on it. Without any WAL, every WAL to come is numbered above every
+/// file now.
+fn first_wal(files: &[StagedFile]) -> u64 {
+    files
+        .iter()
+        .filter_map(|f| wal_number(&f.name))
+        .min()
+        .or_else(|| {
+            files
+                .iter()
+                .filter_map(|f| file_number(&f.name))
+                .max()
+                .map(|n| n + 1)
+        })
+        .unwrap_or(0)
 }
 
 /// The file number of a RocksDB file (`000012.sst`, `MANIFEST-000005`, `OPTIONS-000007`).

@@ -95,6 +95,10 @@ struct State {
     missing: BTreeSet<ObjectId>,
     /// `wal` mode: the newest confirmed materialization of each backend.
     materializations: HashMap<BackendName, materialize::Materialization>,
+    /// `wal` mode: backends whose materialization is being prepared in the background, and
+    /// the prepared ones waiting for a checkpoint to adopt them.
+    preparing: BTreeSet<BackendName>,
+    prepared: HashMap<BackendName, materialize::Prepared>,
     /// Per backend (and its lineage): how far each of its WAL files was cut into chunks by
     /// the newest checkpoint that stored it.
     wal_prefixes: HashMap<BackendName, (String, HashMap<String, Arc<checkpoint::ChunkedPrefix>>)>,
@@ -262,10 +266,23 @@ impl Engine {
         self.begin_checkpoint()?.complete()
     }
 
-    /// Block until no checkpoint is in flight (used at shutdown).
+    /// Block until no materialization is being prepared in the background.
+    pub fn wait_background(&self) {
+        let mut st = self.state();
+        while !st.preparing.is_empty() {
+            st = self
+                .inner
+                .slot_freed
+                .wait(st)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Block until no checkpoint is in flight and no materialization is being prepared
+    /// (used at shutdown).
     pub fn wait_idle(&self) {
         let mut st = self.state();
-        while !st.in_flight.is_empty() {
+        while !st.in_flight.is_empty() || !st.preparing.is_empty() {
             st = self
                 .inner
                 .slot_freed

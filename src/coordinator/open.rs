@@ -336,6 +336,8 @@ impl Engine {
                     missing: missing.into_iter().collect(),
                     materializations: HashMap::new(),
                     wal_prefixes: HashMap::new(),
+                    preparing: BTreeSet::new(),
+                    prepared: HashMap::new(),
                 }),
                 slot_freed: Condvar::new(),
                 deletes_frozen,

@@ -997,6 +997,7 @@ impl CkptFs {
             "bytes_wal": s.bytes_wal,
             "bytes_uploaded_wal": s.bytes_uploaded_wal,
             "backends_materialized": s.backends_materialized,
+            "bytes_uploaded_materialization": s.bytes_uploaded_materialization,
             "sync_ms": s.sync_micros as f64 / 1000.0,
             "async_ms": s.async_micros as f64 / 1000.0,
         })
