@@ -161,6 +161,13 @@ impl BackendOptions {
         opts.set_recycle_log_file_num(0);
         if self.checkpoint_mode == CheckpointMode::Wal {
             opts.set_wal_ttl_seconds(WAL_ARCHIVE_TTL_SECONDS);
+            // A checkpoint pairs an older MANIFEST with the WAL files written since, which
+            // that MANIFEST cannot have recorded.
+            opts = opts
+                .get_options_from_string("track_and_verify_wals_in_manifest=false")
+                .map_err(|e| {
+                    Error::Invalid(format!("built-in RocksDB options: {}", e.into_string()))
+                })?;
         }
         Ok(opts)
     }

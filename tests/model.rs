@@ -5,6 +5,7 @@ mod common;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
+use std::sync::Arc;
 
 use ckptfs::{BackendName, CheckpointMode, Engine, PendingCheckpoint};
 use common::*;
@@ -14,21 +15,48 @@ const BACKENDS: [&str; 2] = ["op/0", "op/1"];
 
 #[derive(Debug, Clone)]
 enum Op {
-    Put { backend: usize, key: u8, value: u16 },
-    Delete { backend: usize, key: u8 },
-    Bulk { backend: usize, start: u8, tag: u16 },
-    Flush { backend: usize },
-    Compact { backend: usize },
+    Put {
+        backend: usize,
+        key: u8,
+        value: u16,
+    },
+    Delete {
+        backend: usize,
+        key: u8,
+    },
+    Bulk {
+        backend: usize,
+        start: u8,
+        tag: u16,
+    },
+    Flush {
+        backend: usize,
+    },
+    Compact {
+        backend: usize,
+    },
     Checkpoint,
     Begin,
     CompleteOldest,
     CompleteNewest,
     AbortOldest,
-    DeleteCheckpoint { pick: usize },
-    SetRetain { retain: u32 },
-    Restore { pick: usize },
-    Crash { uploads: usize },
+    DeleteCheckpoint {
+        pick: usize,
+    },
+    SetRetain {
+        retain: u32,
+    },
+    Restore {
+        pick: usize,
+    },
+    Crash {
+        uploads: usize,
+    },
     Restart,
+    /// A checkpoint taken while a writer thread keeps putting keys into one backend.
+    CheckpointWhileWriting {
+        backend: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -48,6 +76,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..4usize).prop_map(|pick| Op::Restore { pick }),
         1 => (0..4usize).prop_map(|uploads| Op::Crash { uploads }),
         1 => Just(Op::Restart),
+        2 => (0..2usize).prop_map(|backend| Op::CheckpointWhileWriting { backend }),
     ]
 }
 
@@ -76,6 +105,8 @@ impl Model {
 struct Harness {
     store: std::path::PathBuf,
     mode: CheckpointMode,
+    /// Keys written by writer threads so far (each writes new ones).
+    written_by_writers: u32,
     engine: Option<Engine>,
     pending: VecDeque<(PendingCheckpoint, State)>,
     model: Model,
@@ -208,6 +239,66 @@ impl Harness {
                 self.engine = None;
                 self.engine = Some(Self::open(&self.store, self.mode));
             }
+            Op::CheckpointWhileWriting { backend } => {
+                use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+                let key = |i: u32| format!("w{i:08}").into_bytes();
+                let first = self.written_by_writers;
+                let (stop, done) = (
+                    Arc::new(AtomicBool::new(false)),
+                    Arc::new(AtomicU32::new(0)),
+                );
+                let writer = {
+                    let (engine, name) = (self.engine().clone(), names[*backend].clone());
+                    let (stop, done) = (stop.clone(), done.clone());
+                    std::thread::spawn(move || {
+                        let mut i = 0;
+                        while !stop.load(Ordering::Relaxed) && i < 3000 {
+                            engine.put(&name, &key(first + i), b"w").unwrap();
+                            i += 1;
+                            done.store(i, Ordering::SeqCst);
+                        }
+                    })
+                };
+                while done.load(Ordering::SeqCst) < 10 {
+                    std::thread::yield_now();
+                }
+                let before = self.model.current.clone();
+                let acknowledged = done.load(Ordering::SeqCst);
+                let result = self.engine().checkpoint();
+                stop.store(true, Ordering::Relaxed);
+                writer.join().unwrap();
+                let written = done.load(Ordering::SeqCst);
+                self.written_by_writers += written;
+                let kv = self.model.current.get_mut(&names[*backend]).unwrap();
+                for i in 0..written {
+                    kv.insert(key(first + i), b"w".to_vec());
+                }
+                match result {
+                    Ok(m) => {
+                        // The checkpoint holds a prefix of the writes, at least those
+                        // acknowledged before it began: find it, then the model is exact.
+                        let restored = restored_contents(&self.store, m.id);
+                        let mut state = before;
+                        let kv = state.get_mut(&names[*backend]).unwrap();
+                        let n = (0..written)
+                            .take_while(|i| {
+                                restored[&names[*backend]].contains_key(&key(first + i))
+                            })
+                            .count() as u32;
+                        assert!(
+                            n >= acknowledged,
+                            "{n} writes kept, {acknowledged} acknowledged"
+                        );
+                        for i in 0..n {
+                            kv.insert(key(first + i), b"w".to_vec());
+                        }
+                        assert_eq!(restored, state, "checkpoint {} is not a prefix", m.id);
+                        self.model.complete(m.id, state);
+                    }
+                    Err(ckptfs::Error::Busy(_)) => assert_eq!(self.pending.len(), 2),
+                    Err(e) => panic!("checkpoint failed: {e}"),
+                }
+            }
             Op::Restart => {
                 self.pending.clear();
                 self.engine().wait_background();
@@ -268,6 +359,7 @@ fn run(mode: CheckpointMode, ops: &[Op]) {
     let mut h = Harness {
         store,
         mode,
+        written_by_writers: 0,
         engine: Some(engine),
         pending: VecDeque::new(),
         model: Model {
