@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::catalog::{lists, FileList};
 use std::time::Instant;
 
+use super::materialize::StagedBackend;
 use super::{base_of, Base, Engine};
 use crate::backend::{chunk_size_for, is_shared_file, wal_number, StagedFile};
 use crate::catalog::{BackendSnapshot, CheckpointStats, FileEntry, Manifest, FORMAT};
@@ -51,25 +52,50 @@ impl Engine {
         let mut parts = Vec::new();
         let mut pins = Vec::new();
         let mut stats = CheckpointStats::default();
-        let sync = (|| -> Result<()> {
-            for name in self.inner.backends.keys() {
-                let dir = staging.join(name.rel_path());
-                let parent = dir.parent().expect("backend paths have a parent");
-                create_private_dir_all(parent)?;
-                let staged = self.stage_backend(name, &dir, clock, &mut pins)?;
-                let base = bases.get(name).cloned();
-                parts.push(PendingBackend {
-                    name: name.clone(),
-                    lineage: staged.lineage,
-                    files: staged.files,
-                    kept: staged.kept,
-                    materializes: staged.materializes,
-                    base,
-                });
-                stats.bytes_uploaded_materialization += staged.uploaded_before;
+        // Every backend at once: a backend's native checkpoint waits on its own flush (flush
+        // mode) or WAL copy (wal mode), not on the others'.
+        let stage = |name: &BackendName| {
+            let mut pins = Vec::new();
+            let dir = staging.join(name.rel_path());
+            let parent = dir.parent().expect("backend paths have a parent");
+            let staged = create_private_dir_all(parent)
+                .and_then(|()| self.stage_backend(name, &dir, clock, &mut pins));
+            (staged, pins)
+        };
+        let names: Vec<&BackendName> = self.inner.backends.keys().collect();
+        let staged: Vec<(Result<StagedBackend>, Vec<ObjectId>)> = if names.len() == 1 {
+            vec![stage(names[0])]
+        } else {
+            std::thread::scope(|scope| {
+                let threads: Vec<_> = names
+                    .iter()
+                    .map(|name| scope.spawn(|| stage(name)))
+                    .collect();
+                threads
+                    .into_iter()
+                    .map(|t| t.join().expect("a sync phase thread panicked"))
+                    .collect()
+            })
+        };
+        let mut sync = Ok(());
+        for (name, (result, backend_pins)) in names.into_iter().zip(staged) {
+            pins.extend(backend_pins);
+            match result {
+                Ok(staged) => {
+                    stats.bytes_uploaded_materialization += staged.uploaded_before;
+                    parts.push(PendingBackend {
+                        name: name.clone(),
+                        lineage: staged.lineage,
+                        files: staged.files,
+                        kept: staged.kept,
+                        materializes: staged.materializes,
+                        base: bases.get(name).cloned(),
+                    });
+                }
+                Err(e) if sync.is_ok() => sync = Err(e),
+                Err(_) => {}
             }
-            Ok(())
-        })();
+        }
         let pending = PendingCheckpoint {
             engine: self.clone(),
             id,
