@@ -34,7 +34,7 @@ pub fn restore_checkpoint(
     store: &Path,
     id: u64,
     dest: &Path,
-    mut progress: impl FnMut(u64),
+    mut progress: impl FnMut(u64) + Send,
 ) -> Result<RestoreReport> {
     check_is_store(store)?;
     if !is_empty_or_missing(dest)? {
@@ -45,23 +45,40 @@ pub fn restore_checkpoint(
     let existed = dest.exists();
     crate::fsutil::create_private_dir_all(dest)?;
     let result = (|| -> Result<RestoreReport> {
-        let mut report = RestoreReport {
-            backends: 0,
-            files: 0,
-            bytes: 0,
-        };
-        for snapshot in &manifest.backends {
-            materialize(
-                &objects,
-                snapshot,
-                &dest.join(snapshot.name.rel_path()),
-                &mut progress,
-            )?;
-            report.backends += 1;
-            report.files += snapshot.files.len();
-            report.bytes += snapshot.files.iter().map(|f| f.size).sum::<u64>();
-        }
-        Ok(report)
+        // Every backend at once, one thread each (they share nothing but the store).
+        let progress = std::sync::Mutex::new(&mut progress);
+        let written: Vec<Result<()>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = manifest
+                .backends
+                .iter()
+                .map(|snapshot| {
+                    let (objects, progress) = (&objects, &progress);
+                    scope.spawn(move || {
+                        materialize(
+                            objects,
+                            snapshot,
+                            &dest.join(snapshot.name.rel_path()),
+                            &mut |n| (progress.lock().unwrap_or_else(|p| p.into_inner()))(n),
+                        )
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| t.join().expect("a restore thread panicked"))
+                .collect()
+        });
+        written.into_iter().collect::<Result<Vec<()>>>()?;
+        Ok(RestoreReport {
+            backends: manifest.backends.len(),
+            files: manifest.backends.iter().map(|b| b.files.len()).sum(),
+            bytes: manifest
+                .backends
+                .iter()
+                .flat_map(|b| b.files.iter())
+                .map(|f| f.size)
+                .sum(),
+        })
     })();
     if result.is_err() {
         if existed {
