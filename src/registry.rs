@@ -37,8 +37,8 @@ impl Registry {
     }
 
     /// Recount from the retained checkpoints' object sets.
-    pub fn from_checkpoints(
-        checkpoints: impl IntoIterator<Item = (u64, BTreeSet<ObjectId>)>,
+    pub fn from_checkpoints<I: IntoIterator<Item = ObjectId>>(
+        checkpoints: impl IntoIterator<Item = (u64, I)>,
     ) -> Self {
         let mut registry = Registry::new();
         for (id, objects) in checkpoints {
@@ -159,9 +159,14 @@ impl Registry {
 
     /// A checkpoint completed: +1 on each object it references (once per object, however
     /// many of its files share that content).
-    pub fn register_checkpoint(&mut self, checkpoint: u64, objects: BTreeSet<ObjectId>) {
+    pub fn register_checkpoint(
+        &mut self,
+        checkpoint: u64,
+        objects: impl IntoIterator<Item = ObjectId>,
+    ) {
         let mut slots: Vec<u32> = objects.into_iter().map(|id| self.slot_of(id)).collect();
         slots.sort_unstable();
+        slots.dedup();
         for slot in &slots {
             self.slots[*slot as usize].count += 1;
         }

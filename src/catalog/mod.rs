@@ -273,7 +273,7 @@ impl Manifest {
     /// has one size.
     pub fn validate(&self) -> Result<()> {
         let mut backends = BTreeSet::new();
-        let mut sizes: BTreeMap<ObjectId, u64> = BTreeMap::new();
+        let mut sizes: Vec<(ObjectId, u64)> = Vec::new();
         for backend in &self.backends {
             if !backends.insert(&backend.name) {
                 return Err(Error::Invalid(format!(
@@ -281,44 +281,50 @@ impl Manifest {
                     backend.name
                 )));
             }
-            let mut names = BTreeSet::new();
+            // Files are kept sorted by name: a name that appears twice is next to itself.
+            let mut names: Vec<&str> = backend.files.iter().map(|f| f.name.as_str()).collect();
+            names.sort_unstable();
+            if let Some(twice) = names.windows(2).find(|w| w[0] == w[1]) {
+                return Err(Error::Invalid(format!(
+                    "backend {}: file {} appears twice",
+                    backend.name, twice[0]
+                )));
+            }
             for file in backend.files.iter() {
                 validate_file_name(&file.name)
                     .map_err(|e| Error::Invalid(format!("backend {}: {e}", backend.name)))?;
-                if !names.insert(&file.name) {
-                    return Err(Error::Invalid(format!(
-                        "backend {}: file {} appears twice",
-                        backend.name, file.name
-                    )));
-                }
                 if let Some(chunks) = &file.chunks {
                     chunks
                         .validate(file.size)
                         .map_err(|e| Error::Invalid(format!("file {}: {e}", file.name)))?;
                 }
-                for (object, size) in file.stored() {
-                    if *sizes.entry(object).or_insert(size) != size {
-                        return Err(Error::Invalid(format!(
-                            "object {object} is listed with two sizes"
-                        )));
-                    }
-                }
+                sizes.extend(file.stored());
             }
+        }
+        sizes.sort_unstable();
+        sizes.dedup();
+        if let Some(two) = sizes.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(Error::Invalid(format!(
+                "object {} is listed with two sizes",
+                two[0].0
+            )));
         }
         Ok(())
     }
 
     /// Every object the checkpoint references: its files' and its file lists'.
     pub fn objects(&self) -> BTreeSet<ObjectId> {
-        self.backends
-            .iter()
-            .flat_map(|b| {
-                b.files
-                    .iter()
-                    .flat_map(|f| f.stored().map(|(id, _)| id))
-                    .chain(b.lists.iter().copied())
-            })
-            .collect()
+        self.object_refs().collect()
+    }
+
+    /// [`Manifest::objects`] as they are listed (an object may come more than once).
+    pub fn object_refs(&self) -> impl Iterator<Item = ObjectId> + '_ {
+        self.backends.iter().flat_map(|b| {
+            b.files
+                .iter()
+                .flat_map(|f| f.stored().map(|(id, _)| id))
+                .chain(b.lists.iter().copied())
+        })
     }
 
     /// The stored objects of its files (not its lists), with their sizes.
@@ -737,6 +743,57 @@ mod tests {
             )],
             stats: CheckpointStats::default(),
         }
+    }
+
+    /// What a manifest read from a store claims is checked: unique backends, unique plain
+    /// file names per backend, one size per object, chunk lists that fit their file.
+    #[test]
+    fn validation_refuses_duplicates_and_inconsistent_sizes() {
+        sample(1).validate().unwrap();
+        let x = ObjectId::from_hash(blake3::hash(b"x"));
+        let with_files = |files: Vec<FileEntry>| {
+            let mut m = sample(1);
+            m.backends[0] = BackendSnapshot::inline("op/0".parse().unwrap(), "l1".into(), files);
+            m
+        };
+        let twice = with_files(vec![
+            FileEntry::whole("000007.sst", x, 1),
+            FileEntry::whole("000007.sst", x, 1),
+        ]);
+        assert!(twice
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("appears twice"));
+        let sizes = with_files(vec![
+            FileEntry::whole("000007.sst", x, 1),
+            FileEntry::whole("000008.sst", x, 2),
+        ]);
+        assert!(sizes
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("two sizes"));
+        let shared = with_files(vec![
+            FileEntry::whole("000007.sst", x, 1),
+            FileEntry::whole("000008.sst", x, 1),
+        ]);
+        shared.validate().unwrap();
+        let mut chunked = FileEntry::whole("MANIFEST-000005", x, 10);
+        chunked.chunks = Some(Chunks {
+            size: 4,
+            ids: vec![x, x],
+        });
+        assert!(with_files(vec![chunked]).validate().is_err());
+        let bad_name = with_files(vec![FileEntry::whole("../etc", x, 1)]);
+        assert!(bad_name.validate().is_err());
+        let mut backends = sample(1);
+        backends.backends.push(backends.backends[0].clone());
+        assert!(backends
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("appears twice"));
     }
 
     #[test]

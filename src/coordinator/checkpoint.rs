@@ -638,7 +638,7 @@ impl PendingCheckpoint {
         }
         let id = manifest.id;
         crate::failpoint!("checkpoint::after-commit");
-        st.registry.register_checkpoint(id, manifest.objects());
+        st.registry.register_checkpoint(id, manifest.object_refs());
         st.registry.set_sizes(manifest.stored_sizes());
         crate::failpoint!("checkpoint::after-register");
         let mut garbage = Vec::new();

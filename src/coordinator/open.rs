@@ -171,7 +171,7 @@ impl Engine {
         }
         catalog.save_meta(&meta)?;
         let mut registry =
-            Registry::from_checkpoints(manifests.iter().map(|(id, m)| (*id, m.objects())));
+            Registry::from_checkpoints(manifests.iter().map(|(id, m)| (*id, m.object_refs())));
         for m in manifests.values() {
             registry.set_sizes(m.stored_sizes());
         }

@@ -21,8 +21,19 @@ pub use local::LocalStore;
 use crate::error::{Error, IoContext, Result};
 
 /// The identity of a stored object: the BLAKE3 hash of its bytes.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ObjectId([u8; 32]);
+
+/// Hashing an id for a hash table needs only some of its bytes: they are a cryptographic
+/// hash already, uniformly spread (and equal ids still hash equally). Feeding 8 bytes
+/// instead of 32 made loading 10,000 checkpoints' registry measurably cheaper.
+impl std::hash::Hash for ObjectId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let mut head = [0u8; 8];
+        head.copy_from_slice(&self.0[..8]);
+        state.write_u64(u64::from_le_bytes(head));
+    }
+}
 
 impl ObjectId {
     pub fn from_hash(hash: blake3::Hash) -> Self {
