@@ -7,19 +7,20 @@
 //! which stock RocksDB replays when it opens the directory. WAL files only grow and are
 //! stored as chunks, so a checkpoint uploads about what the workload wrote since the
 //! previous one; SSTs that compaction creates and deletes between two materializations are
-//! never uploaded. A materialization happens at the first checkpoint of a lineage (after a
-//! start or a restore), once `interval` has passed since the last one, or once the WAL
-//! since it reaches `wal_bytes` (which bounds what opening a checkpoint replays).
+//! never uploaded. The first checkpoint of a lineage (after a start or a restore)
+//! materializes itself; later, once `interval` has passed since the last materialization
+//! or the WAL since it reached `wal_bytes` (which bounds what opening a checkpoint
+//! replays), the next one is prepared in the background (its files stored and pinned) and
+//! adopted by the first checkpoint after it is ready.
 //!
 //! WAL files RocksDB no longer needs itself are kept in its archive (`db/archive/`) until a
 //! newer materialization is confirmed; a checkpoint hard-links the ones it needs during its
 //! synchronous phase, so pruning the archive never takes a file from under it.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::checkpoint::{store_files, PendingBackend};
 use super::Engine;
