@@ -115,18 +115,20 @@ impl Engine {
         let staged = self.with_backend(name, |b| {
             let lineage = b.lineage().to_string();
             if self.inner.backend_options.checkpoint_mode == CheckpointMode::Flush {
-                return Ok((
-                    StagedBackend {
-                        lineage,
-                        files: b.checkpoint_into(dir, 0)?,
-                        kept: Vec::new(),
-                        materializes: None,
-                        uploaded_before: 0,
-                    },
-                    false,
-                ));
+                return Ok(StagedBackend {
+                    lineage,
+                    files: b.checkpoint_into(dir, 0)?,
+                    kept: Vec::new(),
+                    materializes: None,
+                    uploaded_before: 0,
+                });
             }
             let base = self.choose_base(name, &lineage, started, &policy, pins);
+            if base.prepare {
+                // Started here, whatever happens to this checkpoint: `preparing` is set.
+                let (engine, name) = (self.clone(), name.clone());
+                std::thread::spawn(move || engine.prepare_materialization(name));
+            }
             let flush_at = match base.on_top_of {
                 Some(_) => u64::MAX,
                 // Flush only when the WAL a materialization would carry is already large.
@@ -151,16 +153,13 @@ impl Engine {
                             files.retain(|f| wal_number(&f.name).is_some());
                             files.extend(old);
                             files.sort_by(|a, b| a.name.cmp(&b.name));
-                            return Ok((
-                                StagedBackend {
-                                    lineage,
-                                    files,
-                                    kept: mat.files,
-                                    materializes: adopted.map(|_| mat.wal_from),
-                                    uploaded_before: adopted.unwrap_or(0),
-                                },
-                                base.prepare,
-                            ));
+                            return Ok(StagedBackend {
+                                lineage,
+                                files,
+                                kept: mat.files,
+                                materializes: adopted.map(|_| mat.wal_from),
+                                uploaded_before: adopted.unwrap_or(0),
+                            });
                         }
                         Ok(_) => {}
                         Err(e) => log::info!("backend {name}: materializing: {e}"),
@@ -169,22 +168,14 @@ impl Engine {
             }
             // Materialize: this checkpoint's own files, whatever RocksDB has now.
             let materializes = first_wal(&files);
-            Ok((
-                StagedBackend {
-                    lineage,
-                    files,
-                    kept: Vec::new(),
-                    materializes: Some(materializes),
-                    uploaded_before: 0,
-                },
-                false,
-            ))
+            Ok(StagedBackend {
+                lineage,
+                files,
+                kept: Vec::new(),
+                materializes: Some(materializes),
+                uploaded_before: 0,
+            })
         })?;
-        let (staged, prepare) = staged;
-        if prepare {
-            let (engine, name) = (self.clone(), name.clone());
-            std::thread::spawn(move || engine.prepare_materialization(name));
-        }
         Ok(staged)
     }
 
