@@ -2,6 +2,8 @@
 //! older RocksDB (Debian's ldb 7.8, the Python binding rocksdict); the man page documents
 //! every subcommand and option that `--help` shows.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -142,25 +144,9 @@ fn a_restored_checkpoint_opens_in_older_rocksdb_releases() {
     let db = dest.join("Operator-1/0");
     let expected = scan(&db);
 
-    let ldb = Command::new("ldb")
-        .arg(format!("--db={}", db.display()))
-        .args(["--ignore_unknown_options", "--hex", "scan"])
-        .output()
-        .expect("ldb (Debian package rocksdb-tools) must be installed: scripts/test installs it");
-    assert!(
-        ldb.status.success(),
-        "ldb 7.8 could not read the checkpoint: {}",
-        text(&ldb.stderr)
-    );
-    let ldb_keys: Vec<String> = text(&ldb.stdout)
-        .lines()
-        .map(|l| {
-            l.split(" : ")
-                .next()
-                .unwrap()
-                .trim_start_matches("0x")
-                .to_string()
-        })
+    let ldb_keys: Vec<String> = common::read_with_ldb(&db)
+        .into_iter()
+        .map(|(k, _)| k.to_uppercase())
         .collect();
     let expected_keys: Vec<String> = expected
         .iter()
@@ -169,19 +155,10 @@ fn a_restored_checkpoint_opens_in_older_rocksdb_releases() {
     assert_same(&ldb_keys, &expected_keys, "ldb");
 
     let db2 = dest.join("Operator-2/0");
-    let script = "import sys\nfrom rocksdict import Rdict, Options, AccessType\n\
-db = Rdict(sys.argv[1], options=Options(raw_mode=True), access_type=AccessType.read_only())\n\
-for k, v in db.items():\n    print(k.hex(), v.hex())\ndb.close()\n";
-    let py = Command::new("python3")
-        .args(["-c", script, db2.to_str().unwrap()])
-        .output()
-        .expect("python3");
-    assert!(
-        py.status.success(),
-        "rocksdict could not read the checkpoint: {}",
-        text(&py.stderr)
-    );
-    let got: Vec<String> = text(&py.stdout).lines().map(str::to_string).collect();
+    let got: Vec<String> = common::read_with_rocksdict(&db2)
+        .into_iter()
+        .map(|(k, v)| format!("{k} {v}").to_uppercase())
+        .collect();
     let want: Vec<String> = scan(&db2)
         .iter()
         .map(|(k, v)| {
@@ -192,7 +169,6 @@ for k, v in db.items():\n    print(k.hex(), v.hex())\ndb.close()\n";
             )
         })
         .collect();
-    let got: Vec<String> = got.iter().map(|l| l.to_uppercase()).collect();
     assert_same(&got, &want, "rocksdict");
 }
 

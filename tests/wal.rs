@@ -5,7 +5,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use ckptfs::backend::{wal_number, WAL_CHUNK_SIZE};
@@ -19,49 +18,6 @@ fn wal_config(store: &Path, backends: &[&str]) -> EngineConfig {
     config.backend_options.write_buffer_size = None;
     config.retain = Some(100);
     config
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// Keys and values of a RocksDB directory as read by Debian's ldb (RocksDB 7.8), in hex.
-fn read_with_ldb(db: &Path) -> Vec<(String, String)> {
-    let out = Command::new("ldb")
-        .arg(format!("--db={}", db.display()))
-        .args(["--ignore_unknown_options", "--hex", "scan"])
-        .output()
-        .expect("ldb (Debian package rocksdb-tools) must be installed: scripts/test installs it");
-    assert!(out.status.success(), "ldb 7.8: {}", text(&out.stderr));
-    text(&out.stdout)
-        .lines()
-        .map(|l| {
-            let (k, v) = l.split_once(" : ").expect("ldb prints key : value");
-            (
-                k.trim_start_matches("0x").to_lowercase(),
-                v.trim_start_matches("0x").to_lowercase(),
-            )
-        })
-        .collect()
-}
-
-/// The same through the Python binding rocksdict, opened read-only.
-fn read_with_rocksdict(db: &Path) -> Vec<(String, String)> {
-    let script = "import sys\nfrom rocksdict import Rdict, Options, AccessType\n\
-db = Rdict(sys.argv[1], options=Options(raw_mode=True), access_type=AccessType.read_only())\n\
-for k, v in db.items():\n    print(k.hex(), v.hex())\ndb.close()\n";
-    let out = Command::new("python3")
-        .args(["-c", script, db.to_str().unwrap()])
-        .output()
-        .expect("python3");
-    assert!(out.status.success(), "rocksdict: {}", text(&out.stderr));
-    text(&out.stdout)
-        .lines()
-        .map(|l| {
-            let (k, v) = l.split_once(' ').unwrap();
-            (k.to_string(), v.to_string())
-        })
-        .collect()
 }
 
 fn hex(kv: &Kv) -> Vec<(String, String)> {

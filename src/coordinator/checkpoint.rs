@@ -641,11 +641,7 @@ impl PendingCheckpoint {
         st.registry.register_checkpoint(id, manifest.object_refs());
         st.registry.set_sizes(manifest.stored_sizes());
         crate::failpoint!("checkpoint::after-register");
-        let mut garbage = Vec::new();
-        for pin in self.pins.drain(..) {
-            garbage.extend(st.registry.unpin(&pin));
-        }
-        engine.delete_objects(&st, &garbage);
+        engine.release_pins(&mut st, self.pins.drain(..));
         st.in_flight.remove(&id);
         inner.slot_freed.notify_all();
         let mut prune = Vec::new();
@@ -710,11 +706,7 @@ impl PendingCheckpoint {
             );
             st.kept.extend(self.pins.iter().copied());
         }
-        let mut garbage = Vec::new();
-        for pin in self.pins.drain(..) {
-            garbage.extend(st.registry.unpin(&pin));
-        }
-        engine.delete_objects(&st, &garbage);
+        engine.release_pins(&mut st, self.pins.drain(..));
         st.in_flight.remove(&self.id);
         engine.inner.slot_freed.notify_all();
         if let Some(e) = error {

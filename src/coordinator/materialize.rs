@@ -245,15 +245,6 @@ impl Engine {
         }
     }
 
-    /// Release pins taken outside a checkpoint; delete what nothing keeps alive any more.
-    fn release_pins(&self, st: &mut super::State, pins: Vec<ObjectId>) {
-        let mut garbage = Vec::new();
-        for pin in pins {
-            garbage.extend(st.registry.unpin(&pin));
-        }
-        self.delete_objects(st, &garbage);
-    }
-
     /// Prepare the next materialization of `name` in the background: RocksDB's native
     /// checkpoint without a flush, its SSTs, MANIFEST, CURRENT and OPTIONS stored (pinned),
     /// kept for the next checkpoint of the backend to adopt.

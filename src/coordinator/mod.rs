@@ -401,6 +401,16 @@ impl Engine {
         Ok(())
     }
 
+    /// Release pins (of a checkpoint, a restore, a prepared materialization); delete what
+    /// nothing keeps alive any more.
+    fn release_pins(&self, st: &mut State, pins: impl IntoIterator<Item = ObjectId>) {
+        let mut garbage = Vec::new();
+        for pin in pins {
+            garbage.extend(st.registry.unpin(&pin));
+        }
+        self.delete_objects(st, &garbage);
+    }
+
     /// Delete objects the registry declared garbage. Called with the state lock held, so no
     /// checkpoint can match or publish the same object meanwhile. A failed delete leaves an
     /// orphan that the next start (or `fsck --repair`) removes.

@@ -104,11 +104,7 @@ impl Engine {
         let mut st = self.state();
         st.restoring = false;
         self.inner.slot_freed.notify_all();
-        let mut garbage = Vec::new();
-        for object in manifest.objects() {
-            garbage.extend(st.registry.unpin(&object));
-        }
-        self.delete_objects(&st, &garbage);
+        self.release_pins(&mut st, manifest.objects());
         if let Err(e) = &result {
             st.last_error = Some(format!("restore from checkpoint {id} failed: {e}"));
         }

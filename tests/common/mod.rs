@@ -4,6 +4,7 @@ pub mod mounted;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::process::Command;
 
 use ckptfs::backend::BackendOptions;
 use ckptfs::catalog::Manifest;
@@ -146,4 +147,47 @@ pub fn put_range(engine: &Engine, backend: &BackendName, range: std::ops::Range<
         })
         .collect();
     engine.write(backend, &ops).unwrap();
+}
+
+fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Keys and values of a RocksDB directory as read by Debian's ldb (RocksDB 7.8), in hex.
+pub fn read_with_ldb(db: &Path) -> Vec<(String, String)> {
+    let out = Command::new("ldb")
+        .arg(format!("--db={}", db.display()))
+        .args(["--ignore_unknown_options", "--hex", "scan"])
+        .output()
+        .expect("ldb (Debian package rocksdb-tools) must be installed: scripts/test installs it");
+    assert!(out.status.success(), "ldb 7.8: {}", lossy(&out.stderr));
+    lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let (k, v) = l.split_once(" : ").expect("ldb prints key : value");
+            (
+                k.trim_start_matches("0x").to_lowercase(),
+                v.trim_start_matches("0x").to_lowercase(),
+            )
+        })
+        .collect()
+}
+
+/// The same through the Python binding rocksdict, opened read-only.
+pub fn read_with_rocksdict(db: &Path) -> Vec<(String, String)> {
+    let script = "import sys\nfrom rocksdict import Rdict, Options, AccessType\n\
+db = Rdict(sys.argv[1], options=Options(raw_mode=True), access_type=AccessType.read_only())\n\
+for k, v in db.items():\n    print(k.hex(), v.hex())\ndb.close()\n";
+    let out = Command::new("python3")
+        .args(["-c", script, db.to_str().unwrap()])
+        .output()
+        .expect("python3");
+    assert!(out.status.success(), "rocksdict: {}", lossy(&out.stderr));
+    lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let (k, v) = l.split_once(' ').unwrap();
+            (k.to_string(), v.to_string())
+        })
+        .collect()
 }
