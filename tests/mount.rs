@@ -1005,3 +1005,63 @@ fn stores_of_earlier_formats_mount_and_copy_out() {
         m.umount();
     }
 }
+
+/// The kernel caches the root's listing (FUSE's readdir cache), so a warm `ls` of many
+/// checkpoints asks nothing of the daemon; yet every listing opened after a checkpoint or
+/// a drop shows it, even when a handle opened before the change was read after it (that
+/// handle's older picture must not end up in the cache).
+#[test]
+fn the_root_listing_is_cached_yet_follows_every_checkpoint_and_drop() {
+    let m = Mounted::new(&["--backend", "A/0", "--retain", "3"]);
+    let names = |dir: std::fs::ReadDir| -> Vec<String> {
+        let mut names: Vec<String> = dir
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    };
+    let expected = |m: &Mounted| -> Vec<String> {
+        let mut want: Vec<String> = m
+            .checkpoint_ids()
+            .iter()
+            .map(|id| format!("cp-{id}"))
+            .chain([".ckptfs".to_string(), "latest".to_string()])
+            .collect();
+        want.sort();
+        want
+    };
+    for round in 1..=5u32 {
+        m.put("A/0", &format!("k{round}"), "v");
+        // Opened alone (so it may fill the kernel's cache), read after the change.
+        let before = std::fs::read_dir(&m.mnt).unwrap();
+        let id = m.checkpoint();
+        let old = names(before);
+        assert!(!old.contains(&format!("cp-{id}")), "round {round}: {old:?}");
+        for _ in 0..3 {
+            assert_eq!(m.root_names(), expected(&m), "round {round}");
+        }
+        // Opened before the change, a second listing opened after it, the old one read
+        // last.
+        let before = std::fs::read_dir(&m.mnt).unwrap();
+        m.put("A/0", &format!("j{round}"), "v");
+        let id = m.checkpoint();
+        let during = std::fs::read_dir(&m.mnt).unwrap();
+        let now = names(during);
+        assert!(now.contains(&format!("cp-{id}")), "round {round}: {now:?}");
+        let old = names(before);
+        assert!(!old.contains(&format!("cp-{id}")), "round {round}: {old:?}");
+        for _ in 0..3 {
+            assert_eq!(m.root_names(), expected(&m), "round {round}");
+        }
+    }
+    // A drop, with a listing of the old set read after it.
+    let ids = m.checkpoint_ids();
+    let before = std::fs::read_dir(&m.mnt).unwrap();
+    std::fs::remove_dir(m.mnt.join(format!("cp-{}", ids[0]))).unwrap();
+    assert!(names(before).contains(&format!("cp-{}", ids[0])));
+    for _ in 0..3 {
+        let now = m.root_names();
+        assert!(!now.contains(&format!("cp-{}", ids[0])), "{now:?}");
+        assert_eq!(now, expected(&m));
+    }
+}

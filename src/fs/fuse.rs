@@ -13,7 +13,7 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use super::{Attr, CkptFs, Invalidator, Kind, Opened};
+use super::{Attr, CkptFs, DirCache, Invalidator, Kind, Opened};
 use crate::error::Error;
 use crate::store::ObjectId;
 
@@ -368,7 +368,14 @@ impl Filesystem for FuseAdapter {
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.opendir(ino.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Ok((fh, cache)) => {
+                let flags = match cache {
+                    DirCache::Off => FopenFlags::empty(),
+                    DirCache::Refill => FopenFlags::FOPEN_CACHE_DIR,
+                    DirCache::Keep => FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+                };
+                reply.opened(FileHandle(fh), flags)
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }

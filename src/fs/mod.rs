@@ -106,8 +106,15 @@ enum Handle {
     Control(Arc<ControlStream>),
     /// An open directory: its entries (with `.` and `..`) as of `opendir`, so that every
     /// page of a listing comes from one picture, whatever is dropped meanwhile; and the
-    /// checkpoint whose top directory it is, if it is one.
-    Dir(Arc<Vec<DirEntry>>, Option<u64>),
+    /// directory it is.
+    Dir(Arc<Vec<DirEntry>>, DirOf),
+}
+
+enum DirOf {
+    Root,
+    /// The top directory of this checkpoint.
+    Top(u64),
+    Other,
 }
 
 /// Answers of one open control handle, in command order.
@@ -195,6 +202,33 @@ pub struct CkptFs {
     verified: Mutex<std::collections::HashSet<ObjectId>>,
     /// Verify each object at its first open (the default); off with `--no-verify`.
     verify: bool,
+    /// Bumped whenever the set of checkpoints (the root's listing) changes.
+    root_generation: AtomicU64,
+    root_cache: Mutex<RootCache>,
+}
+
+/// What the kernel's cached listing of the root (FUSE's readdir cache) holds. The kernel
+/// fills it from whichever handle opened with the cache on reads the directory from its
+/// start, whatever picture that handle has; so only a root handle opened while no other
+/// root handle is open uses the cache, and a later one keeps the cache only if the set of
+/// checkpoints is still the one that handle pictured.
+#[derive(Default)]
+struct RootCache {
+    /// The generation of the picture of the last root handle that used the cache.
+    holds: Option<u64>,
+    /// Open root handles.
+    open: usize,
+}
+
+/// How the kernel may cache an opened directory's listing (see [`CkptFs::opendir`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirCache {
+    /// Not cached: this handle reads from the daemon.
+    Off,
+    /// Cached, after dropping what the kernel cached before.
+    Refill,
+    /// Cached, keeping what the kernel cached at an earlier open.
+    Keep,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -242,6 +276,8 @@ impl CkptFs {
             listing_released: std::sync::Condvar::new(),
             verified: Mutex::new(Default::default()),
             verify,
+            root_generation: AtomicU64::new(1),
+            root_cache: Mutex::new(RootCache::default()),
         });
         let weak = Arc::downgrade(&fs);
         fs.controller.set_change_hook(Arc::new(move || {
@@ -262,6 +298,7 @@ impl CkptFs {
 
     /// Forget trees of dropped checkpoints and tell the kernel to drop their entries.
     fn checkpoints_changed(&self) {
+        self.root_generation.fetch_add(1, Ordering::SeqCst);
         let current: BTreeSet<u64> = self
             .controller
             .engine()
@@ -493,7 +530,13 @@ impl CkptFs {
     /// [`CkptFs::readdir_handle`] until [`CkptFs::releasedir`]. A checkpoint dropped while
     /// `cp -r` walks it then fails the walk loudly (at the next lookup or opendir) instead of
     /// showing a directory as empty: glibc reads ENOENT from getdents as end of directory.
-    pub fn opendir(&self, ino: u64) -> Result<u64> {
+    /// Open a directory: its handle, and how the kernel may cache its listing (so that a
+    /// warm `ls -l` of 10,000 checkpoints asks nothing of the daemon). A checkpoint's
+    /// directories and `.ckptfs` never change; the root's cache is used only as
+    /// [`RootCache`] tells.
+    pub fn opendir(&self, ino: u64) -> Result<(u64, DirCache)> {
+        // Read before the picture is taken: the picture is at least this new.
+        let generation = self.root_generation.load(Ordering::SeqCst);
         // The top directory of a checkpoint is counted while open: `rmdir` waits for no one
         // and the kernel marks a removed directory dead, after which a listing on an open
         // handle ends early *without an error* (getdents' ENOENT is end-of-directory to
@@ -511,7 +554,23 @@ impl CkptFs {
         if let (Some(cp), Some(listing)) = (top, listing.as_mut()) {
             *listing.entry(cp).or_default() += 1;
         }
-        Ok(self.new_handle(Handle::Dir(Arc::new(entries), top)))
+        let (of, cache) = match top {
+            Some(cp) => (DirOf::Top(cp), DirCache::Keep),
+            None if ino == ROOT => {
+                let mut root = lock(&self.root_cache);
+                let cache = if root.open > 0 {
+                    DirCache::Off
+                } else if root.holds.replace(generation) == Some(generation) {
+                    DirCache::Keep
+                } else {
+                    DirCache::Refill
+                };
+                root.open += 1;
+                (DirOf::Root, cache)
+            }
+            None => (DirOf::Other, DirCache::Keep),
+        };
+        Ok((self.new_handle(Handle::Dir(Arc::new(entries), of)), cache))
     }
 
     fn dir_snapshot(&self, ino: u64) -> Result<Vec<DirEntry>> {
@@ -546,7 +605,9 @@ impl CkptFs {
 
     pub fn releasedir(&self, fh: u64) {
         let handle = lock(&self.handles).remove(&fh);
-        if let Some(Handle::Dir(_, Some(cp))) = handle {
+        if let Some(Handle::Dir(_, DirOf::Root)) = handle {
+            lock(&self.root_cache).open -= 1;
+        } else if let Some(Handle::Dir(_, DirOf::Top(cp))) = handle {
             let mut listing = lock(&self.listing);
             if let Some(n) = listing.get_mut(&cp) {
                 *n -= 1;
@@ -964,6 +1025,7 @@ impl CkptFs {
             )));
         }
         self.controller.engine().delete_checkpoint(cp)?;
+        self.root_generation.fetch_add(1, Ordering::SeqCst);
         lock(&self.trees).remove(&cp);
         drop(listing);
         lock(&self.shown).remove(&cp);
@@ -1402,8 +1464,8 @@ mod tests {
         let cp = fs.lookup(ROOT, "cp-2").unwrap();
         let op = fs.lookup(cp.ino, "A").unwrap();
         let sub = fs.lookup(op.ino, "0").unwrap();
-        let fh_cp = fs.opendir(cp.ino).unwrap();
-        let fh_sub = fs.opendir(sub.ino).unwrap();
+        let fh_cp = fs.opendir(cp.ino).unwrap().0;
+        let fh_sub = fs.opendir(sub.ino).unwrap().0;
         let listed = fs.readdir_handle(fh_sub).unwrap().len();
         // While cp-2 itself is open, rmdir is refused.
         assert_eq!(fs.rmdir(ROOT, "cp-2").unwrap_err().errno(), libc::EBUSY);
@@ -1417,7 +1479,7 @@ mod tests {
         assert_eq!(fs.opendir(sub.ino).unwrap_err().errno(), libc::ENOENT);
         // A drop by retention (no rmdir) leaves an open cp-N listing whole.
         let cp1 = fs.lookup(ROOT, "cp-1").unwrap();
-        let fh = fs.opendir(cp1.ino).unwrap();
+        let fh = fs.opendir(cp1.ino).unwrap().0;
         fs.controller().engine().delete_checkpoint(1).unwrap();
         let names: Vec<_> = fs
             .readdir_handle(fh)
