@@ -108,7 +108,7 @@ pub fn fsck_with_copies(
     // that cannot be makes its manifest unreadable).
     let list_objects: BTreeSet<ObjectId> = manifests
         .values()
-        .flat_map(|m| m.backends.iter().flat_map(|b| b.lists.iter().copied()))
+        .flat_map(|m| m.backends.iter().flat_map(|b| b.lists.iter()))
         .collect();
     let stored: BTreeSet<ObjectId> = store.list()?.into_iter().collect();
     let mut report = FsckReport {

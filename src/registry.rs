@@ -5,14 +5,18 @@
 //! in-flight checkpoints hold *pins* instead, so an object a running checkpoint stored or
 //! matched is never garbage under it. Everything here is rebuilt from the manifests at
 //! startup ([`Registry::from_checkpoints`]), so the manifests are the only source of truth.
+//!
+//! A checkpoint's objects are not kept here: its manifest (immutable, in memory) names them
+//! again when it is dropped. The registry keeps their number and a digest of their ids per
+//! checkpoint, and checks both at the drop: with 10,000 retained checkpoints of hundreds of
+//! objects each, a copy of every checkpoint's object list was a tenth of the daemon's
+//! memory.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::store::ObjectId;
 
-/// One object's counts. Objects are numbered (slots) so that a checkpoint's references cost
-/// 4 bytes each, not 32: with 10,000 retained checkpoints of hundreds of files each, the
-/// references are most of the registry.
+/// One object's counts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Slot {
     id: ObjectId,
@@ -27,8 +31,24 @@ pub struct Registry {
     index: HashMap<ObjectId, u32>,
     slots: Vec<Slot>,
     free: Vec<u32>,
-    /// Each retained checkpoint's objects, as slots (sorted, each once).
-    checkpoints: BTreeMap<u64, Box<[u32]>>,
+    /// Each retained checkpoint's objects (each once): how many, and a digest of their ids.
+    checkpoints: BTreeMap<u64, Registered>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Registered {
+    objects: u32,
+    digest: u64,
+}
+
+/// An order-free digest of a set of ids (each once), to check at a drop that a checkpoint
+/// names the objects it was registered with.
+fn digest(ids: impl Iterator<Item = ObjectId>) -> u64 {
+    ids.fold(0u64, |sum, id| {
+        let mut head = [0u8; 8];
+        head.copy_from_slice(&id.as_bytes()[..8]);
+        sum.wrapping_add(u64::from_le_bytes(head))
+    })
 }
 
 impl Registry {
@@ -136,12 +156,6 @@ impl Registry {
         self.checkpoints.keys().copied()
     }
 
-    pub fn objects_of(&self, checkpoint: u64) -> Option<BTreeSet<ObjectId>> {
-        self.checkpoints
-            .get(&checkpoint)
-            .map(|slots| slots.iter().map(|s| self.slots[*s as usize].id).collect())
-    }
-
     /// An in-flight checkpoint holds `id` (it stored it, or matched an existing copy).
     pub fn pin(&mut self, id: ObjectId) {
         let slot = self.slot_of(id);
@@ -164,30 +178,60 @@ impl Registry {
         checkpoint: u64,
         objects: impl IntoIterator<Item = ObjectId>,
     ) {
+        if self.checkpoints.contains_key(&checkpoint) {
+            // Registering the same id twice would double count.
+            log::error!("checkpoint {checkpoint} registered twice; kept the first");
+            return;
+        }
         let mut slots: Vec<u32> = objects.into_iter().map(|id| self.slot_of(id)).collect();
         slots.sort_unstable();
         slots.dedup();
         for slot in &slots {
             self.slots[*slot as usize].count += 1;
         }
-        if let Some(previous) = self.checkpoints.insert(checkpoint, slots.into()) {
-            // Registering the same id twice would double count; undo the old one.
-            for slot in previous.iter() {
-                let entry = &mut self.slots[*slot as usize];
-                entry.count = entry.count.saturating_sub(1);
-            }
-        }
+        let registered = Registered {
+            objects: u32::try_from(slots.len()).expect("fewer than 2^32 objects"),
+            digest: digest(slots.iter().map(|s| self.slots[*s as usize].id)),
+        };
+        self.checkpoints.insert(checkpoint, registered);
     }
 
-    /// A checkpoint is dropped: -1 on each of its objects; returns those now unreferenced
-    /// and unpinned, which the caller deletes from the store.
-    pub fn drop_checkpoint(&mut self, checkpoint: u64) -> Option<Vec<ObjectId>> {
-        let slots = self.checkpoints.remove(&checkpoint)?;
+    /// A checkpoint is dropped: -1 on each of its objects (`objects`: what its manifest
+    /// names, as at registration); returns those now unreferenced and unpinned, which the
+    /// caller deletes from the store. `None` for an unknown checkpoint. Objects that do not
+    /// match what was registered (a bug) are left alone: a leak that the next start's recount
+    /// and sweep repair, never a delete of something still referenced.
+    pub fn drop_checkpoint(
+        &mut self,
+        checkpoint: u64,
+        objects: impl IntoIterator<Item = ObjectId>,
+    ) -> Option<Vec<ObjectId>> {
+        let registered = self.checkpoints.remove(&checkpoint)?;
+        let mut slots: Vec<Option<u32>> = objects
+            .into_iter()
+            .map(|id| self.index.get(&id).copied())
+            .collect();
+        slots.sort_unstable();
+        slots.dedup();
+        let slots: Option<Vec<u32>> = slots.into_iter().collect();
+        let matches = slots.as_ref().is_some_and(|slots| {
+            Registered {
+                objects: slots.len() as u32,
+                digest: digest(slots.iter().map(|s| self.slots[*s as usize].id)),
+            } == registered
+        });
+        if !matches {
+            log::error!(
+                "checkpoint {checkpoint} was dropped naming other objects than it was \
+                 registered with; its objects are kept until the next start recounts"
+            );
+            return Some(Vec::new());
+        }
         let mut garbage = Vec::new();
-        for slot in slots.iter() {
-            let entry = &mut self.slots[*slot as usize];
+        for slot in slots.expect("matched") {
+            let entry = &mut self.slots[slot as usize];
             entry.count = entry.count.saturating_sub(1);
-            garbage.extend(self.collect_if_garbage(*slot));
+            garbage.extend(self.collect_if_garbage(slot));
         }
         Some(garbage)
     }
@@ -223,12 +267,21 @@ mod tests {
         names.iter().map(|n| obj(n)).collect()
     }
 
-    /// Complete a checkpoint the way the coordinator does: register, then retention.
-    fn complete(reg: &mut Registry, id: u64, names: &[&str], retain: usize) -> Vec<ObjectId> {
+    /// Complete a checkpoint the way the coordinator does: register, then retention (the
+    /// manifests, `held`, name a dropped checkpoint's objects).
+    fn complete(
+        reg: &mut Registry,
+        held: &mut BTreeMap<u64, BTreeSet<ObjectId>>,
+        id: u64,
+        names: &[&str],
+        retain: usize,
+    ) -> Vec<ObjectId> {
         reg.register_checkpoint(id, set(names));
+        held.insert(id, set(names));
         let mut deleted = Vec::new();
         for victim in reg.retention_victims(retain) {
-            deleted.extend(reg.drop_checkpoint(victim).unwrap());
+            let objects = held.remove(&victim).unwrap();
+            deleted.extend(reg.drop_checkpoint(victim, objects).unwrap());
         }
         deleted.sort();
         deleted
@@ -255,17 +308,18 @@ mod tests {
     fn worked_example_of_the_design_document() {
         let all = ["s1", "s2", "s3", "s4", "s5", "s123", "s456"];
         let mut reg = Registry::new();
+        let held = &mut BTreeMap::new();
 
-        assert!(complete(&mut reg, 1, &["s1", "s2"], 2).is_empty());
+        assert!(complete(&mut reg, held, 1, &["s1", "s2"], 2).is_empty());
         assert_eq!(counts_by_name(&reg, &all), expect(&[("s1", 1), ("s2", 1)]));
 
-        assert!(complete(&mut reg, 2, &["s1", "s2", "s3", "s4"], 2).is_empty());
+        assert!(complete(&mut reg, held, 2, &["s1", "s2", "s3", "s4"], 2).is_empty());
         assert_eq!(
             counts_by_name(&reg, &all),
             expect(&[("s1", 2), ("s2", 2), ("s3", 1), ("s4", 1)])
         );
 
-        assert!(complete(&mut reg, 3, &["s123", "s4", "s5"], 2).is_empty());
+        assert!(complete(&mut reg, held, 3, &["s123", "s4", "s5"], 2).is_empty());
         assert_eq!(
             counts_by_name(&reg, &all),
             expect(&[
@@ -279,7 +333,7 @@ mod tests {
         );
         assert_eq!(reg.checkpoint_ids().collect::<Vec<_>>(), vec![2, 3]);
 
-        let deleted = complete(&mut reg, 4, &["s123", "s456"], 2);
+        let deleted = complete(&mut reg, held, 4, &["s123", "s456"], 2);
         assert_eq!(deleted, {
             let mut d = vec![obj("s1"), obj("s2"), obj("s3")];
             d.sort();
@@ -298,14 +352,14 @@ mod tests {
         let mut reg = Registry::new();
         reg.register_checkpoint(1, set(&["x", "x", "y"]));
         assert_eq!(reg.count(&obj("x")), 1);
-        assert_eq!(reg.drop_checkpoint(1).unwrap().len(), 2);
+        assert_eq!(reg.drop_checkpoint(1, set(&["y", "x"])).unwrap().len(), 2);
     }
 
     #[test]
     fn dropping_an_unknown_checkpoint_changes_nothing() {
         let mut reg = Registry::new();
         reg.register_checkpoint(1, set(&["a"]));
-        assert!(reg.drop_checkpoint(7).is_none());
+        assert!(reg.drop_checkpoint(7, set(&["a"])).is_none());
         assert_eq!(reg.count(&obj("a")), 1);
     }
 
@@ -325,7 +379,7 @@ mod tests {
         reg.register_checkpoint(1, set(&["a", "b"]));
         // An in-flight checkpoint 2 matched "a" while checkpoint 1 was retained.
         reg.pin(obj("a"));
-        let garbage = reg.drop_checkpoint(1).unwrap();
+        let garbage = reg.drop_checkpoint(1, set(&["a", "b"])).unwrap();
         assert_eq!(garbage, vec![obj("b")]);
         assert!(reg.is_live(&obj("a")));
         // Checkpoint 2 completes: registers, then releases its pin.
@@ -356,7 +410,7 @@ mod tests {
         assert_eq!(reg.count(&x), 1);
         assert_eq!(reg.pins(&x), 0);
         // dropping 6 makes it garbage
-        assert_eq!(reg.drop_checkpoint(6).unwrap(), vec![x]);
+        assert_eq!(reg.drop_checkpoint(6, set(&["x"])).unwrap(), vec![x]);
     }
 
     #[test]
@@ -383,15 +437,36 @@ mod tests {
     #[test]
     fn recount_equals_incremental_counts() {
         let mut reg = Registry::new();
-        complete(&mut reg, 1, &["a", "b"], 3);
-        complete(&mut reg, 2, &["b", "c"], 3);
-        complete(&mut reg, 3, &["c", "d"], 3);
-        complete(&mut reg, 4, &["d", "a"], 3);
-        let recount = Registry::from_checkpoints(
-            reg.checkpoint_ids()
-                .map(|id| (id, reg.objects_of(id).unwrap()))
-                .collect::<Vec<_>>(),
-        );
+        let held = &mut BTreeMap::new();
+        complete(&mut reg, held, 1, &["a", "b"], 3);
+        complete(&mut reg, held, 2, &["b", "c"], 3);
+        complete(&mut reg, held, 3, &["c", "d"], 3);
+        complete(&mut reg, held, 4, &["d", "a"], 3);
+        let recount = Registry::from_checkpoints(held.clone());
         assert_eq!(recount.counts(), reg.counts());
+        assert_eq!(
+            recount.checkpoint_ids().collect::<Vec<_>>(),
+            reg.checkpoint_ids().collect::<Vec<_>>()
+        );
+    }
+
+    /// A drop that names other objects than the registration (a bug) deletes nothing, and
+    /// a second registration of an id changes no count.
+    #[test]
+    fn a_drop_naming_other_objects_deletes_nothing() {
+        let mut reg = Registry::new();
+        reg.register_checkpoint(1, set(&["a", "b"]));
+        reg.register_checkpoint(1, set(&["c"]));
+        assert_eq!(reg.count(&obj("a")), 1);
+        assert!(!reg.is_live(&obj("c")) || reg.count(&obj("c")) == 0);
+        for wrong in [set(&["a"]), set(&["a", "c"]), set(&["a", "b", "c"])] {
+            let mut copy = reg.clone();
+            assert_eq!(copy.drop_checkpoint(1, wrong), Some(vec![]));
+            assert!(copy.is_live(&obj("a")) && copy.is_live(&obj("b")));
+            assert_eq!(copy.checkpoint_ids().count(), 0);
+        }
+        let mut garbage = reg.drop_checkpoint(1, set(&["b", "a"])).unwrap();
+        garbage.sort();
+        assert_eq!(garbage, set(&["a", "b"]).into_iter().collect::<Vec<_>>());
     }
 }

@@ -265,11 +265,8 @@ fn identical_files_are_stored_once_and_the_store_holds_only_referenced_objects()
         "no shared content at all"
     );
     // Plus the backends' file lists (equal lists, as here, are one object too).
-    let lists: std::collections::BTreeSet<_> = cp
-        .backends
-        .iter()
-        .flat_map(|b| b.lists.iter().copied())
-        .collect();
+    let lists: std::collections::BTreeSet<_> =
+        cp.backends.iter().flat_map(|b| b.lists.iter()).collect();
     assert_eq!(cp.backends.iter().map(|b| b.lists.len()).sum::<usize>(), 3);
     // Files are stored whole or, append-only ones (the MANIFEST, the WAL), as chunks.
     let stored: std::collections::BTreeSet<_> = cp
@@ -652,15 +649,13 @@ fn manifests_share_file_lists_and_store_what_changed() {
             after.backend(&b).unwrap().lists,
             "unchanged B shares its list"
         );
-        let lists = &after.backend(&a).unwrap().lists;
-        assert_ne!(lists[0], before.backend(&a).unwrap().lists[0]);
+        let lists: Vec<_> = after.backend(&a).unwrap().lists.iter().collect();
+        let old: Vec<_> = before.backend(&a).unwrap().lists.iter().collect();
+        assert_ne!(lists[0], old[0]);
         assert!(lists.len() <= ckptfs::catalog::lists::MAX_CHAIN);
         if lists.len() > 1 {
             deltas += 1;
-            assert_eq!(
-                lists[1..],
-                before.backend(&a).unwrap().lists[..lists.len() - 1]
-            );
+            assert_eq!(lists[1..], old[..lists.len() - 1]);
             assert!(
                 object_len(&lists[0]) < 1024,
                 "a delta of a few changes is small"

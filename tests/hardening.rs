@@ -593,7 +593,7 @@ fn an_object_that_is_a_symlink_is_not_followed() {
         store.join("objects").join(&hex[..2]).join(hex)
     };
     // A file's object.
-    let victim = path_of(newest.backends[0].files[0].object);
+    let victim = path_of(newest.backends[0].files.iter().next().unwrap().object);
     std::fs::remove_file(&victim).unwrap();
     std::os::unix::fs::symlink(&secret, &victim).unwrap();
     let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
@@ -605,7 +605,7 @@ fn an_object_that_is_a_symlink_is_not_followed() {
     assert!(err.to_string().contains("symbolic link"), "{err}");
     assert!(ids.contains(&damaged));
     // A file list's object: the checkpoints read through it cannot be read at all.
-    let list = path_of(newest.backends[0].lists[0]);
+    let list = path_of(newest.backends[0].lists.first().unwrap());
     std::fs::remove_file(&list).unwrap();
     std::os::unix::fs::symlink(&secret, &list).unwrap();
     let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();

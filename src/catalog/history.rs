@@ -69,7 +69,7 @@ pub fn object_histories<'a>(
                         }
                     }
                     for l in b.lists.iter() {
-                        on_add(None, *l);
+                        on_add(None, l);
                     }
                 }
             }
@@ -78,7 +78,7 @@ pub fn object_histories<'a>(
         // Backends this checkpoint does not have: everything they named goes.
         for old in previous.values() {
             removed.extend(old.files.iter().flat_map(|f| f.stored().map(|(id, _)| id)));
-            removed.extend(old.lists.iter().copied());
+            removed.extend(old.lists.iter());
         }
         previous = current;
         // Adds first: an object that moves between entries keeps its run.
@@ -119,36 +119,35 @@ fn diff(
     on_add: &mut impl FnMut(Option<&FileEntry>, ObjectId),
     removed: &mut Vec<ObjectId>,
 ) {
-    if !Arc::ptr_eq(&old.files, &new.files) {
+    if !old.files.ptr_eq(&new.files) {
         // Both sorted by name: one merge walk.
-        let (mut i, mut j) = (0, 0);
-        let (a, b) = (&old.files, &new.files);
-        while i < a.len() || j < b.len() {
-            let order = match (a.get(i), b.get(j)) {
+        let (mut a, mut b) = (old.files.iter().peekable(), new.files.iter().peekable());
+        loop {
+            let order = match (a.peek(), b.peek()) {
                 (Some(x), Some(y)) => x.name.cmp(&y.name),
                 (Some(_), None) => std::cmp::Ordering::Less,
-                _ => std::cmp::Ordering::Greater,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (None, None) => break,
             };
             match order {
                 std::cmp::Ordering::Less => {
-                    removed.extend(a[i].stored().map(|(id, _)| id));
-                    i += 1;
+                    let x = a.next().expect("peeked");
+                    removed.extend(x.stored().map(|(id, _)| id));
                 }
                 std::cmp::Ordering::Greater => {
-                    for (id, _) in b[j].stored() {
-                        on_add(Some(&b[j]), id);
+                    let y = b.next().expect("peeked");
+                    for (id, _) in y.stored() {
+                        on_add(Some(y), id);
                     }
-                    j += 1;
                 }
                 std::cmp::Ordering::Equal => {
-                    if !Arc::ptr_eq(&a[i], &b[j]) && a[i] != b[j] {
-                        removed.extend(a[i].stored().map(|(id, _)| id));
-                        for (id, _) in b[j].stored() {
-                            on_add(Some(&b[j]), id);
+                    let (x, y) = (a.next().expect("peeked"), b.next().expect("peeked"));
+                    if !Arc::ptr_eq(x, y) && x != y {
+                        removed.extend(x.stored().map(|(id, _)| id));
+                        for (id, _) in y.stored() {
+                            on_add(Some(y), id);
                         }
                     }
-                    i += 1;
-                    j += 1;
                 }
             }
         }
@@ -156,7 +155,7 @@ fn diff(
     if old.lists != new.lists {
         removed.extend(old.lists.iter().filter(|l| !new.lists.contains(l)));
         for l in new.lists.iter().filter(|l| !old.lists.contains(l)) {
-            on_add(None, *l);
+            on_add(None, l);
         }
     }
 }

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::shared::{Chain, Files};
 use super::{validate_file_name, FileEntry};
 use crate::error::{Error, Result};
 use crate::store::{ObjectId, ObjectStore};
@@ -44,8 +45,8 @@ struct StoredList {
 /// first (empty: not stored as a list, as in format 1 and 2 manifests).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FileList {
-    pub files: Arc<[Arc<FileEntry>]>,
-    pub chain: Arc<[ObjectId]>,
+    pub files: Files,
+    pub chain: Chain,
 }
 
 /// A list object to store for a backend's files.
@@ -54,19 +55,20 @@ pub struct Encoded {
     pub bytes: Vec<u8>,
     pub id: ObjectId,
     /// The new list's chain: its own id, then its base's chain (if it is a delta).
-    pub chain: Arc<[ObjectId]>,
+    pub chain: Chain,
 }
 
-/// Sort entries by name (the order lists are kept and written in).
-pub fn sorted(mut files: Vec<Arc<FileEntry>>) -> Arc<[Arc<FileEntry>]> {
+/// Sort entries by name (the order lists are kept and written in), sharing what did not
+/// change with `like` (the backend's previous snapshot).
+pub fn sorted(mut files: Vec<Arc<FileEntry>>, like: Option<&Files>) -> Files {
     files.sort_by(|a, b| a.name.cmp(&b.name));
-    files.into()
+    Files::new(files, like)
 }
 
 /// What to store for `files` (sorted by name), given the backend's previous list if it may
 /// be used as a base (stored, alive and pinned by the caller). `None`: the files are exactly
 /// the base's, which the new checkpoint shares.
-pub fn encode(files: &[Arc<FileEntry>], base: Option<&FileList>) -> Option<Encoded> {
+pub fn encode(files: &Files, base: Option<&FileList>) -> Option<Encoded> {
     let base = base.filter(|b| !b.chain.is_empty());
     let mut delta = None;
     if let Some(base) = base {
@@ -92,15 +94,15 @@ pub fn encode(files: &[Arc<FileEntry>], base: Option<&FileList>) -> Option<Encod
             delta = Some((base, removed, changed));
         }
     }
-    let (list, chain_tail): (StoredList, &[ObjectId]) = match delta {
+    let (list, chain_tail): (StoredList, Chain) = match delta {
         Some((base, removed, changed)) => (
             StoredList {
                 kind: KIND.into(),
-                base: Some(base.chain[0]),
+                base: base.chain.first(),
                 removed,
                 files: changed,
             },
-            &base.chain,
+            base.chain.clone(),
         ),
         None => (
             StoredList {
@@ -109,15 +111,13 @@ pub fn encode(files: &[Arc<FileEntry>], base: Option<&FileList>) -> Option<Encod
                 removed: Vec::new(),
                 files: files.iter().map(|f| (**f).clone()).collect(),
             },
-            &[],
+            Chain::default(),
         ),
     };
     let mut bytes = serde_json::to_vec(&list).expect("serializes");
     bytes.push(b'\n');
     let id = ObjectId::from_hash(blake3::hash(&bytes));
-    let chain: Arc<[ObjectId]> = std::iter::once(id)
-        .chain(chain_tail.iter().copied())
-        .collect();
+    let chain = chain_tail.push(id);
     Some(Encoded { bytes, id, chain })
 }
 
@@ -168,7 +168,7 @@ impl<'a> ListReader<'a> {
             pending.push((current, list));
         }
         let mut files = start.files;
-        let mut chain: Vec<ObjectId> = start.chain.iter().copied().collect();
+        let mut chain = start.chain;
         if chain.len() + pending.len() > MAX_CHAIN_READ {
             return Err(Error::Corrupt(format!(
                 "file list {id} has a chain of more than {MAX_CHAIN_READ} lists"
@@ -176,10 +176,10 @@ impl<'a> ListReader<'a> {
         }
         for (current, list) in pending.into_iter().rev() {
             files = self.apply(current, &files, list)?;
-            chain.insert(0, current);
+            chain = chain.push(current);
             let resolved = FileList {
                 files: files.clone(),
-                chain: chain.iter().copied().collect(),
+                chain: chain.clone(),
             };
             self.resolved.insert(current, resolved);
         }
@@ -188,12 +188,7 @@ impl<'a> ListReader<'a> {
 
     /// The files of list `id`: its base's (sorted by name) without the removed names, with
     /// the listed entries added or replaced. One merge walk; unchanged entries are shared.
-    fn apply(
-        &mut self,
-        id: ObjectId,
-        base: &[Arc<FileEntry>],
-        list: StoredList,
-    ) -> Result<Arc<[Arc<FileEntry>]>> {
+    fn apply(&mut self, id: ObjectId, base: &Files, list: StoredList) -> Result<Files> {
         let corrupt = |why: String| Error::Corrupt(format!("file list {id} {why}"));
         let mut removed = list.removed;
         removed.sort();
@@ -211,7 +206,7 @@ impl<'a> ListReader<'a> {
         let mut out = Vec::with_capacity(base.len() + changed.len());
         let mut removed = removed.iter().peekable();
         let mut changed = changed.into_iter().peekable();
-        for file in base {
+        for file in base.iter() {
             if let Some(name) = removed.next_if(|n| n.as_str() < file.name.as_str()) {
                 return Err(corrupt(format!(
                     "removes {name:?}, which its base does not list"
@@ -233,7 +228,7 @@ impl<'a> ListReader<'a> {
             )));
         }
         out.extend(changed);
-        Ok(out.into())
+        Ok(Files::new(out, Some(base)))
     }
 
     fn read(&self, id: &ObjectId) -> Result<StoredList> {
@@ -298,7 +293,7 @@ mod tests {
             ));
             files.retain(|f| f.name != "MANIFEST-000001");
             files.push(entry("MANIFEST-000001", &format!("m{step}")));
-            let sorted_files = sorted(files.clone());
+            let sorted_files = sorted(files.clone(), None);
             let encoded = encode(&sorted_files, previous.as_ref()).expect("changed");
             assert!(encoded.chain.len() <= MAX_CHAIN);
             if encoded.chain.len() > 1 {
@@ -315,8 +310,8 @@ mod tests {
         let mut reader = ListReader::new(&store);
         for (id, expected) in written.iter().rev() {
             let resolved = reader.resolve(*id).unwrap();
-            assert_eq!(&*resolved.files, &**expected);
-            assert_eq!(resolved.chain[0], *id);
+            assert_eq!(&resolved.files, expected);
+            assert_eq!(resolved.chain.first(), Some(*id));
         }
         // Entries that did not change are shared, not copied.
         let a = reader.resolve(written[10].0).unwrap();
@@ -331,7 +326,7 @@ mod tests {
 
     #[test]
     fn unchanged_files_share_the_base_list() {
-        let files = sorted(vec![entry("000001.sst", "a"), entry("CURRENT", "b")]);
+        let files = sorted(vec![entry("000001.sst", "a"), entry("CURRENT", "b")], None);
         let first = encode(&files, None).unwrap();
         let base = FileList {
             files: files.clone(),
@@ -344,7 +339,7 @@ mod tests {
     fn damaged_or_foreign_lists_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let store = LocalStore::open(dir.path()).unwrap();
-        let files = sorted(vec![entry("000001.sst", "a")]);
+        let files = sorted(vec![entry("000001.sst", "a")], None);
         let encoded = encode(&files, None).unwrap();
         store_encoded(&store, &encoded);
         // A delta that removes a name its base does not have.

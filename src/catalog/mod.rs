@@ -21,9 +21,11 @@ use crate::store::{LocalStore, ObjectId, ObjectStore};
 
 pub mod history;
 pub mod lists;
+pub mod shared;
 
 pub use lists::FileList;
 use lists::ListReader;
+pub use shared::{Chain, Files};
 
 /// The format written. 5: WAL files stored as chunks (of any size: format 4 readers
 /// refused chunked files over 64 MiB) and WAL figures in the stats; 4: file lists may store
@@ -151,11 +153,12 @@ pub struct BackendSnapshot {
     /// Identity of the local RocksDB instance that produced the files: file names are only
     /// meaningful within one lineage (a restore starts a new one).
     pub lineage: String,
-    /// The files, sorted by name; entries are shared between the checkpoints that list them.
-    pub files: Arc<[Arc<FileEntry>]>,
+    /// The files, sorted by name; entries (and blocks of them) are shared between the
+    /// checkpoints that list them.
+    pub files: Files,
     /// The stored file lists these files are read from, newest first (see [`lists`]); empty
     /// when the manifest lists them inline (formats 1 and 2, until migrated).
-    pub lists: Arc<[ObjectId]>,
+    pub lists: Chain,
 }
 
 impl BackendSnapshot {
@@ -164,8 +167,8 @@ impl BackendSnapshot {
         BackendSnapshot {
             name,
             lineage,
-            files: lists::sorted(files.into_iter().map(Arc::new).collect()),
-            lists: Arc::from([]),
+            files: lists::sorted(files.into_iter().map(Arc::new).collect(), None),
+            lists: Chain::default(),
         }
     }
 
@@ -323,7 +326,7 @@ impl Manifest {
             b.files
                 .iter()
                 .flat_map(|f| f.stored().map(|(id, _)| id))
-                .chain(b.lists.iter().copied())
+                .chain(b.lists.iter())
         })
     }
 
@@ -355,7 +358,7 @@ impl Manifest {
                         .lists
                         .is_empty()
                         .then(|| b.files.iter().map(|f| (**f).clone()).collect()),
-                    list: b.lists.first().copied(),
+                    list: b.lists.first(),
                 })
                 .collect(),
             stats: self.stats.clone(),
@@ -371,8 +374,8 @@ impl Manifest {
                     BackendSnapshot {
                         name: b.name,
                         lineage: b.lineage,
-                        files: lists::sorted(files),
-                        lists: Arc::from([]),
+                        files: lists::sorted(files, None),
+                        lists: Chain::default(),
                     }
                 }
                 (None, Some(list)) if stored.format >= 3 => {

@@ -323,15 +323,15 @@ fn store_list(
     entries: Vec<Arc<FileEntry>>,
     stats: &mut CheckpointStats,
 ) -> Result<FileList> {
-    let files = lists::sorted(entries);
+    let files = lists::sorted(entries, part.base.as_ref().map(|b| &b.list.files));
     let store = &engine.inner.store;
     let base = match part.base.as_ref().filter(|b| !b.list.chain.is_empty()) {
         Some(base) => {
             let mut st = engine.state();
-            if base.list.chain.iter().all(|l| st.can_share(l)) {
+            if base.list.chain.iter().all(|l| st.can_share(&l)) {
                 for l in base.list.chain.iter() {
-                    st.registry.pin(*l);
-                    pins.push(*l);
+                    st.registry.pin(l);
+                    pins.push(l);
                 }
                 Some(&base.list)
             } else {
@@ -565,7 +565,10 @@ impl PendingCheckpoint {
                     stats,
                 };
                 match self.commit(manifest) {
-                    Ok(m) => Ok(m),
+                    Ok(m) => {
+                        self.engine.trim_memory();
+                        Ok(m)
+                    }
                     Err(e) => {
                         self.fail(&e);
                         Err(e)

@@ -320,6 +320,7 @@ impl Engine {
                 catalog,
                 backend_options: config.backend_options.clone(),
                 materialize: config.materialize,
+                last_trim: Mutex::new(std::time::Instant::now()),
                 max_concurrent: config.max_concurrent.max(1),
                 backends,
                 state: Mutex::new(State {

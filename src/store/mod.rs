@@ -40,6 +40,10 @@ impl ObjectId {
         ObjectId(*hash.as_bytes())
     }
 
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
     pub fn to_hex(&self) -> String {
         blake3::Hash::from_bytes(self.0).to_hex().to_string()
     }
