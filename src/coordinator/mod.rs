@@ -274,9 +274,10 @@ impl Engine {
     /// Give the allocator's free memory back to the system after a checkpoint, at most
     /// every [`TRIM_INTERVAL`]: each checkpoint frees what it used on the way (buffers,
     /// staging lists, RocksDB's flushed memtables), and glibc keeps such memory unless
-    /// asked. Measured with the scale benchmark (dev build, 4 backends): 26 and 33 MiB
-    /// right after checkpoints 1,000 and 2,000 instead of 29 and 38; one trim costs about
-    /// 1 ms there, hence at most one a second.
+    /// asked. Measured with the scale benchmark (dev build, 4 backends), trimming after
+    /// every checkpoint: 26 and 33 MiB right after checkpoints 1,000 and 2,000 instead of
+    /// 29 and 38; but one trim costs about 1 ms there, hence at most one a second (28 and
+    /// 35 MiB in that benchmark, 30 checkpoints a second).
     pub(crate) fn trim_memory(&self) {
         {
             let mut last = self
