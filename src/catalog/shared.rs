@@ -73,17 +73,6 @@ impl Files {
     pub fn ptr_eq(&self, other: &Files) -> bool {
         Arc::ptr_eq(&self.blocks, &other.blocks)
     }
-
-    pub fn to_vec(&self) -> Vec<Arc<FileEntry>> {
-        self.iter().cloned().collect()
-    }
-}
-
-impl FromIterator<Arc<FileEntry>> for Files {
-    /// Entries already sorted by name.
-    fn from_iter<I: IntoIterator<Item = Arc<FileEntry>>>(iter: I) -> Self {
-        Files::new(iter.into_iter().collect(), None)
-    }
 }
 
 impl PartialEq for Files {
@@ -197,7 +186,7 @@ mod tests {
         let mut second = first.clone();
         second.insert(50, entry("000050.sst"));
         let b = Files::new(second.clone(), Some(&a));
-        assert_eq!(b.to_vec(), second);
+        assert_eq!(b.iter().cloned().collect::<Vec<_>>(), second);
         assert_ne!(a, b);
         let shared = (0..b.blocks.len())
             .filter(|i| {
