@@ -7,10 +7,11 @@
 //! checkpoint before, so walking the checkpoints in order and following only what changed
 //! gives each object's references as a few runs of consecutive retained checkpoints.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::{BackendSnapshot, FileEntry, Manifest};
+use crate::names::BackendName;
 use crate::store::ObjectId;
 
 /// One stored object as the retained checkpoints reference it.
@@ -22,10 +23,29 @@ pub struct ObjectHistory {
     pub runs: Vec<(u64, u64)>,
     /// How many retained checkpoints reference it (its reference count).
     pub count: u64,
-    /// The (backend, file name) pairs it appears as.
-    pub files: BTreeSet<(String, String)>,
-    /// The backends it is a file list of.
-    pub list_of: BTreeSet<String>,
+    /// The (backend, file name) pairs it appears as, sorted, each once.
+    pub files: Vec<(String, String)>,
+    /// The backends it is a file list of, sorted, each once.
+    pub list_of: Vec<String>,
+}
+
+/// Insert into a sorted vector of unique items (a set of usually one item: a `BTreeSet`
+/// node was most of the memory of 100,000 histories).
+fn insert_sorted<T: Ord>(set: &mut Vec<T>, item: T) {
+    if let Err(at) = set.binary_search(&item) {
+        set.reserve_exact(1);
+        set.insert(at, item);
+    }
+}
+
+/// One object while the checkpoints are walked.
+#[derive(Default)]
+struct Walk {
+    history: ObjectHistory,
+    /// How many entries of the current checkpoint name it.
+    live: u32,
+    /// Where its open run started (position in the sorted checkpoints), while `live > 0`.
+    since: usize,
 }
 
 /// Every referenced object's history, from the retained checkpoints (in any order).
@@ -35,32 +55,35 @@ pub fn object_histories<'a>(
     let mut sorted: Vec<&Manifest> = checkpoints.into_iter().collect();
     sorted.sort_by_key(|m| m.id);
     let ids: Vec<u64> = sorted.iter().map(|m| m.id).collect();
-    let mut out: BTreeMap<ObjectId, ObjectHistory> = BTreeMap::new();
-    // Runs by position in `sorted`; an open run ends at usize::MAX until closed.
-    let mut runs: HashMap<ObjectId, Vec<(usize, usize)>> = HashMap::new();
-    // How many entries of the current checkpoint name each object.
-    let mut live: HashMap<ObjectId, u32> = HashMap::new();
-    let mut previous: HashMap<String, &BackendSnapshot> = HashMap::new();
+    // One table for everything known of an object (a third of the time went to missing
+    // the cache in three maps of 100,000 and more objects each).
+    let mut objects: HashMap<ObjectId, Walk> = HashMap::new();
+    let close = |w: &mut Walk, end: usize| {
+        w.history.count += (end - w.since + 1) as u64;
+        w.history.runs.reserve_exact(1);
+        w.history.runs.push((ids[w.since], ids[end]));
+    };
+    let mut previous: HashMap<&BackendName, &BackendSnapshot> = HashMap::new();
     for (pos, m) in sorted.iter().enumerate() {
         let mut added: Vec<ObjectId> = Vec::new();
         let mut removed: Vec<ObjectId> = Vec::new();
-        let mut current: HashMap<String, &BackendSnapshot> = HashMap::new();
+        let mut current: HashMap<&BackendName, &BackendSnapshot> = HashMap::new();
         for b in &m.backends {
             let name = b.name.to_string();
             let mut on_add = |entry: Option<&FileEntry>, id: ObjectId| {
                 added.push(id);
-                let h = out.entry(id).or_default();
+                let h = &mut objects.entry(id).or_default().history;
                 match entry {
                     Some(f) => {
                         h.size = f.stored().find(|(o, _)| *o == id).map(|(_, size)| size);
-                        h.files.insert((name.clone(), f.name.clone()));
+                        insert_sorted(&mut h.files, (name.clone(), f.name.clone()));
                     }
                     None => {
-                        h.list_of.insert(name.clone());
+                        insert_sorted(&mut h.list_of, name.clone());
                     }
                 }
             };
-            match previous.remove(&name) {
+            match previous.remove(&b.name) {
                 Some(old) => diff(old, b, &mut on_add, &mut removed),
                 None => {
                     for f in b.files.iter() {
@@ -73,7 +96,7 @@ pub fn object_histories<'a>(
                     }
                 }
             }
-            current.insert(name, b);
+            current.insert(&b.name, b);
         }
         // Backends this checkpoint does not have: everything they named goes.
         for old in previous.values() {
@@ -83,33 +106,32 @@ pub fn object_histories<'a>(
         previous = current;
         // Adds first: an object that moves between entries keeps its run.
         for id in added {
-            let n = live.entry(id).or_insert(0);
-            *n += 1;
-            if *n == 1 {
-                runs.entry(id).or_default().push((pos, usize::MAX));
+            let w = objects.get_mut(&id).expect("added objects are known");
+            w.live += 1;
+            if w.live == 1 {
+                w.since = pos;
             }
         }
         for id in removed {
-            let Some(n) = live.get_mut(&id) else { continue };
-            *n -= 1;
-            if *n == 0 {
-                live.remove(&id);
-                if let Some(run) = runs.get_mut(&id).and_then(|r| r.last_mut()) {
-                    run.1 = pos - 1;
-                }
+            let Some(w) = objects.get_mut(&id).filter(|w| w.live > 0) else {
+                continue;
+            };
+            w.live -= 1;
+            if w.live == 0 {
+                close(w, pos - 1);
             }
         }
     }
     let last = ids.len().saturating_sub(1);
-    for (id, object_runs) in runs {
-        let h = out.entry(id).or_default();
-        for (first, end) in object_runs {
-            let end = end.min(last);
-            h.count += (end - first + 1) as u64;
-            h.runs.push((ids[first], ids[end]));
-        }
-    }
-    out
+    objects
+        .into_iter()
+        .map(|(id, mut w)| {
+            if w.live > 0 {
+                close(&mut w, last);
+            }
+            (id, w.history)
+        })
+        .collect()
 }
 
 /// What changed between a backend's snapshot in two consecutive checkpoints.
@@ -120,8 +142,12 @@ fn diff(
     removed: &mut Vec<ObjectId>,
 ) {
     if !old.files.ptr_eq(&new.files) {
-        // Both sorted by name: one merge walk.
-        let (mut a, mut b) = (old.files.iter().peekable(), new.files.iter().peekable());
+        // Both sorted by name: one merge walk, after the leading blocks they share.
+        let shared = old.files.shared_blocks(&new.files);
+        let (mut a, mut b) = (
+            old.files.iter_after(shared).peekable(),
+            new.files.iter_after(shared).peekable(),
+        );
         loop {
             let order = match (a.peek(), b.peek()) {
                 (Some(x), Some(y)) => x.name.cmp(&y.name),
@@ -143,16 +169,32 @@ fn diff(
                 std::cmp::Ordering::Equal => {
                     let (x, y) = (a.next().expect("peeked"), b.next().expect("peeked"));
                     if !Arc::ptr_eq(x, y) && x != y {
-                        removed.extend(x.stored().map(|(id, _)| id));
-                        for (id, _) in y.stored() {
-                            on_add(Some(y), id);
+                        // A grown append-only file keeps its leading chunks: only the
+                        // stored objects that differ at a place come and go.
+                        let (mut xs, mut ys) = (x.stored(), y.stored());
+                        loop {
+                            match (xs.next(), ys.next()) {
+                                (Some(a), Some(b)) if a == b => {}
+                                (a, b) => {
+                                    if a.is_none() && b.is_none() {
+                                        break;
+                                    }
+                                    removed.extend(a.map(|(id, _)| id));
+                                    if let Some((id, _)) = b {
+                                        on_add(Some(y), id);
+                                    }
+                                }
+                            }
                         }
                     }
                 }
             }
         }
     }
-    if old.lists != new.lists {
+    if new.lists.extends(&old.lists) {
+        // The usual step: a delta on the previous list.
+        on_add(None, new.lists.first().expect("a list"));
+    } else if old.lists != new.lists {
         removed.extend(old.lists.iter().filter(|l| !new.lists.contains(l)));
         for l in new.lists.iter().filter(|l| !old.lists.contains(l)) {
             on_add(None, l);
@@ -165,6 +207,7 @@ mod tests {
     use super::*;
     use crate::catalog::{CheckpointStats, FORMAT};
     use crate::store::chunks::Chunks;
+    use std::collections::BTreeSet;
 
     fn obj(content: &str) -> ObjectId {
         ObjectId::from_hash(blake3::hash(content.as_bytes()))

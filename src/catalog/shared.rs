@@ -69,6 +69,23 @@ impl Files {
         self.len == 0
     }
 
+    /// How many leading blocks `self` and `other` share (the same allocations, so the same
+    /// entries at the same places).
+    pub fn shared_blocks(&self, other: &Files) -> usize {
+        self.blocks
+            .iter()
+            .zip(other.blocks.iter())
+            .take_while(|(a, b)| Arc::ptr_eq(a, b))
+            .count()
+    }
+
+    /// The entries after the first `blocks` blocks.
+    pub fn iter_after(&self, blocks: usize) -> impl Iterator<Item = &Arc<FileEntry>> + '_ {
+        self.blocks[blocks.min(self.blocks.len())..]
+            .iter()
+            .flat_map(|b| b.iter())
+    }
+
     /// The same allocation (an unchanged backend's snapshot): equal without a look inside.
     pub fn ptr_eq(&self, other: &Files) -> bool {
         Arc::ptr_eq(&self.blocks, &other.blocks)
@@ -125,6 +142,14 @@ impl Chain {
 
     pub fn iter(&self) -> impl Iterator<Item = ObjectId> + '_ {
         std::iter::successors(self.0.as_deref(), |l| l.next.0.as_deref()).map(|l| l.id)
+    }
+
+    /// This chain is one list in front of `base` (the same allocation).
+    pub fn extends(&self, base: &Chain) -> bool {
+        match (&self.0, &base.0) {
+            (Some(link), Some(b)) => link.next.0.as_ref().is_some_and(|n| Arc::ptr_eq(n, b)),
+            _ => false,
+        }
     }
 
     pub fn contains(&self, id: &ObjectId) -> bool {
@@ -196,6 +221,9 @@ mod tests {
             })
             .count();
         assert_eq!(shared, 3, "blocks 0-2 (48 entries) shared");
+        assert_eq!(a.shared_blocks(&b), 3);
+        assert!(b.iter_after(3).eq(second[48..].iter()));
+        assert_eq!(b.iter_after(9).count(), 0);
         assert_eq!(Files::new(second, None), b);
     }
 
@@ -208,6 +236,12 @@ mod tests {
         assert_eq!(longer.len(), 3);
         assert_eq!(longer.iter().collect::<Vec<_>>(), vec![id(3), id(2), id(1)]);
         assert!(longer.contains(&id(1)) && !base.contains(&id(3)));
+        assert!(longer.extends(&base) && !base.extends(&longer));
+        let equal_copy: Chain = [id(2), id(1)].into_iter().collect();
+        assert!(
+            !longer.extends(&equal_copy),
+            "only the same allocation counts"
+        );
         assert_eq!(longer, [id(3), id(2), id(1)].into_iter().collect::<Chain>());
         assert_ne!(longer, base);
         assert!(Chain::default().is_empty() && Chain::default().first().is_none());

@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime};
 
 use serde_json::json;
 
-use crate::catalog::history::object_histories;
+use crate::catalog::history::{object_histories, ObjectHistory};
 use crate::control::{self, Controller};
 use crate::error::{Error, Result};
 use crate::store::chunks::{Chunks, MAX_ASSEMBLED};
@@ -104,10 +104,25 @@ enum Handle {
     /// A large file stored as chunks (a WAL): each read fetches the chunks it spans.
     Chunked(Arc<(Chunks, u64)>),
     Control(Arc<ControlStream>),
+    Registry(Arc<Mutex<RegistryStream>>),
     /// An open directory: its entries (with `.` and `..`) as of `opendir`, so that every
     /// page of a listing comes from one picture, whatever is dropped meanwhile; and the
     /// directory it is.
     Dir(Arc<Vec<DirEntry>>, DirOf),
+}
+
+/// `.ckptfs/registry` as it is read: the objects' histories are worked out at open, their
+/// rows written as the reader gets to them (122,883 rows were 1 s of a release daemon's
+/// time before the first byte; a reader of the head now waits only for the histories).
+#[derive(Default)]
+struct RegistryStream {
+    rows: Vec<(ObjectId, ObjectHistory)>,
+    counts: std::collections::BTreeMap<ObjectId, u32>,
+    /// The next row to write.
+    next: usize,
+    /// Text written and not yet read past, starting at byte `start` of the view.
+    window: Vec<u8>,
+    start: u64,
 }
 
 enum DirOf {
@@ -659,10 +674,15 @@ impl CkptFs {
                 }))),
                 seekable: false,
             }),
-            STATUS | REGISTRY | CHECKPOINTS if !write => {
+            REGISTRY if !write => Ok(Opened::Stream {
+                fh: self.new_handle(Handle::Registry(Arc::new(Mutex::new(
+                    self.registry_stream(),
+                )))),
+                seekable: true,
+            }),
+            STATUS | CHECKPOINTS if !write => {
                 let bytes = match ino {
                     STATUS => self.status_json(),
-                    REGISTRY => self.registry_json(),
                     _ => self.checkpoints_json(),
                 };
                 crate::fsutil::release_free_memory();
@@ -781,6 +801,7 @@ impl CkptFs {
             }
             Some(Handle::Control(stream)) => Ok(HandleRef::Control(stream.clone())),
             Some(Handle::Chunked(file)) => Ok(HandleRef::Chunked(file.clone())),
+            Some(Handle::Registry(stream)) => Ok(HandleRef::Registry(stream.clone())),
             Some(Handle::Dir(..)) => Err(Error::io(
                 "read",
                 std::io::Error::from_raw_os_error(libc::EISDIR),
@@ -793,6 +814,11 @@ impl CkptFs {
         match handle {
             Err(e) => reply(Err(e)),
             Ok(HandleRef::Bytes(b)) => reply(Ok(b)),
+            Ok(HandleRef::Registry(stream)) => reply(Ok(self.read_registry(
+                &mut lock(&stream),
+                offset,
+                size as u64,
+            ))),
             Ok(HandleRef::Chunked(file)) => {
                 let (chunks, file_size) = &*file;
                 let store = self.controller.engine().object_store();
@@ -967,7 +993,11 @@ impl CkptFs {
 
     pub fn release(&self, fh: u64) {
         let handle = lock(&self.handles).remove(&fh);
-        if let Some(Handle::Control(stream)) = handle {
+        if let Some(Handle::Registry(stream)) = handle {
+            // Freed here, whoever still holds the stream (a read that just replied).
+            drop(std::mem::take(&mut *lock(&stream)));
+            crate::fsutil::release_free_memory();
+        } else if let Some(Handle::Control(stream)) = handle {
             // A last line without a newline (`echo -n checkpoint > ctl`) runs at close.
             let rest = std::mem::take(&mut lock(&stream.state).unfinished);
             if !rest.is_empty() {
@@ -1120,54 +1150,94 @@ impl CkptFs {
         out
     }
 
-    pub fn registry_json(&self) -> String {
+    fn registry_stream(&self) -> RegistryStream {
         let engine = self.controller.engine();
         let counts = engine.reference_counts();
         // Each object's referencing checkpoints as runs of consecutive retained ones: with
         // thousands of checkpoints, a list of every one would be millions of numbers.
         let checkpoints = engine.checkpoints();
-        let rows = object_histories(checkpoints.iter().map(|m| &**m));
-        // Written directly (one row per stored object: 100,000 and more), strings escaped
-        // by serde_json.
-        use std::fmt::Write;
+        let rows = object_histories(checkpoints.iter().map(|m| &**m))
+            .into_iter()
+            .collect();
+        RegistryStream {
+            rows,
+            counts,
+            next: 0,
+            window: Vec::new(),
+            start: 0,
+        }
+    }
+
+    /// Bytes `offset..offset + size` of the registry view, writing rows as far as needed
+    /// (from the first row again if the reader went back before the text still held).
+    fn read_registry(&self, stream: &mut RegistryStream, offset: u64, size: u64) -> Vec<u8> {
+        if offset < stream.start {
+            stream.next = 0;
+            stream.window.clear();
+            stream.start = 0;
+        }
+        loop {
+            let end = stream.start + stream.window.len() as u64;
+            let skip = (offset.min(end) - stream.start) as usize;
+            stream.window.drain(..skip);
+            stream.start += skip as u64;
+            if end >= offset + size || stream.next == stream.rows.len() {
+                break;
+            }
+            let (id, row) = &stream.rows[stream.next];
+            self.registry_row(&mut stream.window, id, row, &stream.counts);
+            stream.next += 1;
+        }
+        let from = ((offset - stream.start) as usize).min(stream.window.len());
+        let to = (from + size as usize).min(stream.window.len());
+        stream.window[from..to].to_vec()
+    }
+
+    /// One row of the registry view, written directly (one row per stored object: 100,000
+    /// and more), strings escaped by serde_json.
+    fn registry_row(
+        &self,
+        out: &mut Vec<u8>,
+        id: &ObjectId,
+        row: &ObjectHistory,
+        counts: &std::collections::BTreeMap<ObjectId, u32>,
+    ) {
+        use std::io::Write;
         let text = |s: &str| serde_json::to_string(s).expect("string");
-        let mut out = String::new();
-        for (id, row) in rows {
-            // File lists are not sized in the manifests: the store knows.
-            let size = row.size.unwrap_or_else(|| {
-                engine
-                    .object_store()
-                    .local_path(&id)
-                    .and_then(|p| std::fs::symlink_metadata(p).ok())
-                    .map_or(0, |m| m.len())
-            });
-            let refcount = counts.get(&id).copied().unwrap_or(0);
+        // File lists are not sized in the manifests: the store knows.
+        let size = row.size.unwrap_or_else(|| {
+            self.controller
+                .engine()
+                .object_store()
+                .local_path(id)
+                .and_then(|p| std::fs::symlink_metadata(p).ok())
+                .map_or(0, |m| m.len())
+        });
+        let refcount = counts.get(id).copied().unwrap_or(0);
+        let _ = write!(
+            out,
+            "{{\"id\":\"{id}\",\"size\":{size},\"refcount\":{refcount},\"checkpoint_runs\":["
+        );
+        for (i, (a, b)) in row.runs.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            let _ = write!(out, "{sep}[{a},{b}]");
+        }
+        out.extend_from_slice(b"],\"files\":[");
+        for (i, (backend, name)) in row.files.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
             let _ = write!(
                 out,
-                "{{\"id\":\"{id}\",\"size\":{size},\"refcount\":{refcount},\"checkpoint_runs\":["
+                "{sep}{{\"backend\":{},\"name\":{}}}",
+                text(backend),
+                text(name)
             );
-            for (i, (a, b)) in row.runs.iter().enumerate() {
-                let sep = if i == 0 { "" } else { "," };
-                let _ = write!(out, "{sep}[{a},{b}]");
-            }
-            out.push_str("],\"files\":[");
-            for (i, (backend, name)) in row.files.iter().enumerate() {
-                let sep = if i == 0 { "" } else { "," };
-                let _ = write!(
-                    out,
-                    "{sep}{{\"backend\":{},\"name\":{}}}",
-                    text(backend),
-                    text(name)
-                );
-            }
-            out.push(']');
-            if !row.list_of.is_empty() {
-                let backends: Vec<String> = row.list_of.iter().map(|b| text(b)).collect();
-                let _ = write!(out, ",\"file_list_of\":[{}]", backends.join(","));
-            }
-            out.push_str("}\n");
         }
-        out
+        out.push(b']');
+        if !row.list_of.is_empty() {
+            let backends: Vec<String> = row.list_of.iter().map(|b| text(b)).collect();
+            let _ = write!(out, ",\"file_list_of\":[{}]", backends.join(","));
+        }
+        out.extend_from_slice(b"}\n");
     }
 
     /// The answers the kernel may cache: immutable entries for an hour, the rest a second.
@@ -1185,6 +1255,7 @@ enum HandleRef {
     Bytes(Vec<u8>),
     Chunked(Arc<(Chunks, u64)>),
     Control(Arc<ControlStream>),
+    Registry(Arc<Mutex<RegistryStream>>),
 }
 
 fn push_answers(stream: &Arc<ControlStream>, answers: Vec<Option<String>>) {
@@ -1245,6 +1316,56 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         fs.read(fh, 0, 4096, Box::new(move |r| tx.send(r.unwrap()).unwrap()));
         rx.recv_timeout(Duration::from_secs(30)).unwrap()
+    }
+
+    fn read_at(fs: &CkptFs, fh: u64, offset: u64, size: u32) -> Vec<u8> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        fs.read(
+            fh,
+            offset,
+            size,
+            Box::new(move |r| tx.send(r.unwrap()).unwrap()),
+        );
+        rx.recv_timeout(Duration::from_secs(30)).unwrap()
+    }
+
+    /// The registry view is written as it is read: any read pattern (small windows,
+    /// skipping ahead, going back) gives the bytes of one whole read.
+    #[test]
+    fn the_registry_view_reads_the_same_in_any_windows() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs_with_checkpoints(dir.path(), 6);
+        let open = || match fs.open(REGISTRY, false).unwrap() {
+            Opened::Stream { fh, .. } => fh,
+            Opened::Object { .. } => unreachable!(),
+        };
+        let fh = open();
+        let whole = read_at(&fs, fh, 0, 1 << 30);
+        let rows = whole
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .count();
+        assert!(rows >= 6, "{rows} rows");
+        assert!(read_at(&fs, fh, whole.len() as u64, 100).is_empty());
+        fs.release(fh);
+        for window in [1u32, 7, 100, 4096] {
+            let fh = open();
+            let mut got = Vec::new();
+            loop {
+                let piece = read_at(&fs, fh, got.len() as u64, window);
+                if piece.is_empty() {
+                    break;
+                }
+                got.extend(piece);
+            }
+            assert_eq!(got, whole, "windows of {window}");
+            // Back to earlier bytes, and ahead past unread ones.
+            assert_eq!(read_at(&fs, fh, 3, 10), whole[3..13]);
+            let mid = whole.len() / 2;
+            assert_eq!(read_at(&fs, fh, mid as u64, 20), whole[mid..mid + 20]);
+            assert_eq!(read_at(&fs, fh, 0, 5), whole[..5]);
+            fs.release(fh);
+        }
     }
 
     /// `cat cmds > ctl` may split a line across two writes: it must run once, whole.
