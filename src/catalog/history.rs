@@ -174,11 +174,9 @@ fn diff(
                         let (mut xs, mut ys) = (x.stored(), y.stored());
                         loop {
                             match (xs.next(), ys.next()) {
-                                (Some(a), Some(b)) if a == b => {}
+                                (None, None) => break,
+                                (a, b) if a == b => {}
                                 (a, b) => {
-                                    if a.is_none() && b.is_none() {
-                                        break;
-                                    }
                                     removed.extend(a.map(|(id, _)| id));
                                     if let Some((id, _)) = b {
                                         on_add(Some(y), id);
