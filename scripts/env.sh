@@ -33,3 +33,13 @@ ckptfs_install_rocksdict() {
     python3 -m pip install -q rocksdict 2>/dev/null \
         || python3 -m pip install -q --break-system-packages rocksdict
 }
+
+# moto_server (Python package moto[server]): the S3-compatible server the object-storage
+# tests (tests/s3.rs) start on 127.0.0.1.
+ckptfs_install_moto() {
+    command -v moto_server >/dev/null 2>&1 && python3 -c 'import moto' 2>/dev/null && return 0
+    python3 -m pip install -q 'moto[server]' 2>/dev/null \
+        || python3 -m pip install -q --break-system-packages 'moto[server]'
+    # pyenv keeps console scripts behind shims that need a rehash.
+    command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
+}

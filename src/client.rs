@@ -17,14 +17,27 @@ const NOTIFY_ENV: &str = "CKPTFS_NOTIFY_READY";
 /// Re-run this command with `--foreground` as a detached daemon, and return once it says
 /// the mount is ready (exit 0) or why it is not (exit 1).
 pub fn daemonize(
-    store: &Path,
+    store: &ckptfs::store::Location,
+    state: Option<&Path>,
     log_file: Option<&Path>,
     args: &[std::ffi::OsString],
 ) -> Result<ExitCode, Error> {
-    let store = &ckptfs::coordinator::ensure_store_dir(store)?;
+    let default_dir = match (store.local(), state) {
+        (Some(root), _) => ckptfs::coordinator::ensure_store_dir(root)?,
+        (None, Some(state)) => {
+            ckptfs::fsutil::create_private_dir_all(state)?;
+            state.to_path_buf()
+        }
+        (None, None) => {
+            return Err(Error::Invalid(format!(
+                "a store on object storage ({store}) needs --state DIR: a local directory \
+                 for the live databases and the read cache"
+            )))
+        }
+    };
     let log_path = log_file
         .map(Path::to_path_buf)
-        .unwrap_or_else(|| store.join("ckptfs.log"));
+        .unwrap_or_else(|| default_dir.join("ckptfs.log"));
     let log = ckptfs::fsutil::open_private()
         .create(true)
         .append(true)

@@ -140,6 +140,7 @@ pub struct Controller {
     stopping: std::sync::Arc<std::sync::atomic::AtomicBool>,
     interval: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     compactor: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    sweeper: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     on_change: std::sync::Mutex<Option<ChangeHook>>,
 }
 
@@ -193,6 +194,7 @@ impl Controller {
             stopping: Default::default(),
             interval: Default::default(),
             compactor: Default::default(),
+            sweeper: Default::default(),
             on_change: Default::default(),
         }
     }
@@ -425,6 +427,19 @@ impl Controller {
         *self.compactor.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
     }
 
+    /// Delete orphans older than the grace period every `period` (object storage: uploads
+    /// that landed for checkpoints that then failed).
+    pub fn start_orphan_sweep(self: &std::sync::Arc<Self>, period: std::time::Duration) {
+        let handle = self.every(period, "ckptfs-sweep", |this| {
+            match this.engine.sweep_orphans() {
+                Ok(0) => {}
+                Ok(n) => log::info!("deleted {n} orphaned objects older than the grace period"),
+                Err(e) => log::warn!("orphan sweep failed: {e}"),
+            }
+        });
+        *self.sweeper.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+    }
+
     /// Run `tick` every `period` on a thread of its own until shutdown; a tick that takes
     /// longer than `period` delays the next one rather than piling up.
     fn every(
@@ -464,13 +479,10 @@ impl Controller {
         {
             let _ = h.join();
         }
-        if let Some(h) = self
-            .compactor
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            let _ = h.join();
+        for handle in [&self.compactor, &self.sweeper] {
+            if let Some(h) = handle.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                let _ = h.join();
+            }
         }
         let workers: Vec<_> = self
             .workers

@@ -147,7 +147,7 @@ pub fn serve(config: MountConfig, ready: impl FnOnce(Result<()>)) -> Result<()> 
         let controller = Arc::new(Controller::new(engine.clone()));
         let fs = CkptFs::with_verification(controller.clone(), config.verify);
         let mut options = vec![
-            MountOption::FSName(format!("ckptfs:{}", engine.store_root().display())),
+            MountOption::FSName(format!("ckptfs:{}", engine.location())),
             MountOption::Subtype("ckptfs".into()),
             MountOption::NoDev,
             MountOption::NoSuid,
@@ -178,6 +178,9 @@ pub fn serve(config: MountConfig, ready: impl FnOnce(Result<()>)) -> Result<()> 
         if let Some(period) = config.interval {
             controller.start_interval(period);
         }
+        if engine.location().local().is_none() {
+            controller.start_orphan_sweep(config.engine.orphan_grace.max(Duration::from_secs(1)));
+        }
         if let Some(period) = config.small_file_compaction {
             controller.start_small_file_compaction(period, Default::default());
         }
@@ -196,7 +199,7 @@ pub fn serve(config: MountConfig, ready: impl FnOnce(Result<()>)) -> Result<()> 
     };
     log::info!(
         "serving {} at {}",
-        engine.store_root().display(),
+        engine.location(),
         config.mountpoint.display()
     );
     while !STOP.load(Ordering::SeqCst) && !background.guard.is_finished() {

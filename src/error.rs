@@ -46,6 +46,12 @@ pub enum Error {
     BackendClosed(String),
     #[error("not found: {0}")]
     NotFound(String),
+    /// A create-only write found the record there already.
+    #[error("{0} exists already")]
+    Exists(String),
+    /// A conditional write found the record changed by someone else (another writer).
+    #[error("{0}")]
+    Conflict(String),
 }
 
 impl Error {
@@ -63,6 +69,8 @@ impl Error {
             Error::NotEmpty(_) => libc::ENOTEMPTY,
             Error::ReadOnly(_) => libc::EROFS,
             Error::BackendClosed(_) => libc::EIO,
+            Error::Exists(_) => libc::EEXIST,
+            Error::Conflict(_) => libc::ESTALE,
         }
     }
 

@@ -5,12 +5,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::catalog::Catalog;
 use crate::error::{Error, Result};
+use crate::lease::Lease;
 use crate::lock::StoreLock;
 use crate::registry::Registry;
-use crate::restore::check_is_store;
-use crate::store::{hash_file, LocalStore, ObjectId, ObjectStore};
+use crate::restore::open_store;
+use crate::store::{hash_file, Location, ObjectId};
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct FsckReport {
@@ -68,24 +68,42 @@ impl FsckReport {
 /// missing or corrupt objects again from identical copies found in `STORE/state` (the live
 /// RocksDB files); what cannot be repaired is reported with the checkpoints it damages.
 /// Objects that a quarantined manifest may name are never orphans.
-pub fn fsck(store_root: &Path, repair: bool, progress: impl FnMut(u64)) -> Result<FsckReport> {
-    fsck_with_copies(store_root, repair, &[], progress)
+pub fn fsck(
+    store: impl Into<Location>,
+    repair: bool,
+    progress: impl FnMut(u64),
+) -> Result<FsckReport> {
+    fsck_with_copies(store, repair, &[], progress)
 }
 
 /// [`fsck`], also searching `copies` (directories: a restored checkpoint, a backup, a
 /// state directory elsewhere) for identical copies of damaged objects.
 pub fn fsck_with_copies(
-    store_root: &Path,
+    location: impl Into<Location>,
     repair: bool,
     copies: &[PathBuf],
     mut progress: impl FnMut(u64),
 ) -> Result<FsckReport> {
-    check_is_store(store_root)?;
-    let _lock = StoreLock::acquire(store_root)?;
+    let location = &location.into();
     // Create nothing: a store the daemon refuses must not look complete afterwards.
-    let catalog = Catalog::at(store_root)?;
-    let store = LocalStore::open_existing(store_root)?;
-    let has_catalog_dir = crate::fsutil::is_real_dir(&store_root.join("checkpoints"));
+    let (opened, catalog) = open_store(location)?;
+    // No daemon may write meanwhile: the store's lock, or on object storage its lease.
+    let (_lock, _lease) = match location.local() {
+        Some(root) => (Some(StoreLock::acquire(root)?), None),
+        None => (
+            None,
+            Some(Lease::acquire(
+                opened.records.clone(),
+                crate::lease::DEFAULT_TTL,
+            )?),
+        ),
+    };
+    let catalog = match &_lease {
+        Some(lease) => catalog.with_fence(lease.fence()),
+        None => catalog,
+    };
+    let store = opened.objects.as_ref();
+    let has_catalog_dir = catalog.has_dir();
     let meta = catalog.load_meta();
     let (manifests, unreadable) = catalog.load_all_lenient()?;
     let registry = Registry::from_checkpoints(manifests.iter().map(|(id, m)| (*id, m.objects())));
@@ -110,7 +128,20 @@ pub fn fsck_with_copies(
         .values()
         .flat_map(|m| m.backends.iter().flat_map(|b| b.lists.iter()))
         .collect();
-    let stored: BTreeSet<ObjectId> = store.list()?.into_iter().collect();
+    let listed = store.list_modified()?;
+    let stored: BTreeSet<ObjectId> = listed.iter().map(|(id, _)| *id).collect();
+    // On object storage, an unreferenced object younger than the grace period may be the
+    // upload of a daemon that is still running: reported, never deleted.
+    let now = std::time::SystemTime::now();
+    let young: BTreeSet<ObjectId> = listed
+        .iter()
+        .filter(|(_, modified)| {
+            modified.is_some_and(|m| {
+                now.duration_since(m).unwrap_or_default() < crate::coordinator::DEFAULT_ORPHAN_GRACE
+            })
+        })
+        .map(|(id, _)| *id)
+        .collect();
     let mut report = FsckReport {
         checkpoints: manifests.keys().copied().collect(),
         objects_referenced: sizes.len() + list_objects.len(),
@@ -173,12 +204,17 @@ pub fn fsck_with_copies(
         .copied()
         .collect();
     report.orphans = orphans.iter().map(|id| id.to_hex()).collect();
-    report.staged_leftovers = std::fs::read_dir(store_root.join("tmp"))
-        .map(|d| d.count())
-        .unwrap_or(0)
+    report.staged_leftovers = location
+        .local()
+        .and_then(|root| std::fs::read_dir(root.join("tmp")).ok())
+        .map_or(0, |d| d.count())
         + catalog.leftovers()?.len();
     if repair && !bad.is_empty() {
-        let mut dirs = vec![store_root.join("state")];
+        let mut dirs: Vec<PathBuf> = location
+            .local()
+            .map(|r| r.join("state"))
+            .into_iter()
+            .collect();
         dirs.extend(copies.iter().cloned());
         // Where each damaged object's bytes may be found again: a file of the same name and
         // size, or (a chunk of an append-only file) the same range of a file of the same
@@ -236,11 +272,15 @@ pub fn fsck_with_copies(
     if repair {
         for (name, _) in &unreadable {
             let dest = catalog.quarantine(name)?;
-            report.quarantined.push(dest.display().to_string());
+            report.quarantined.push(dest);
         }
         report.repaired_leftovers += catalog.clear_leftovers()?;
         if report.orphans_kept.is_none() {
             for id in &orphans {
+                if young.contains(id) {
+                    log::warn!("orphan {id} is younger than the grace period: kept for now");
+                    continue;
+                }
                 store.delete(id)?;
                 report.repaired_orphans += 1;
             }

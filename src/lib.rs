@@ -16,6 +16,7 @@ pub mod fs;
 pub mod fsck;
 pub mod fsutil;
 pub mod graph;
+pub mod lease;
 pub mod lock;
 pub mod names;
 pub mod percent;

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use ckptfs::backend::{scan_dir, BackendOptions, CheckpointMode, DEFAULT_FORMAT_VERSION};
 use ckptfs::error::Error;
 use ckptfs::names::BackendName;
+use ckptfs::store::Location;
 use ckptfs::{fsck, percent, restore, workload, Engine, EngineConfig};
 
 /// Incremental RocksDB checkpoints in a deduplicated, reference-counted store.
@@ -25,14 +26,35 @@ struct Cli {
 enum Command {
     /// Host the backends, checkpoint them into STORE and show the checkpoints at MOUNTPOINT.
     ///
-    /// Returns once the mount is ready, with the daemon in the background (logging to
-    /// STORE/ckptfs.log), unless --foreground is given.
+    /// STORE is a directory, or s3://BUCKET/PREFIX on S3-compatible object storage, which
+    /// needs --state DIR; endpoint, region and credentials come from the AWS environment
+    /// variables. Returns once the mount is ready, with the daemon in the background
+    /// (logging to STORE/ckptfs.log, or DIR/ckptfs.log for object storage), unless
+    /// --foreground is given.
     Mount {
-        store: PathBuf,
+        #[arg(value_parser = parse_location)]
+        store: Location,
         mountpoint: PathBuf,
-        /// Local state directory for the live RocksDB instances (default STORE/state).
+        /// Local state directory for the live RocksDB instances and the read cache
+        /// (default STORE/state; required for object storage).
         #[arg(long)]
         state: Option<PathBuf>,
+        /// Object storage: uploads (and parts of large ones) in flight at once.
+        #[arg(long, default_value_t = 8)]
+        upload_concurrency: usize,
+        /// Object storage: the size of the local cache of fetched objects, e.g. 512MiB or
+        /// 4GiB (least recently used objects are evicted).
+        #[arg(long, value_parser = parse_size, default_value = "4GiB")]
+        cache_size: u64,
+        /// Object storage: unreferenced objects younger than this are not deleted (an
+        /// upload still in flight of a daemon that lost its lease, or of a failed
+        /// checkpoint); older ones are, at start and every such period.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "1h")]
+        orphan_grace: std::time::Duration,
+        /// Object storage: how long the writer's lease lasts unless renewed (renewed every
+        /// third of it); another daemon takes the store over once it has expired.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+        lease_ttl: std::time::Duration,
         /// Backend to host, <operator>/<subtask>; may repeat. The store remembers its
         /// backends; a new store with none gets default/0.
         #[arg(long = "backend")]
@@ -147,7 +169,9 @@ enum Command {
     },
     /// Write checkpoint N of STORE to DEST/<operator>/<subtask>/, verifying every object.
     Restore {
-        store: PathBuf,
+        /// A store directory or s3://BUCKET/PREFIX.
+        #[arg(value_parser = parse_location)]
+        store: Location,
         checkpoint: u64,
         /// Destination directory; must be missing or empty.
         dest: PathBuf,
@@ -166,7 +190,9 @@ enum Command {
     },
     /// Recount references, verify every object, list orphans, missing and corrupt objects.
     Fsck {
-        store: PathBuf,
+        /// A store directory or s3://BUCKET/PREFIX (takes the store's lease).
+        #[arg(value_parser = parse_location)]
+        store: Location,
         /// Quarantine unreadable manifests, delete orphans and leftovers of interrupted
         /// checkpoints, store missing or corrupt objects again from identical copies in
         /// STORE/state and in each --from directory.
@@ -273,12 +299,40 @@ fn main() -> ExitCode {
     }
 }
 
+fn parse_location(arg: &str) -> Result<Location, String> {
+    Location::parse(arg).map_err(|e| e.to_string())
+}
+
+/// A size in bytes: a number with an optional unit (KiB, MiB, GiB, TiB; K, M, G, T).
+fn parse_size(arg: &str) -> Result<u64, String> {
+    let arg = arg.trim();
+    let split = arg.find(|c: char| !c.is_ascii_digit()).unwrap_or(arg.len());
+    let (digits, unit) = arg.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{arg:?} is not a size (e.g. 512MiB, 4GiB)"))?;
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "K" | "KiB" => 10,
+        "M" | "MiB" => 20,
+        "G" | "GiB" => 30,
+        "T" | "TiB" => 40,
+        other => return Err(format!("unknown size unit {other:?} (KiB, MiB, GiB, TiB)")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{arg:?} is too large"))
+}
+
 fn run(command: Command) -> Result<ExitCode, Error> {
     match command {
         Command::Mount {
             store,
             mountpoint,
             state,
+            upload_concurrency,
+            cache_size,
+            orphan_grace,
+            lease_ttl,
             backends,
             retain,
             max_concurrent,
@@ -305,11 +359,15 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             backend_options.validate()?;
             if !foreground {
                 let args = ARGS.get().map(|a| &a[1..]).unwrap_or_default();
-                return client::daemonize(&store, log_file.as_deref(), args);
+                return client::daemonize(&store, state.as_deref(), log_file.as_deref(), args);
             }
             // Absolute paths: the daemon's log, status and fsname stay meaningful.
-            let store =
-                std::path::absolute(&store).map_err(|e| Error::io("resolve store path", e))?;
+            let store = match store {
+                Location::Local(path) => Location::Local(
+                    std::path::absolute(&path).map_err(|e| Error::io("resolve store path", e))?,
+                ),
+                remote => remote,
+            };
             let mountpoint =
                 std::path::absolute(&mountpoint).map_err(|e| Error::io("resolve mountpoint", e))?;
             // The daemon changes to / (nothing kept busy): every path must be absolute.
@@ -319,6 +377,12 @@ fn run(command: Command) -> Result<ExitCode, Error> {
                 .map_err(|e| Error::io("resolve state path", e))?;
             let mut engine = EngineConfig::new(store);
             engine.state = state;
+            engine.s3 = ckptfs::store::s3::S3Options {
+                upload_concurrency: upload_concurrency.max(1),
+                cache_size,
+            };
+            engine.orphan_grace = orphan_grace;
+            engine.lease_ttl = lease_ttl;
             engine.backends = backends;
             engine.retain = retain;
             engine.max_concurrent = max_concurrent;
@@ -439,7 +503,8 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             from,
             json,
         } => {
-            let bar = client::progress_bar(client::store_bytes(&store), "verifying");
+            let bar =
+                client::progress_bar(store.local().map_or(0, client::store_bytes), "verifying");
             let report = fsck::fsck_with_copies(&store, repair, &from, |n| bar.inc(n))?;
             bar.finish_and_clear();
             if json {

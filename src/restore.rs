@@ -6,7 +6,7 @@ use crate::catalog::Catalog;
 use crate::coordinator::materialize;
 use crate::error::{Error, Result};
 use crate::fsutil::{is_empty_or_missing, remove_tree};
-use crate::store::LocalStore;
+use crate::store::{Location, Opened};
 
 /// What a restore wrote.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -28,20 +28,44 @@ pub fn check_is_store(store: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Open an existing store for reading, refusing what is not a store (a directory or a
+/// bucket prefix without `ckptfs.json` or manifests).
+pub fn open_store(location: &Location) -> Result<(Opened, Catalog)> {
+    if let Location::Local(root) = location {
+        check_is_store(root)?;
+    }
+    let opened = Opened::open(location)?;
+    let catalog = Catalog::new(opened.records.clone(), opened.objects.clone());
+    if let Location::S3 { .. } = location {
+        if opened.records.get("ckptfs.json")?.is_none() && !catalog.has_manifests()? {
+            return Err(Error::NotFound(format!(
+                "{location} is not a ckptfs store (no ckptfs.json, no checkpoints/)"
+            )));
+        }
+    }
+    Ok((opened, catalog))
+}
+
 /// Write checkpoint `id` of `store` to `dest/<operator>/<subtask>/`, verifying every object.
 /// `dest` must be missing or empty; on failure, what was written is removed again.
 pub fn restore_checkpoint(
-    store: &Path,
+    store: impl Into<Location>,
     id: u64,
     dest: &Path,
     mut progress: impl FnMut(u64) + Send,
 ) -> Result<RestoreReport> {
-    check_is_store(store)?;
+    let store = store.into();
+    let (opened, catalog) = open_store(&store)?;
+    if !catalog.has_dir() {
+        return Err(Error::NotFound(format!(
+            "{store} is not a ckptfs store (no checkpoints/ directory)"
+        )));
+    }
     if !is_empty_or_missing(dest)? {
         return Err(Error::NotEmpty(dest.display().to_string()));
     }
-    let manifest = Catalog::open_existing(store)?.load(id)?;
-    let objects = LocalStore::open_existing(store)?;
+    let manifest = catalog.load(id)?;
+    let objects = opened.objects.as_ref();
     let existed = dest.exists();
     crate::fsutil::create_private_dir_all(dest)?;
     let result = (|| -> Result<RestoreReport> {
@@ -52,7 +76,7 @@ pub fn restore_checkpoint(
                 .backends
                 .iter()
                 .map(|snapshot| {
-                    let (objects, progress) = (&objects, &progress);
+                    let progress = &progress;
                     scope.spawn(move || {
                         materialize(
                             objects,
@@ -95,8 +119,7 @@ pub fn restore_checkpoint(
 }
 
 /// Total bytes of a checkpoint, for progress bars.
-pub fn checkpoint_bytes(store: &Path, id: u64) -> Result<u64> {
-    check_is_store(store)?;
-    let manifest = Catalog::open_existing(store)?.load(id)?;
+pub fn checkpoint_bytes(store: impl Into<Location>, id: u64) -> Result<u64> {
+    let manifest = open_store(&store.into())?.1.load(id)?;
     Ok(manifest.stats.bytes_total)
 }

@@ -125,7 +125,7 @@ fn restore_refuses_a_non_empty_destination_and_bad_ids_without_writing() {
     assert!(matches!(err, Error::NoSuchCheckpoint(9)), "{err}");
     assert!(!fresh.exists());
 
-    let err = ckptfs::restore::restore_checkpoint(&dir.path().join("nostore"), 1, &fresh, |_| {})
+    let err = ckptfs::restore::restore_checkpoint(dir.path().join("nostore"), 1, &fresh, |_| {})
         .unwrap_err();
     assert_eq!(err.errno(), libc::ENOENT, "{err}");
     assert!(!fresh.exists());

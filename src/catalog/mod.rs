@@ -5,18 +5,15 @@
 //! commit point of a checkpoint; removing it is the commit point of a drop.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, IoContext, Result};
-use crate::fsutil::{
-    ensure_real_dir, fsync_dir, is_atomic_leftover, is_real_dir, remove_tree, write_atomic,
-};
 use crate::names::BackendName;
 use crate::store::chunks::Chunks;
+use crate::store::records::{LocalRecords, Put, Records};
 use crate::store::{LocalStore, ObjectId, ObjectStore};
 
 pub mod history;
@@ -55,10 +52,9 @@ fn seal<T: Serialize>(value: &T) -> Vec<u8> {
 /// Parse what [`seal`] wrote; returns whether a checksum was present (and it matched).
 fn unseal<T: Serialize + serde::de::DeserializeOwned>(
     bytes: &[u8],
-    path: &Path,
+    path: &str,
 ) -> Result<(T, bool)> {
-    let corrupt =
-        |why: String| Error::Corrupt(format!("{} cannot be parsed: {why}", path.display()));
+    let corrupt = |why: String| Error::Corrupt(format!("{path} cannot be parsed: {why}"));
     let mut tree: serde_json::Value =
         serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
     let checksum = match tree.as_object_mut() {
@@ -72,8 +68,7 @@ fn unseal<T: Serialize + serde::de::DeserializeOwned>(
     let canonical = serde_json::to_vec(&value).expect("serializes");
     if checksum.as_str() != Some(blake3::hash(&canonical).to_hex().as_str()) {
         return Err(Error::Corrupt(format!(
-            "{} does not match its checksum (damaged or edited)",
-            path.display()
+            "{path} does not match its checksum (damaged or edited)"
         )));
     }
     Ok((value, true))
@@ -434,106 +429,154 @@ impl Default for StoreMeta {
     }
 }
 
-/// The manifests directory (`checkpoints/<id>.json`) and `ckptfs.json` of one store, and
-/// the object store its file lists are read from.
+/// The manifests (`checkpoints/<id>.json`) and `ckptfs.json` of one store, kept as
+/// [`Records`], and the object store its file lists are read from.
 pub struct Catalog {
-    root: PathBuf,
-    dir: PathBuf,
+    records: Arc<dyn Records>,
     objects: Arc<dyn ObjectStore>,
+    /// The version of `ckptfs.json` as last read or written: metadata is replaced only if
+    /// nobody else changed it meanwhile (object storage; a local store has no versions).
+    meta_version: std::sync::Mutex<Option<String>>,
+    /// On object storage: the writer's lease, checked before every write.
+    fence: Option<crate::lease::Fence>,
 }
 
+const META: &str = "ckptfs.json";
+const CHECKPOINTS: &str = "checkpoints";
+const QUARANTINE: &str = "quarantine";
+
 impl Catalog {
-    /// Open the catalog of a store, creating `checkpoints/` if missing (lock holders of a
-    /// store that is new or known to be complete only; see Engine::open).
-    pub fn open(root: &Path) -> Result<Self> {
-        Self::open_with(root, Arc::new(LocalStore::open_existing(root)?))
-    }
-
-    /// [`Catalog::open`] with file lists read from (and written to) `objects`.
-    pub fn open_with(root: &Path, objects: Arc<dyn ObjectStore>) -> Result<Self> {
-        let dir = root.join("checkpoints");
-        ensure_real_dir(&dir)?;
-        Ok(Catalog {
-            root: root.to_path_buf(),
-            dir,
+    /// The catalog kept in `records`, its file lists in `objects`. Creates nothing.
+    pub fn new(records: Arc<dyn Records>, objects: Arc<dyn ObjectStore>) -> Self {
+        Catalog {
+            records,
             objects,
-        })
+            meta_version: std::sync::Mutex::new(None),
+            fence: None,
+        }
     }
 
-    /// The catalog of `root` as it is, whether `checkpoints/` exists or not (fsck).
+    /// Write only while `fence` says this process is the writer.
+    pub fn with_fence(mut self, fence: crate::lease::Fence) -> Self {
+        self.fence = Some(fence);
+        self
+    }
+
+    /// Fails if this process is no longer the store's writer (its lease was lost).
+    pub fn check_writer(&self) -> Result<()> {
+        self.fence.as_ref().map_or(Ok(()), |f| f.check())
+    }
+
+    /// Open the catalog of a local store, creating `checkpoints/` if missing (lock holders
+    /// of a store that is new or known to be complete only; see Engine::open).
+    pub fn open(root: &Path) -> Result<Self> {
+        let catalog = Self::at(root)?;
+        catalog.create_dir()?;
+        Ok(catalog)
+    }
+
+    /// Create `checkpoints/` where the store has directories.
+    pub fn create_dir(&self) -> Result<()> {
+        self.records.create_dir(CHECKPOINTS)
+    }
+
+    /// The catalog of the local store `root` as it is, whether `checkpoints/` exists or not.
     pub fn at(root: &Path) -> Result<Self> {
-        Ok(Catalog {
-            root: root.to_path_buf(),
-            dir: root.join("checkpoints"),
-            objects: Arc::new(LocalStore::open_existing(root)?),
-        })
+        Ok(Self::new(
+            Arc::new(LocalRecords::new(root)),
+            Arc::new(LocalStore::open_existing(root)?),
+        ))
     }
 
-    /// Open the catalog of an existing store without creating anything.
+    /// Open the catalog of an existing local store without creating anything.
     pub fn open_existing(root: &Path) -> Result<Self> {
-        let dir = root.join("checkpoints");
-        if !is_real_dir(&dir) {
+        let catalog = Self::at(root)?;
+        if !catalog.has_dir() {
             return Err(Error::NotFound(format!(
                 "{} is not a ckptfs store (no checkpoints/ directory)",
                 root.display()
             )));
         }
-        Ok(Catalog {
-            root: root.to_path_buf(),
-            dir,
-            objects: Arc::new(LocalStore::open_existing(root)?),
-        })
+        Ok(catalog)
     }
 
-    fn meta_path(&self) -> PathBuf {
-        self.root.join("ckptfs.json")
+    /// True if the store has its `checkpoints/` directory (always, on object storage).
+    pub fn has_dir(&self) -> bool {
+        self.records.has_dir(CHECKPOINTS)
     }
 
     /// Where `fsck --repair` moves manifests that cannot be read.
-    pub fn quarantine_dir(&self) -> PathBuf {
-        self.root.join("quarantine")
+    pub fn quarantine_dir(&self) -> String {
+        self.records.describe(QUARANTINE)
     }
 
     pub fn load_meta(&self) -> Result<Option<StoreMeta>> {
-        let path = self.meta_path();
-        match fs::read(&path) {
-            Ok(bytes) => {
-                let advice = "nothing was changed; move it aside to have it rebuilt from the \
-                              checkpoint manifests at the next mount";
-                let (meta, sealed): (StoreMeta, bool) =
-                    unseal(&bytes, &path).map_err(|e| Error::Corrupt(format!("{e}; {advice}")))?;
-                check_format(meta.format, sealed)
-                    .map_err(|e| Error::Corrupt(format!("{} has {e}; {advice}", path.display())))?;
-                if meta.retain == 0 || meta.next_checkpoint == 0 {
-                    return Err(Error::Corrupt(format!(
-                        "{} is invalid (retain {}, next checkpoint {}); {advice}",
-                        path.display(),
-                        meta.retain,
-                        meta.next_checkpoint
-                    )));
-                }
-                Ok(Some(meta))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::io(format!("read {}", path.display()), e)),
+        let path = self.records.describe(META);
+        let Some(record) = self.records.get(META)? else {
+            return Ok(None);
+        };
+        let advice = "nothing was changed; move it aside to have it rebuilt from the \
+                      checkpoint manifests at the next mount";
+        let (meta, sealed): (StoreMeta, bool) =
+            unseal(&record.bytes, &path).map_err(|e| Error::Corrupt(format!("{e}; {advice}")))?;
+        check_format(meta.format, sealed)
+            .map_err(|e| Error::Corrupt(format!("{path} has {e}; {advice}")))?;
+        if meta.retain == 0 || meta.next_checkpoint == 0 {
+            return Err(Error::Corrupt(format!(
+                "{path} is invalid (retain {}, next checkpoint {}); {advice}",
+                meta.retain, meta.next_checkpoint
+            )));
         }
+        *self.meta_version.lock().unwrap_or_else(|p| p.into_inner()) = record.version;
+        Ok(Some(meta))
     }
 
+    /// Replace the store metadata, unless someone else changed it since this catalog last
+    /// read or wrote it ([`Error::Conflict`]: another writer).
     pub fn save_meta(&self, meta: &StoreMeta) -> Result<()> {
-        write_atomic(&self.meta_path(), &seal(meta))
+        self.check_writer()?;
+        let mut version = self.meta_version.lock().unwrap_or_else(|p| p.into_inner());
+        let mode = match version.take() {
+            Some(v) => Put::Update(Some(v)),
+            None => Put::Overwrite,
+        };
+        let written = self.records.put(META, &seal(meta), mode);
+        if let Err(Error::Conflict(_)) = &written {
+            return Err(Error::Conflict(format!(
+                "{} was changed by another process: another daemon writes to this store",
+                self.records.describe(META)
+            )));
+        }
+        *version = written?;
+        Ok(())
     }
 
-    fn manifest_path(&self, id: u64) -> PathBuf {
-        self.dir.join(format!("{id}.json"))
+    fn manifest_key(id: u64) -> String {
+        format!("{CHECKPOINTS}/{id}.json")
     }
 
     /// Durably write a manifest (in the current format; its file lists must be stored
-    /// already): from here on the checkpoint exists.
+    /// already): from here on the checkpoint exists. A manifest is never overwritten: if
+    /// one of that id exists already, another writer made it ([`Error::Exists`]).
     pub fn commit(&self, manifest: &Manifest) -> Result<()> {
-        write_atomic(
-            &self.manifest_path(manifest.id),
+        self.check_writer()?;
+        self.records.put(
+            &Self::manifest_key(manifest.id),
             &seal(&manifest.to_stored()),
-        )
+            Put::Create,
+        )?;
+        Ok(())
+    }
+
+    /// Rewrite a manifest in the current format (migration; same checkpoint, same files).
+    pub fn rewrite(&self, manifest: &Manifest) -> Result<()> {
+        self.check_writer()?;
+        self.records.put(
+            &Self::manifest_key(manifest.id),
+            &seal(&manifest.to_stored()),
+            Put::Overwrite,
+        )?;
+        Ok(())
     }
 
     /// Store the file list of each backend whose files are listed inline, as a delta on
@@ -561,12 +604,8 @@ impl Catalog {
 
     /// Durably remove a manifest: from here on the checkpoint is gone.
     pub fn remove(&self, id: u64) -> Result<()> {
-        let path = self.manifest_path(id);
-        match fs::remove_file(&path) {
-            Ok(()) => fsync_dir(&self.dir),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(Error::io(format!("remove {}", path.display()), e)),
-        }
+        self.check_writer()?;
+        self.records.delete(&Self::manifest_key(id))
     }
 
     pub fn load(&self, id: u64) -> Result<Manifest> {
@@ -574,23 +613,17 @@ impl Catalog {
     }
 
     fn load_with(&self, id: u64, reader: &mut ListReader) -> Result<Manifest> {
-        let path = self.manifest_path(id);
-        let bytes = fs::read(&path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                Error::NoSuchCheckpoint(id)
-            } else {
-                Error::io(format!("read {}", path.display()), e)
-            }
-        })?;
-        let (stored, sealed): (StoredManifest, bool) = unseal(&bytes, &path)?;
-        let invalid = |e: Error| Error::Corrupt(format!("{} is invalid: {e}", path.display()));
+        let key = Self::manifest_key(id);
+        let path = self.records.describe(&key);
+        let record = self.records.get(&key)?.ok_or(Error::NoSuchCheckpoint(id))?;
+        let (stored, sealed): (StoredManifest, bool) = unseal(&record.bytes, &path)?;
+        let invalid = |e: Error| Error::Corrupt(format!("{path} is invalid: {e}"));
         check_format(stored.format, sealed).map_err(invalid)?;
         let manifest = Manifest::from_stored(stored, reader).map_err(invalid)?;
         manifest.validate().map_err(invalid)?;
         if manifest.id != id {
             return Err(Error::Corrupt(format!(
-                "{} claims to be checkpoint {}",
-                path.display(),
+                "{path} claims to be checkpoint {}",
                 manifest.id
             )));
         }
@@ -609,29 +642,36 @@ impl Catalog {
         }
     }
 
+    /// The ids of the committed manifests, and the names of what else is in `checkpoints/`.
+    pub fn list_ids(&self) -> Result<(BTreeSet<u64>, Vec<String>)> {
+        let mut ids = BTreeSet::new();
+        let mut others = Vec::new();
+        for name in self.records.list(CHECKPOINTS)? {
+            match manifest_id(&name) {
+                Some(id) => {
+                    ids.insert(id);
+                }
+                None => others.push(name),
+            }
+        }
+        Ok((ids, others))
+    }
+
     /// Every readable manifest, and the file names of the unreadable ones with their errors.
     pub fn load_all_lenient(&self) -> Result<(BTreeMap<u64, Manifest>, Vec<Unreadable>)> {
         let mut manifests = BTreeMap::new();
         let mut unreadable = Vec::new();
         let mut reader = ListReader::new(self.objects.as_ref());
-        if !self.dir.exists() {
-            return Ok((manifests, unreadable));
+        let (ids, others) = self.list_ids()?;
+        for name in others {
+            // Perhaps a manifest set aside by hand (`12.json.bad`): it may name objects,
+            // so it counts as unreadable (deletions freeze) until it is dealt with.
+            unreadable.push((
+                name,
+                Error::Corrupt("not a manifest name (N.json) in checkpoints/".into()),
+            ));
         }
-        for entry in fs::read_dir(&self.dir).ctx("list", &self.dir)? {
-            let entry = entry.ctx("list", &self.dir)?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if is_atomic_leftover(&name) {
-                continue;
-            }
-            let Some(id) = manifest_id(&name) else {
-                // Perhaps a manifest set aside by hand (`12.json.bad`): it may name objects,
-                // so it counts as unreadable (deletions freeze) until it is dealt with.
-                unreadable.push((
-                    name,
-                    Error::Corrupt("not a manifest name (N.json) in checkpoints/".into()),
-                ));
-                continue;
-            };
+        for id in ids {
             match self.load_with(id, &mut reader) {
                 Ok(m) => {
                     manifests.insert(id, m);
@@ -640,78 +680,61 @@ impl Catalog {
                 // is gone, or (a daemon deletes a dropped checkpoint's objects after its
                 // manifest) one of its file lists is.
                 Err(Error::NoSuchCheckpoint(_)) => {}
-                Err(_) if !self.manifest_path(id).exists() => {}
-                Err(e) => unreadable.push((name, e)),
+                Err(_) if matches!(self.records.get(&Self::manifest_key(id)), Ok(None)) => {}
+                Err(e) => unreadable.push((format!("{id}.json"), e)),
             }
         }
         Ok((manifests, unreadable))
     }
 
     /// Leftovers of interrupted atomic writes of manifests and metadata.
-    pub fn leftovers(&self) -> Result<Vec<PathBuf>> {
-        let mut found = Vec::new();
-        for dir in [&self.dir, &self.root].into_iter().filter(|d| d.exists()) {
-            for entry in fs::read_dir(dir).ctx("list", dir)? {
-                let entry = entry.ctx("list", dir)?;
-                if is_atomic_leftover(&entry.file_name().to_string_lossy()) {
-                    found.push(entry.path());
-                }
-            }
-        }
-        Ok(found)
+    pub fn leftovers(&self) -> Result<Vec<String>> {
+        self.records.leftovers()
     }
 
     /// Remove leftovers of interrupted atomic writes (lock holders only).
     pub fn clear_leftovers(&self) -> Result<usize> {
-        let found = self.leftovers()?;
-        for path in &found {
-            if path.is_dir() {
-                remove_tree(path)?;
-            } else {
-                fs::remove_file(path).ctx("remove leftover", path)?;
-            }
-        }
-        Ok(found.len())
+        self.records.clear_leftovers()
     }
 
     /// True if the store holds manifests (committed or not readable).
     pub fn has_manifests(&self) -> Result<bool> {
-        for entry in fs::read_dir(&self.dir).ctx("list", &self.dir)? {
-            let name = entry.ctx("list", &self.dir)?.file_name();
-            if name.to_string_lossy().ends_with(".json") {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+        Ok(self
+            .records
+            .list(CHECKPOINTS)?
+            .iter()
+            .any(|n| n.ends_with(".json")))
     }
 
-    /// Move an unreadable manifest out of the way into `quarantine/`, never deleting it.
-    pub fn quarantine(&self, name: &str) -> Result<PathBuf> {
+    /// Move an unreadable manifest out of the way into `quarantine/`, never deleting it:
+    /// the copy is durable before the original goes. Returns where it went.
+    pub fn quarantine(&self, name: &str) -> Result<String> {
         if name.is_empty() || name == "." || name == ".." || name.contains('/') {
             return Err(Error::Invalid(format!("cannot quarantine {name:?}")));
         }
-        let qdir = self.quarantine_dir();
-        ensure_real_dir(&qdir)?;
-        let mut dest = qdir.join(name);
+        let src = format!("{CHECKPOINTS}/{name}");
+        let Some(record) = self.records.get(&src)? else {
+            return Err(Error::NotFound(self.records.describe(&src)));
+        };
+        let taken = self.records.list(QUARANTINE)?;
+        let mut dest = name.to_string();
         let mut n = 1;
-        while dest.exists() {
-            dest = qdir.join(format!("{name}.{n}"));
+        while taken.contains(&dest) {
+            dest = format!("{name}.{n}");
             n += 1;
         }
-        let src = self.dir.join(name);
-        fs::rename(&src, &dest).ctx("quarantine", &src)?;
-        fsync_dir(&qdir)?;
-        fsync_dir(&self.dir)?;
-        Ok(dest)
+        let dest = format!("{QUARANTINE}/{dest}");
+        self.records.put(&dest, &record.bytes, Put::Create)?;
+        self.records.delete(&src)?;
+        Ok(self.records.describe(&dest))
     }
 
     /// True if `quarantine/` holds anything.
     /// Fails safe: anything but a missing or empty directory counts as holding manifests.
     pub fn has_quarantine(&self) -> bool {
-        match std::fs::read_dir(self.quarantine_dir()) {
-            Ok(mut entries) => entries.next().is_some(),
-            Err(e) => e.kind() != std::io::ErrorKind::NotFound,
-        }
+        self.records
+            .list(QUARANTINE)
+            .map_or(true, |n| !n.is_empty())
     }
 }
 
@@ -817,7 +840,7 @@ mod tests {
     fn a_corrupt_manifest_is_reported_not_skipped() {
         let dir = tempfile::tempdir().unwrap();
         let catalog = Catalog::open(dir.path()).unwrap();
-        fs::write(dir.path().join("checkpoints/3.json"), b"{not json").unwrap();
+        std::fs::write(dir.path().join("checkpoints/3.json"), b"{not json").unwrap();
         assert!(matches!(catalog.load_all(), Err(Error::Corrupt(_))));
     }
 

@@ -630,6 +630,12 @@ impl PendingCheckpoint {
         let mut st = engine.state();
         crate::failpoint!("checkpoint::before-commit");
         if let Err(e) = inner.catalog.commit(&manifest) {
+            if let Error::Exists(_) = e {
+                // Another writer's manifest of that id (a daemon that took the lease over):
+                // never ours to remove, and our objects are left to the orphan sweep.
+                self.keep_objects = true;
+                return Err(e);
+            }
             // The rename may have happened even if a later fsync failed. If the manifest
             // cannot be removed (durably), it may still name our objects: leave them to the
             // sweep at the next start instead of deleting them.

@@ -24,10 +24,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use crate::backend::{Backend, BackendOptions, WriteOp};
 use crate::catalog::{BackendSnapshot, Catalog, FileEntry, FileList, Manifest, StoreMeta};
 use crate::error::{Error, Result};
-use crate::lock::{DirLock, StoreLock};
+use crate::lock::DirLock;
 use crate::names::BackendName;
 use crate::registry::Registry;
-use crate::store::{ObjectId, ObjectStore};
+use crate::store::s3::S3Options;
+use crate::store::{Location, ObjectId, ObjectStore};
 
 pub use checkpoint::PendingCheckpoint;
 pub use materialize::MaterializePolicy;
@@ -36,7 +37,7 @@ pub use restore::materialize;
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    pub store: PathBuf,
+    pub store: Location,
     /// Where the live RocksDB instances and the staging area live (default `STORE/state`).
     pub state: Option<PathBuf>,
     /// Backends to host in addition to those the store already knows (none at all: `default/0`).
@@ -49,10 +50,17 @@ pub struct EngineConfig {
     pub restore_from: Option<u64>,
     /// When `wal` mode checkpoints materialize.
     pub materialize: MaterializePolicy,
+    /// Object storage: uploads in flight and the read cache's size.
+    pub s3: S3Options,
+    /// Object storage: an unreferenced object younger than this may be an upload still in
+    /// flight (of this daemon or a previous one) and is not swept yet.
+    pub orphan_grace: std::time::Duration,
+    /// Object storage: how long the writer's lease lasts unless renewed.
+    pub lease_ttl: std::time::Duration,
 }
 
 impl EngineConfig {
-    pub fn new(store: impl Into<PathBuf>) -> Self {
+    pub fn new(store: impl Into<Location>) -> Self {
         EngineConfig {
             store: store.into(),
             state: None,
@@ -62,6 +70,9 @@ impl EngineConfig {
             backend_options: BackendOptions::default(),
             restore_from: None,
             materialize: MaterializePolicy::default(),
+            s3: S3Options::default(),
+            orphan_grace: DEFAULT_ORPHAN_GRACE,
+            lease_ttl: crate::lease::DEFAULT_TTL,
         }
     }
 }
@@ -111,14 +122,21 @@ impl State {
     }
 }
 
+/// The default grace period of unreferenced objects on object storage: well beyond the
+/// life of any upload (a stage, then its checkpoint's commit).
+pub const DEFAULT_ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_secs(3600);
+
 struct Inner {
-    store_root: PathBuf,
+    location: Location,
+    /// The lock or lease that makes this process the writer (held, never read).
+    _writer: open::Writer,
     state_dir: PathBuf,
     store: Arc<dyn ObjectStore>,
     catalog: Catalog,
     backend_options: BackendOptions,
     materialize: MaterializePolicy,
     max_concurrent: usize,
+    orphan_grace: std::time::Duration,
     backends: BTreeMap<BackendName, RwLock<Option<Backend>>>,
     state: Mutex<State>,
     /// Signalled whenever a checkpoint leaves flight or a restore ends.
@@ -128,7 +146,6 @@ struct Inner {
     deletes_frozen: bool,
     /// When memory was last given back to the system (see [`Engine::trim_memory`]).
     last_trim: Mutex<std::time::Instant>,
-    _lock: StoreLock,
     _state_lock: DirLock,
 }
 
@@ -169,8 +186,9 @@ impl Engine {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    pub fn store_root(&self) -> &Path {
-        &self.inner.store_root
+    /// Where the store is.
+    pub fn location(&self) -> &Location {
+        &self.inner.location
     }
 
     pub fn state_dir(&self) -> &Path {
@@ -439,6 +457,41 @@ impl Engine {
             garbage.extend(st.registry.unpin(&pin));
         }
         self.delete_objects(st, &garbage);
+    }
+
+    /// Delete unreferenced objects older than the grace period (on object storage, where
+    /// an upload can land for a checkpoint that then fails); returns how many. Objects
+    /// that are live, pinned by an in-flight checkpoint, kept for recovery, or still being
+    /// uploaded are never touched.
+    pub fn sweep_orphans(&self) -> Result<usize> {
+        if self.inner.deletes_frozen {
+            return Ok(0);
+        }
+        self.inner.catalog.check_writer()?;
+        let grace = self.inner.orphan_grace;
+        let now = std::time::SystemTime::now();
+        // Listed without the lock (a long listing must not stall checkpoints); each
+        // candidate is judged under it.
+        let old: Vec<ObjectId> = self
+            .inner
+            .store
+            .list_modified()?
+            .into_iter()
+            .filter(|(_, modified)| {
+                modified.is_some_and(|m| now.duration_since(m).unwrap_or_default() >= grace)
+            })
+            .map(|(id, _)| id)
+            .collect();
+        let mut deleted = 0;
+        for id in old {
+            let st = self.state();
+            if st.registry.is_live(&id) || st.kept.contains(&id) {
+                continue;
+            }
+            self.inner.store.delete(&id)?;
+            deleted += 1;
+        }
+        Ok(deleted)
     }
 
     /// Delete objects the registry declared garbage. Called with the state lock held, so no

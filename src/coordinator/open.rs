@@ -13,36 +13,21 @@ use crate::backend::Backend;
 use crate::catalog::{BackendSnapshot, Catalog, FileList, Manifest, StoreMeta, FORMAT};
 use crate::error::{Error, IoContext, Result};
 use crate::fsutil::{create_private_dir_all, make_private, remove_tree};
+use crate::lease::Lease;
 use crate::lock::{DirLock, StoreLock};
 use crate::names::BackendName;
 use crate::registry::Registry;
-use crate::store::{LocalStore, ObjectId, ObjectStore};
+use crate::store::records::{LocalRecords, Records};
+use crate::store::s3::{Remote, S3Objects, S3Records};
+use crate::store::{LocalStore, Location, ObjectId, ObjectStore};
 
 impl Engine {
     /// Open a store (creating it if new), recover, and start the backends.
     pub fn open(config: EngineConfig) -> Result<Engine> {
         config.backend_options.validate()?;
-        if let Some(n) = config.restore_from {
-            if !config.store.join("checkpoints").is_dir() {
-                return Err(Error::NoSuchCheckpoint(n));
-            }
-        }
-        let root = ensure_store_dir(&config.store)?;
-        let lock = StoreLock::acquire(&root)?;
-        // Decide what the store is before creating anything in it: a store whose metadata
-        // is missing must never look new (a new store's retention would delete checkpoints),
-        // and a refused start must leave nothing that makes the next start look fine.
-        let had_objects = store_has_objects(&root)?;
-        let had_checkpoints_dir = crate::fsutil::is_real_dir(&root.join("checkpoints"));
-        if had_objects && !had_checkpoints_dir {
-            return Err(Error::Corrupt(format!(
-                "{} holds objects but no checkpoints/ directory: the store is incomplete \
-                 (a partial copy?); refusing to start so that nothing is deleted",
-                root.display()
-            )));
-        }
-        let store: Arc<dyn ObjectStore> = Arc::new(LocalStore::open(&root)?);
-        let catalog = Catalog::open_with(&root, store.clone())?;
+        let opened = open_for_writing(&config)?;
+        let (store, catalog, had_objects) = (opened.store, opened.catalog, opened.had_objects);
+        let root = opened.location;
         let loaded_meta = catalog.load_meta()?;
         // An unreadable manifest hides its checkpoint, never deletes it: the daemon starts
         // without it, keeps every object it may name and sweeps nothing; fsck reports it.
@@ -63,7 +48,7 @@ impl Engine {
                 "{} holds objects but neither ckptfs.json nor checkpoint manifests: the \
                  store is incomplete (a partial copy?); refusing to start so that nothing is \
                  deleted",
-                root.display()
+                root
             )));
         }
         let mut meta = match loaded_meta {
@@ -74,7 +59,7 @@ impl Engine {
                 log::warn!(
                     "{}/ckptfs.json is missing: rebuilt it from {} manifests (backends {}, \
                      next checkpoint {}, retain {})",
-                    root.display(),
+                    root,
                     manifests.len(),
                     rebuilt
                         .backends
@@ -118,14 +103,7 @@ impl Engine {
                 return Err(Error::NoSuchCheckpoint(n));
             }
         }
-        let state_dir = config.state.clone().unwrap_or_else(|| root.join("state"));
-        create_private_dir_all(&state_dir)?;
-        // The roots may be links the user chose; everything inside them is checked.
-        let state_dir = std::fs::canonicalize(&state_dir).ctx("resolve", &state_dir)?;
-        make_private(&state_dir)?;
-        // The store lock does not cover a state directory shared by mistake with a daemon
-        // of another store: lock it too before touching anything in it.
-        let state_lock = DirLock::acquire_for(&state_dir, "state directory")?;
+        let (state_dir, state_lock) = (opened.state_dir, opened.state_lock);
 
         let leftovers = store.clear_staging()? + catalog.clear_leftovers()?;
         if leftovers > 0 {
@@ -177,7 +155,7 @@ impl Engine {
         }
         crate::failpoint!("open::before-sweep");
         let (orphans, missing) = if !deletes_frozen {
-            sweep(store.as_ref(), &registry)?
+            sweep(store.as_ref(), &registry, config.orphan_grace)?
         } else {
             let msg = "an unreadable or quarantined manifest exists: no object is deleted \
                        until it is resolved (fsck --repair, then remove STORE/quarantine/)";
@@ -314,7 +292,8 @@ impl Engine {
 
         let engine = Engine {
             inner: Arc::new(Inner {
-                store_root: root,
+                location: root,
+                _writer: opened.writer,
                 state_dir,
                 store,
                 catalog,
@@ -322,6 +301,7 @@ impl Engine {
                 materialize: config.materialize,
                 last_trim: Mutex::new(std::time::Instant::now()),
                 max_concurrent: config.max_concurrent.max(1),
+                orphan_grace: config.orphan_grace,
                 backends,
                 state: Mutex::new(State {
                     registry,
@@ -342,7 +322,6 @@ impl Engine {
                 }),
                 slot_freed: Condvar::new(),
                 deletes_frozen,
-                _lock: lock,
                 _state_lock: state_lock,
             }),
         };
@@ -354,6 +333,104 @@ impl Engine {
         crate::fsutil::release_free_memory();
         Ok(engine)
     }
+}
+
+/// A store opened by its writer: exclusive (a lock, or a lease on object storage), its
+/// state directory locked too, nothing else created yet but the state directory.
+struct ForWriting {
+    location: Location,
+    store: Arc<dyn ObjectStore>,
+    catalog: Catalog,
+    had_objects: bool,
+    state_dir: PathBuf,
+    state_lock: DirLock,
+    writer: Writer,
+}
+
+/// What makes this process the store's only writer, held as long as the engine.
+pub(super) enum Writer {
+    Lock(#[allow(dead_code)] StoreLock),
+    Lease(#[allow(dead_code)] Lease),
+}
+
+fn open_for_writing(config: &EngineConfig) -> Result<ForWriting> {
+    match &config.store {
+        Location::Local(path) => {
+            if let Some(n) = config.restore_from {
+                if !path.join("checkpoints").is_dir() {
+                    return Err(Error::NoSuchCheckpoint(n));
+                }
+            }
+            let root = ensure_store_dir(path)?;
+            let lock = StoreLock::acquire(&root)?;
+            // Decide what the store is before creating anything in it: a store whose
+            // metadata is missing must never look new (a new store's retention would
+            // delete checkpoints), and a refused start must leave nothing that makes the
+            // next start look fine.
+            let local = LocalStore::open_existing(&root)?;
+            let had_objects = local.has_objects()?;
+            let had_checkpoints_dir = crate::fsutil::is_real_dir(&root.join("checkpoints"));
+            if had_objects && !had_checkpoints_dir {
+                return Err(Error::Corrupt(format!(
+                    "{} holds objects but no checkpoints/ directory: the store is incomplete \
+                     (a partial copy?); refusing to start so that nothing is deleted",
+                    root.display()
+                )));
+            }
+            let store: Arc<dyn ObjectStore> = Arc::new(LocalStore::open(&root)?);
+            let catalog = Catalog::new(Arc::new(LocalRecords::new(&root)), store.clone());
+            catalog.create_dir()?;
+            let state = config.state.clone().unwrap_or_else(|| root.join("state"));
+            let (state_dir, state_lock) = lock_state_dir(&state)?;
+            Ok(ForWriting {
+                location: Location::Local(root),
+                store,
+                catalog,
+                had_objects,
+                state_dir,
+                state_lock,
+                writer: Writer::Lock(lock),
+            })
+        }
+        Location::S3 { bucket, prefix } => {
+            let Some(state) = &config.state else {
+                return Err(Error::Invalid(format!(
+                    "a store on object storage ({}) needs --state DIR: a local directory for \
+                     the live databases and the read cache",
+                    config.store
+                )));
+            };
+            let (state_dir, state_lock) = lock_state_dir(state)?;
+            let remote = Remote::connect(bucket, prefix)?;
+            let records: Arc<dyn Records> = Arc::new(S3Records::new(remote.clone()));
+            let lease = Lease::acquire(records.clone(), config.lease_ttl)?;
+            let objects = S3Objects::new(remote, config.s3.clone(), &state_dir.join("cache"))?;
+            let had_objects = objects.has_objects()?;
+            let store: Arc<dyn ObjectStore> = Arc::new(objects);
+            let catalog = Catalog::new(records, store.clone()).with_fence(lease.fence());
+            Ok(ForWriting {
+                location: config.store.clone(),
+                store,
+                catalog,
+                had_objects,
+                state_dir,
+                state_lock,
+                writer: Writer::Lease(lease),
+            })
+        }
+    }
+}
+
+/// Create (owner-only), resolve and lock a state directory.
+fn lock_state_dir(state: &Path) -> Result<(PathBuf, DirLock)> {
+    create_private_dir_all(state)?;
+    // The roots may be links the user chose; everything inside them is checked.
+    let state_dir = std::fs::canonicalize(state).ctx("resolve", state)?;
+    make_private(&state_dir)?;
+    // The store lock does not cover a state directory shared by mistake with a daemon of
+    // another store: lock it too before touching anything in it.
+    let lock = DirLock::acquire_for(&state_dir, "state directory")?;
+    Ok((state_dir, lock))
 }
 
 /// Create the store directory if needed (owner-only) and make it owner-only; a path that
@@ -370,28 +447,6 @@ pub fn ensure_store_dir(root: &Path) -> Result<PathBuf> {
     let root = std::fs::canonicalize(root).ctx("resolve", root)?;
     make_private(&root)?;
     Ok(root)
-}
-
-/// True if `root/objects` holds at least one object file.
-fn store_has_objects(root: &Path) -> Result<bool> {
-    let objects = root.join("objects");
-    let shards = match std::fs::read_dir(&objects) {
-        Ok(shards) => shards,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(Error::io(format!("list {}", objects.display()), e)),
-    };
-    for shard in shards {
-        let shard = shard.ctx("list", &objects)?.path();
-        if shard.is_dir()
-            && std::fs::read_dir(&shard)
-                .ctx("list", &shard)?
-                .next()
-                .is_some()
-        {
-            return Ok(true);
-        }
-    }
-    Ok(false)
 }
 
 /// Store metadata rebuilt from the manifests when `ckptfs.json` is lost: every backend they
@@ -449,7 +504,7 @@ fn migrate(
     while let Some((id, manifest)) = rest.next() {
         let manifest = if manifest.has_inline_lists() {
             let result = catalog.store_lists(&manifest, &previous).and_then(|m| {
-                catalog.commit(&m)?;
+                catalog.rewrite(&m)?;
                 Ok(m)
             });
             match result {
@@ -478,17 +533,32 @@ fn migrate(
     Ok(out)
 }
 
-/// Delete objects no manifest references;
-/// report referenced objects that are missing.
-fn sweep(store: &dyn ObjectStore, registry: &Registry) -> Result<(usize, Vec<ObjectId>)> {
+/// Delete objects no manifest references (on object storage only those older than
+/// `grace`: younger ones may be uploads of a daemon still running, or of a checkpoint that
+/// failed a moment ago); report referenced objects that are missing.
+fn sweep(
+    store: &dyn ObjectStore,
+    registry: &Registry,
+    grace: std::time::Duration,
+) -> Result<(usize, Vec<ObjectId>)> {
     let live = registry.live_objects();
-    let listed: BTreeSet<ObjectId> = store.list()?.into_iter().collect();
+    let listed = store.list_modified()?;
+    let now = std::time::SystemTime::now();
     let mut orphans = 0;
-    for id in listed.difference(&live) {
+    for (id, modified) in &listed {
+        if live.contains(id) {
+            continue;
+        }
+        let young = modified.is_some_and(|m| now.duration_since(m).unwrap_or_default() < grace);
+        if young {
+            log::info!("keeping unreferenced object {id} for now: younger than the grace period");
+            continue;
+        }
         store.delete(id)?;
         crate::failpoint!("open::mid-sweep");
         orphans += 1;
     }
+    let listed: BTreeSet<ObjectId> = listed.into_iter().map(|(id, _)| id).collect();
     let missing = live.difference(&listed).copied().collect();
     Ok((orphans, missing))
 }

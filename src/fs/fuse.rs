@@ -479,7 +479,10 @@ impl Filesystem for FuseAdapter {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match nix::sys::statvfs::statvfs(self.fs.controller().engine().store_root()) {
+        let engine = self.fs.controller().engine();
+        // Room in a local store, or in the state directory (cache) of one on object storage.
+        let room = engine.location().local().unwrap_or(engine.state_dir());
+        match nix::sys::statvfs::statvfs(room) {
             Ok(s) => reply.statfs(
                 s.blocks(),
                 s.blocks_free(),

@@ -1115,7 +1115,7 @@ impl CkptFs {
             .collect();
         let value = json!({
             "pid": std::process::id(),
-            "store": engine.store_root(),
+            "store": engine.location().to_string(),
             "backends": status.backends.iter().map(|b| b.to_string()).collect::<Vec<_>>(),
             "checkpoints_total": ids.len(),
             "checkpoint_runs": runs,

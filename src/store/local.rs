@@ -191,6 +191,25 @@ impl ObjectStore for LocalStore {
         Some(self.path_of(id))
     }
 
+    fn has_objects(&self) -> Result<bool> {
+        let shards = match fs::read_dir(&self.objects) {
+            Ok(shards) => shards,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(Error::io(format!("list {}", self.objects.display()), e)),
+        };
+        for shard in shards {
+            let shard = shard.ctx("list", &self.objects)?.path();
+            if shard.is_dir() && fs::read_dir(&shard).ctx("list", &shard)?.next().is_some() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    fn describe(&self) -> String {
+        self.objects.display().to_string()
+    }
+
     fn clear_staging(&self) -> Result<usize> {
         let mut removed = 0;
         if !self.tmp.exists() {

@@ -8,6 +8,8 @@
 
 pub mod chunks;
 mod local;
+pub mod records;
+pub mod s3;
 
 use std::fmt;
 use std::io::Read;
@@ -19,6 +21,133 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub use local::LocalStore;
 
 use crate::error::{Error, IoContext, Result};
+
+/// Where a store is: a local directory, or `s3://BUCKET/PREFIX` on S3-compatible object
+/// storage (endpoint, region and credentials from the standard AWS environment).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    Local(PathBuf),
+    S3 { bucket: String, prefix: String },
+}
+
+impl Location {
+    /// A store argument: `s3://BUCKET[/PREFIX]` or a directory.
+    pub fn parse(arg: &str) -> Result<Location> {
+        if let Some(rest) = arg.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            let bucket_ok = (3..=63).contains(&bucket.len())
+                && bucket.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-'
+                });
+            if !bucket_ok {
+                return Err(Error::Invalid(format!(
+                    "{arg}: not a bucket name (3 to 63 lower-case letters, digits, dots, dashes)"
+                )));
+            }
+            let prefix = prefix.trim_end_matches('/');
+            if prefix
+                .split('/')
+                .any(|part| part == "." || part == ".." || (part.is_empty() && !prefix.is_empty()))
+            {
+                return Err(Error::Invalid(format!(
+                    "{arg}: the prefix must not hold empty, . or .. parts"
+                )));
+            }
+            return Ok(Location::S3 {
+                bucket: bucket.to_string(),
+                prefix: prefix.to_string(),
+            });
+        }
+        if let Some((scheme, _)) = arg.split_once("://") {
+            return Err(Error::Invalid(format!(
+                "{arg}: stores of kind {scheme}:// are not supported (a directory or \
+                 s3://BUCKET/PREFIX)"
+            )));
+        }
+        Ok(Location::Local(PathBuf::from(arg)))
+    }
+
+    /// The directory of a local store.
+    pub fn local(&self) -> Option<&Path> {
+        match self {
+            Location::Local(path) => Some(path),
+            Location::S3 { .. } => None,
+        }
+    }
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Location::Local(path) => write!(f, "{}", path.display()),
+            Location::S3 { bucket, prefix } if prefix.is_empty() => write!(f, "s3://{bucket}"),
+            Location::S3 { bucket, prefix } => write!(f, "s3://{bucket}/{prefix}"),
+        }
+    }
+}
+
+impl From<PathBuf> for Location {
+    fn from(path: PathBuf) -> Self {
+        Location::Local(path)
+    }
+}
+
+impl From<&Location> for Location {
+    fn from(location: &Location) -> Self {
+        location.clone()
+    }
+}
+
+impl From<&PathBuf> for Location {
+    fn from(path: &PathBuf) -> Self {
+        Location::Local(path.clone())
+    }
+}
+
+impl From<&Path> for Location {
+    fn from(path: &Path) -> Self {
+        Location::Local(path.to_path_buf())
+    }
+}
+
+/// A store opened for reading by a command that is not the daemon (`restore`, `fsck`,
+/// `graph`): its objects and records; an object store's read cache lives in a temporary
+/// directory for as long as this does.
+pub struct Opened {
+    pub objects: std::sync::Arc<dyn ObjectStore>,
+    pub records: std::sync::Arc<dyn records::Records>,
+    _cache: Option<tempfile::TempDir>,
+}
+
+impl Opened {
+    /// Open an existing store without creating anything in it.
+    pub fn open(location: &Location) -> Result<Opened> {
+        match location {
+            Location::Local(root) => Ok(Opened {
+                objects: std::sync::Arc::new(LocalStore::open_existing(root)?),
+                records: std::sync::Arc::new(records::LocalRecords::new(root)),
+                _cache: None,
+            }),
+            Location::S3 { bucket, prefix } => {
+                let remote = s3::Remote::connect(bucket, prefix)?;
+                let cache = tempfile::Builder::new()
+                    .prefix("ckptfs-cache-")
+                    .tempdir()
+                    .map_err(|e| Error::io("create a cache directory", e))?;
+                let objects = s3::S3Objects::new(
+                    remote.clone(),
+                    s3::S3Options::default(),
+                    &cache.path().join("objects"),
+                )?;
+                Ok(Opened {
+                    objects: std::sync::Arc::new(objects),
+                    records: std::sync::Arc::new(s3::S3Records::new(remote)),
+                    _cache: Some(cache),
+                })
+            }
+        }
+    }
+}
 
 /// The identity of a stored object: the BLAKE3 hash of its bytes.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -117,6 +246,17 @@ pub trait ObjectStore: Send + Sync {
     fn local_path(&self, id: &ObjectId) -> Option<PathBuf>;
     /// Remove leftovers of interrupted stages.
     fn clear_staging(&self) -> Result<usize>;
+    /// Every published object id with its last modification time where the store has
+    /// objects that can appear outside a stage (object storage: an upload landed by a
+    /// daemon that then failed or died); such an object is an orphan only once it is older
+    /// than the grace period. `None`: the object was published under the writer's lock.
+    fn list_modified(&self) -> Result<Vec<(ObjectId, Option<std::time::SystemTime>)>> {
+        Ok(self.list()?.into_iter().map(|id| (id, None)).collect())
+    }
+    /// True if the store holds at least one object.
+    fn has_objects(&self) -> Result<bool>;
+    /// Where the objects are, for messages.
+    fn describe(&self) -> String;
 
     /// Copy an object to `dest` (which must not exist), checking size and hash, and fsync it.
     fn copy_verified(&self, id: &ObjectId, size: u64, dest: &Path) -> Result<()> {

@@ -1,5 +1,6 @@
 #![allow(dead_code)]
 
+pub mod moto;
 pub mod mounted;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,0 +1,683 @@
+//! The store on S3-compatible object storage (AWS S3, Ceph RGW, MinIO), through the
+//! `object_store` crate.
+//!
+//! Layout under `s3://BUCKET/PREFIX/`: `objects/<64 hex digits>` (content-addressed),
+//! `checkpoints/<id>.json`, `ckptfs.json`, `quarantine/`, `lease.json`.
+//!
+//! Objects go straight to their final key: the key is the hash of the content, so two
+//! uploads of one key write the same bytes and either may land. What the local store gets
+//! from its private temporary files, this store gets from bookkeeping: an object staged and
+//! not yet published or discarded is never deleted ([`ObjectStore::delete`] skips it and
+//! leaves it to the orphan sweep), and a stage waits for a delete of its key in flight.
+//! An upload interrupted after the bytes landed leaves an orphan, which the sweep removes
+//! once it is older than the grace period.
+//!
+//! Reads go through a local cache: an object is fetched once, checked against its hash,
+//! and served from a file under the state directory; the least recently used objects are
+//! evicted above the cache's size.
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path as Key;
+use object_store::{
+    ObjectStore as _, ObjectStoreExt as _, PutMode, PutOptions, PutPayload, UpdateVersion,
+    WriteMultipart,
+};
+
+use super::records::{Put, Record, Records};
+use super::{hash_file, ObjectId, ObjectStore, Staged};
+use crate::error::{Error, IoContext, Result};
+use crate::fsutil::{create_new_private, create_private_dir_all, remove_tree};
+
+/// Objects above this size are uploaded in parts of this size, several at once.
+pub const PART_SIZE: usize = 8 << 20;
+
+/// What the command line says about object storage.
+#[derive(Debug, Clone)]
+pub struct S3Options {
+    /// Uploads (and multipart parts) in flight at once.
+    pub upload_concurrency: usize,
+    /// The read cache's size in bytes.
+    pub cache_size: u64,
+}
+
+impl Default for S3Options {
+    fn default() -> Self {
+        S3Options {
+            upload_concurrency: 8,
+            cache_size: 4 << 30,
+        }
+    }
+}
+
+/// The connection to one bucket and prefix, shared by the objects and the records.
+pub struct Remote {
+    client: AmazonS3,
+    runtime: tokio::runtime::Runtime,
+    bucket: String,
+    /// The prefix keys start with: empty or ending in `/`.
+    prefix: String,
+}
+
+impl Remote {
+    /// Connect to `s3://bucket/prefix`, configured from the standard AWS environment
+    /// variables (endpoint, region, credentials). Makes no request.
+    pub fn connect(bucket: &str, prefix: &str) -> Result<Arc<Remote>> {
+        let mut builder = AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            .with_retry(object_store::RetryConfig {
+                backoff: object_store::BackoffConfig {
+                    init_backoff: Duration::from_millis(100),
+                    max_backoff: Duration::from_secs(5),
+                    base: 2.0,
+                },
+                max_retries: 5,
+                retry_timeout: Duration::from_secs(30),
+            })
+            .with_client_options(
+                object_store::ClientOptions::new()
+                    .with_connect_timeout(Duration::from_secs(5))
+                    .with_timeout(Duration::from_secs(120)),
+            );
+        // An endpoint the user gave as plain http (a local MinIO or Ceph) is meant.
+        let endpoint = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
+            .iter()
+            .find_map(|v| std::env::var(v).ok());
+        if endpoint.is_some_and(|e| e.starts_with("http://")) {
+            builder = builder.with_allow_http(true);
+        }
+        let client = builder
+            .build()
+            .map_err(|e| Error::Invalid(format!("s3://{bucket}: {e}")))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("ckptfs-s3")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io("start the object storage client", e))?;
+        let prefix = prefix.trim_matches('/');
+        Ok(Arc::new(Remote {
+            client,
+            runtime,
+            bucket: bucket.to_string(),
+            prefix: if prefix.is_empty() {
+                String::new()
+            } else {
+                format!("{prefix}/")
+            },
+        }))
+    }
+
+    fn key(&self, name: &str) -> Key {
+        Key::from(format!("{}{name}", self.prefix))
+    }
+
+    fn url(&self, name: &str) -> String {
+        format!("s3://{}/{}{name}", self.bucket, self.prefix)
+    }
+
+    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.runtime.block_on(f)
+    }
+
+    /// Every key under `dir/`, with its last modification time.
+    fn list_under(&self, dir: &str) -> Result<Vec<(String, SystemTime)>> {
+        let prefix = self.key(dir);
+        let full = format!("{}{dir}/", self.prefix);
+        self.block_on(async {
+            let mut stream = self.client.list(Some(&prefix));
+            let mut out = Vec::new();
+            while let Some(meta) = stream.next().await {
+                let meta = meta.map_err(|e| remote_error(&format!("list {}", self.url(dir)), e))?;
+                let key = meta.location.as_ref();
+                if let Some(name) = key.strip_prefix(&full) {
+                    out.push((name.to_string(), SystemTime::from(meta.last_modified)));
+                }
+            }
+            Ok(out)
+        })
+    }
+}
+
+/// An `object_store` error as ours: the operation and the key in the message, errno EIO
+/// (or ENOENT, EEXIST, ESTALE where the kind says so).
+fn remote_error(what: &str, e: object_store::Error) -> Error {
+    match e {
+        object_store::Error::NotFound { .. } => Error::NotFound(format!("{what}: {e}")),
+        object_store::Error::AlreadyExists { .. } => Error::Exists(format!("{what}: {e}")),
+        object_store::Error::Precondition { .. } => Error::Conflict(format!("{what}: {e}")),
+        e => Error::io(
+            what.to_string(),
+            std::io::Error::other(format!("object storage: {e}")),
+        ),
+    }
+}
+
+/// Objects on object storage, read through a local cache.
+pub struct S3Objects {
+    remote: Arc<Remote>,
+    options: S3Options,
+    uploads: Mutex<Uploads>,
+    delete_done: Condvar,
+    cache: Cache,
+}
+
+#[derive(Default)]
+struct Uploads {
+    /// Objects staged (uploading or uploaded) and not yet published or discarded.
+    staged: HashMap<ObjectId, usize>,
+    /// Objects whose delete is in flight.
+    deleting: HashSet<ObjectId>,
+}
+
+impl S3Objects {
+    /// Objects of `remote`, cached in `cache_dir` (emptied now: only this process uses it).
+    pub fn new(remote: Arc<Remote>, options: S3Options, cache_dir: &Path) -> Result<Self> {
+        remove_tree(cache_dir)?;
+        create_private_dir_all(cache_dir)?;
+        Ok(S3Objects {
+            remote,
+            cache: Cache::new(cache_dir, options.cache_size),
+            options,
+            uploads: Mutex::new(Uploads::default()),
+            delete_done: Condvar::new(),
+        })
+    }
+
+    fn object_name(id: &ObjectId) -> String {
+        format!("objects/{}", id.to_hex())
+    }
+
+    /// Count `id` as staged (waiting for a delete of it in flight first).
+    fn begin_stage(&self, id: ObjectId) {
+        let mut uploads = lock(&self.uploads);
+        while uploads.deleting.contains(&id) {
+            uploads = self
+                .delete_done
+                .wait(uploads)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        *uploads.staged.entry(id).or_default() += 1;
+    }
+
+    fn end_stage(&self, id: &ObjectId) {
+        let mut uploads = lock(&self.uploads);
+        if let Some(n) = uploads.staged.get_mut(id) {
+            *n -= 1;
+            if *n == 0 {
+                uploads.staged.remove(id);
+            }
+        }
+    }
+
+    /// Upload `src` to the key of `id`: one PUT when small, a multipart upload with several
+    /// parts in flight when large. Fails (uploading nothing) if `src` does not hash to `id`.
+    fn upload(&self, id: &ObjectId, src: Source<'_>) -> Result<()> {
+        let name = Self::object_name(id);
+        let key = self.remote.key(&name);
+        let what = format!("upload {}", self.remote.url(&name));
+        let size = src.len();
+        let changed = || {
+            Error::Corrupt(format!(
+                "the content uploaded as object {id} does not hash to it (the file changed)"
+            ))
+        };
+        if size <= PART_SIZE as u64 {
+            let bytes = src.read_all()?;
+            if ObjectId::from_hash(blake3::hash(&bytes)) != *id {
+                return Err(changed());
+            }
+            return self
+                .remote
+                .block_on(self.remote.client.put(&key, PutPayload::from(bytes)))
+                .map(|_| ())
+                .map_err(|e| remote_error(&what, e));
+        }
+        let concurrency = self.options.upload_concurrency.max(1);
+        self.remote.block_on(async {
+            let upload = self
+                .remote
+                .client
+                .put_multipart(&key)
+                .await
+                .map_err(|e| remote_error(&what, e))?;
+            let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
+            let result: Result<()> = async {
+                // What is uploaded is hashed on the way: it must be the object it claims.
+                let mut hasher = blake3::Hasher::new();
+                let mut offset = 0u64;
+                while offset < size {
+                    writer
+                        .wait_for_capacity(concurrency)
+                        .await
+                        .map_err(|e| remote_error(&what, e))?;
+                    let len = (size - offset).min(PART_SIZE as u64) as usize;
+                    let part = src.read_range(offset, len)?;
+                    hasher.update(&part);
+                    writer.put(bytes::Bytes::from(part));
+                    offset += len as u64;
+                }
+                if ObjectId::from_hash(hasher.finalize()) != *id {
+                    return Err(changed());
+                }
+                Ok(())
+            }
+            .await;
+            match result {
+                Ok(()) => writer
+                    .finish()
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| remote_error(&what, e)),
+                Err(e) => {
+                    let _ = writer.abort().await;
+                    Err(e)
+                }
+            }
+        })
+    }
+
+    /// Fetch an object into the cache (once), checked against its id; its cached path.
+    fn fetch(&self, id: &ObjectId) -> Result<PathBuf> {
+        if let Some(path) = self.cache.get(id) {
+            return Ok(path);
+        }
+        let name = Self::object_name(id);
+        let what = format!("fetch {}", self.remote.url(&name));
+        let tmp = self.cache.tmp_path(id);
+        let mut out = create_new_private().open(&tmp).ctx("create", &tmp)?;
+        let fetched = self.remote.block_on(async {
+            let got = self
+                .remote
+                .client
+                .get(&self.remote.key(&name))
+                .await
+                .map_err(|e| match e {
+                    object_store::Error::NotFound { .. } => {
+                        Error::Corrupt(format!("object {id} is missing from the store"))
+                    }
+                    e => remote_error(&what, e),
+                })?;
+            let mut stream = got.into_stream();
+            let mut hasher = blake3::Hasher::new();
+            let mut total = 0u64;
+            while let Some(piece) = stream.next().await {
+                let piece = piece.map_err(|e| remote_error(&what, e))?;
+                hasher.update(&piece);
+                out.write_all(&piece).ctx("write", &tmp)?;
+                total += piece.len() as u64;
+            }
+            Ok::<_, Error>((hasher.finalize(), total))
+        });
+        let result = fetched.and_then(|(hash, total)| {
+            if ObjectId::from_hash(hash) != *id {
+                return Err(Error::Corrupt(format!(
+                    "object {id} does not match its checksum (content hashes to {})",
+                    hash.to_hex()
+                )));
+            }
+            Ok(total)
+        });
+        match result {
+            Ok(size) => Ok(self.cache.insert(*id, &tmp, size)?),
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                Err(e)
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What an upload reads: a file or bytes in memory.
+enum Source<'a> {
+    File(&'a fs::File, u64),
+    Bytes(&'a [u8]),
+}
+
+impl Source<'_> {
+    fn len(&self) -> u64 {
+        match self {
+            Source::File(_, len) => *len,
+            Source::Bytes(b) => b.len() as u64,
+        }
+    }
+
+    fn read_range(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        match self {
+            Source::File(file, _) => {
+                use std::os::unix::fs::FileExt;
+                let mut buf = vec![0u8; len];
+                file.read_exact_at(&mut buf, offset)
+                    .map_err(|e| Error::io("read for upload", e))?;
+                Ok(buf)
+            }
+            Source::Bytes(b) => Ok(b[offset as usize..offset as usize + len].to_vec()),
+        }
+    }
+
+    fn read_all(&self) -> Result<Vec<u8>> {
+        self.read_range(0, self.len() as usize)
+    }
+}
+
+impl ObjectStore for S3Objects {
+    fn stage(&self, src: &Path) -> Result<Staged> {
+        // The key is the hash: hash first (a local read), then upload.
+        let (id, size) = hash_file(src)?;
+        let file = fs::File::open(src).ctx("open", src)?;
+        self.begin_stage(id);
+        match self.upload(&id, Source::File(&file, size)) {
+            Ok(()) => Ok(Staged {
+                id,
+                size,
+                tmp: PathBuf::new(),
+            }),
+            Err(e) => {
+                self.end_stage(&id);
+                Err(e)
+            }
+        }
+    }
+
+    fn stage_bytes(&self, bytes: &[u8]) -> Result<Staged> {
+        let id = ObjectId::from_hash(blake3::hash(bytes));
+        self.begin_stage(id);
+        match self.upload(&id, Source::Bytes(bytes)) {
+            Ok(()) => Ok(Staged {
+                id,
+                size: bytes.len() as u64,
+                tmp: PathBuf::new(),
+            }),
+            Err(e) => {
+                self.end_stage(&id);
+                Err(e)
+            }
+        }
+    }
+
+    fn publish(&self, staged: Staged) -> Result<()> {
+        crate::failpoint!("store::before-publish");
+        self.end_stage(&staged.id);
+        Ok(())
+    }
+
+    fn discard(&self, staged: Staged) {
+        // The key may be another upload's too (same content): never deleted here. If
+        // nothing references it, the orphan sweep removes it after the grace period.
+        self.end_stage(&staged.id);
+    }
+
+    fn delete(&self, id: &ObjectId) -> Result<()> {
+        {
+            let mut uploads = lock(&self.uploads);
+            if uploads.staged.contains_key(id) {
+                log::info!("object {id} is being uploaded again: not deleted");
+                return Ok(());
+            }
+            uploads.deleting.insert(*id);
+        }
+        self.cache.remove(id);
+        let name = Self::object_name(id);
+        let result = self
+            .remote
+            .block_on(self.remote.client.delete(&self.remote.key(&name)));
+        lock(&self.uploads).deleting.remove(id);
+        self.delete_done.notify_all();
+        match result {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(remote_error(
+                &format!("delete {}", self.remote.url(&name)),
+                e,
+            )),
+        }
+    }
+
+    fn list(&self) -> Result<Vec<ObjectId>> {
+        let mut ids: Vec<ObjectId> = self
+            .list_modified()?
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        ids.sort();
+        Ok(ids)
+    }
+
+    fn list_modified(&self) -> Result<Vec<(ObjectId, Option<SystemTime>)>> {
+        let mut ids = Vec::new();
+        for (name, modified) in self.remote.list_under("objects")? {
+            match name.parse::<ObjectId>() {
+                Ok(id) if id.to_hex() == name => ids.push((id, Some(modified))),
+                _ => log::warn!("ignoring stray key {}", self.remote.url(&name)),
+            }
+        }
+        Ok(ids)
+    }
+
+    fn has_objects(&self) -> Result<bool> {
+        let prefix = self.remote.key("objects");
+        self.remote.block_on(async {
+            match self.remote.client.list(Some(&prefix)).next().await {
+                None => Ok(false),
+                Some(Ok(_)) => Ok(true),
+                Some(Err(e)) => Err(remote_error(
+                    &format!("list {}", self.remote.url("objects")),
+                    e,
+                )),
+            }
+        })
+    }
+
+    fn open(&self, id: &ObjectId) -> Result<fs::File> {
+        let path = self.fetch(id)?;
+        fs::File::open(&path).ctx("open", &path)
+    }
+
+    fn local_path(&self, id: &ObjectId) -> Option<PathBuf> {
+        self.cache.get(id)
+    }
+
+    fn clear_staging(&self) -> Result<usize> {
+        Ok(0)
+    }
+
+    fn describe(&self) -> String {
+        self.remote.url("")
+    }
+}
+
+/// Records as small objects beside the objects, written with conditional PUTs.
+pub struct S3Records {
+    remote: Arc<Remote>,
+}
+
+impl S3Records {
+    pub fn new(remote: Arc<Remote>) -> Self {
+        S3Records { remote }
+    }
+
+    /// A conditional put the server refused may have been our own, landed before a retry
+    /// (a timeout, then "exists" or "changed"): it was ours if the record holds our bytes.
+    fn was_ours(&self, key: &str, bytes: &[u8]) -> Option<Option<String>> {
+        match self.get(key) {
+            Ok(Some(record)) if record.bytes == bytes => Some(record.version),
+            _ => None,
+        }
+    }
+}
+
+impl Records for S3Records {
+    fn get(&self, key: &str) -> Result<Option<Record>> {
+        let what = format!("read {}", self.remote.url(key));
+        self.remote.block_on(async {
+            let got = match self.remote.client.get(&self.remote.key(key)).await {
+                Ok(got) => got,
+                Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                Err(e) => return Err(remote_error(&what, e)),
+            };
+            let version = got.meta.e_tag.clone();
+            let bytes = got.bytes().await.map_err(|e| remote_error(&what, e))?;
+            Ok(Some(Record {
+                bytes: bytes.to_vec(),
+                version,
+            }))
+        })
+    }
+
+    fn put(&self, key: &str, bytes: &[u8], mode: Put) -> Result<Option<String>> {
+        let what = format!("write {}", self.remote.url(key));
+        let mode = match mode {
+            Put::Overwrite | Put::Update(None) => PutMode::Overwrite,
+            Put::Create => PutMode::Create,
+            Put::Update(Some(e_tag)) => PutMode::Update(UpdateVersion {
+                e_tag: Some(e_tag),
+                version: None,
+            }),
+        };
+        let options = PutOptions {
+            mode,
+            ..Default::default()
+        };
+        let result = self.remote.block_on(self.remote.client.put_opts(
+            &self.remote.key(key),
+            PutPayload::from(bytes.to_vec()),
+            options,
+        ));
+        match result {
+            Ok(put) => Ok(put.e_tag),
+            Err(
+                e @ (object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. }),
+            ) => match self.was_ours(key, bytes) {
+                Some(version) => Ok(version),
+                None => Err(remote_error(&what, e)),
+            },
+            Err(e) => Err(remote_error(&what, e)),
+        }
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        match self
+            .remote
+            .block_on(self.remote.client.delete(&self.remote.key(key)))
+        {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(remote_error(&format!("delete {}", self.remote.url(key)), e)),
+        }
+    }
+
+    fn list(&self, dir: &str) -> Result<Vec<String>> {
+        Ok(self
+            .remote
+            .list_under(dir)?
+            .into_iter()
+            .map(|(name, _)| name)
+            .filter(|name| !name.contains('/'))
+            .collect())
+    }
+
+    fn has_dir(&self, _dir: &str) -> bool {
+        true
+    }
+
+    fn create_dir(&self, _dir: &str) -> Result<()> {
+        Ok(())
+    }
+
+    fn describe(&self, key: &str) -> String {
+        self.remote.url(key)
+    }
+}
+
+/// Fetched objects on local disk, least recently used evicted above a size.
+struct Cache {
+    dir: PathBuf,
+    limit: u64,
+    next_tmp: AtomicU64,
+    index: Mutex<CacheIndex>,
+}
+
+#[derive(Default)]
+struct CacheIndex {
+    entries: HashMap<ObjectId, (u64, u64)>,
+    total: u64,
+    tick: u64,
+}
+
+impl Cache {
+    fn new(dir: &Path, limit: u64) -> Self {
+        Cache {
+            dir: dir.to_path_buf(),
+            limit,
+            next_tmp: AtomicU64::new(0),
+            index: Mutex::new(CacheIndex::default()),
+        }
+    }
+
+    fn path(&self, id: &ObjectId) -> PathBuf {
+        self.dir.join(id.to_hex())
+    }
+
+    fn tmp_path(&self, id: &ObjectId) -> PathBuf {
+        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
+        self.dir.join(format!(".{}.tmp-{n}", id.to_hex()))
+    }
+
+    fn get(&self, id: &ObjectId) -> Option<PathBuf> {
+        let mut index = lock(&self.index);
+        index.tick += 1;
+        let tick = index.tick;
+        let entry = index.entries.get_mut(id)?;
+        entry.1 = tick;
+        Some(self.path(id))
+    }
+
+    /// Move a fetched and checked file into the cache, evicting the least recently used
+    /// objects (never this one) while the cache is over its size.
+    fn insert(&self, id: ObjectId, tmp: &Path, size: u64) -> Result<PathBuf> {
+        let path = self.path(&id);
+        fs::rename(tmp, &path).ctx("cache", &path)?;
+        let mut index = lock(&self.index);
+        index.tick += 1;
+        let tick = index.tick;
+        if let Some((old, _)) = index.entries.insert(id, (size, tick)) {
+            index.total -= old;
+        }
+        index.total += size;
+        while index.total > self.limit && index.entries.len() > 1 {
+            let Some((victim, (bytes, _))) = index
+                .entries
+                .iter()
+                .filter(|(v, _)| **v != id)
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(v, e)| (*v, *e))
+            else {
+                break;
+            };
+            index.entries.remove(&victim);
+            index.total -= bytes;
+            // Open handles keep reading an evicted file: it is only unlinked.
+            let _ = fs::remove_file(self.path(&victim));
+        }
+        Ok(path)
+    }
+
+    fn remove(&self, id: &ObjectId) {
+        let mut index = lock(&self.index);
+        if let Some((bytes, _)) = index.entries.remove(id) {
+            index.total -= bytes;
+            let _ = fs::remove_file(self.path(id));
+        }
+    }
+}
