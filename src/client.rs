@@ -19,16 +19,17 @@ const NOTIFY_ENV: &str = "CKPTFS_NOTIFY_READY";
 pub fn daemonize(
     store: &ckptfs::store::Location,
     state: Option<&Path>,
+    read_only: bool,
     log_file: Option<&Path>,
     args: &[std::ffi::OsString],
 ) -> Result<ExitCode, Error> {
     let default_dir = match (store.local(), state) {
-        (Some(root), _) => ckptfs::coordinator::ensure_store_dir(root)?,
-        (None, Some(state)) => {
+        (Some(root), _) if !read_only => ckptfs::coordinator::ensure_store_dir(root)?,
+        (_, Some(state)) => {
             ckptfs::fsutil::create_private_dir_all(state)?;
             state.to_path_buf()
         }
-        (None, None) => {
+        (_, None) => {
             return Err(Error::Invalid(format!(
                 "a store on object storage ({store}) needs --state DIR: a local directory \
                  for the live databases and the read cache"

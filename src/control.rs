@@ -141,6 +141,7 @@ pub struct Controller {
     interval: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     compactor: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     sweeper: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    refresher: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     on_change: std::sync::Mutex<Option<ChangeHook>>,
 }
 
@@ -195,6 +196,7 @@ impl Controller {
             interval: Default::default(),
             compactor: Default::default(),
             sweeper: Default::default(),
+            refresher: Default::default(),
             on_change: Default::default(),
         }
     }
@@ -440,6 +442,19 @@ impl Controller {
         *self.sweeper.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
     }
 
+    /// A read-only view: look for checkpoints the writer committed or dropped every
+    /// `period`, and show them.
+    pub fn start_refresh(self: &std::sync::Arc<Self>, period: std::time::Duration) {
+        let handle = self.every(period, "ckptfs-refresh", |this| {
+            match this.engine.refresh_checkpoints() {
+                Ok(true) => this.changed(),
+                Ok(false) => {}
+                Err(e) => log::warn!("could not read the store's checkpoints: {e}"),
+            }
+        });
+        *self.refresher.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+    }
+
     /// Run `tick` every `period` on a thread of its own until shutdown; a tick that takes
     /// longer than `period` delays the next one rather than piling up.
     fn every(
@@ -479,7 +494,7 @@ impl Controller {
         {
             let _ = h.join();
         }
-        for handle in [&self.compactor, &self.sweeper] {
+        for handle in [&self.compactor, &self.sweeper, &self.refresher] {
             if let Some(h) = handle.lock().unwrap_or_else(|p| p.into_inner()).take() {
                 let _ = h.join();
             }

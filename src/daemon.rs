@@ -25,7 +25,12 @@ pub struct MountConfig {
     pub threads: usize,
     /// Verify each stored object's checksum at its first open.
     pub verify: bool,
+    /// Show a store another daemon writes: no backends, nothing written (EROFS).
+    pub read_only: bool,
 }
+
+/// How often a read-only mount looks for the writer's new checkpoints.
+pub const REFRESH_PERIOD: Duration = Duration::from_secs(2);
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -143,7 +148,11 @@ pub fn serve(config: MountConfig, ready: impl FnOnce(Result<()>)) -> Result<()> 
         std::env::set_current_dir("/").map_err(|e| Error::io("chdir /", e))?;
         check_mountpoint(&config.mountpoint)?;
         install_signal_handlers()?;
-        let engine = Engine::open(config.engine.clone())?;
+        let engine = if config.read_only {
+            Engine::open_read_only(config.engine.clone())?
+        } else {
+            Engine::open(config.engine.clone())?
+        };
         let controller = Arc::new(Controller::new(engine.clone()));
         let fs = CkptFs::with_verification(controller.clone(), config.verify);
         let mut options = vec![
@@ -153,6 +162,10 @@ pub fn serve(config: MountConfig, ready: impl FnOnce(Result<()>)) -> Result<()> 
             MountOption::NoSuid,
             MountOption::NoAtime,
         ];
+        if config.read_only {
+            // The kernel answers EROFS to rmdir and to writes of the control file.
+            options.push(MountOption::RO);
+        }
         if config.allow_other {
             options.push(MountOption::DefaultPermissions);
         }
@@ -175,13 +188,15 @@ pub fn serve(config: MountConfig, ready: impl FnOnce(Result<()>)) -> Result<()> 
         let background = session
             .spawn()
             .map_err(|e| Error::io("start the FUSE session", e))?;
-        if let Some(period) = config.interval {
+        if let Some(period) = config.interval.filter(|_| !config.read_only) {
             controller.start_interval(period);
         }
-        if engine.location().local().is_none() {
+        if config.read_only {
+            controller.start_refresh(REFRESH_PERIOD);
+        } else if engine.location().local().is_none() {
             controller.start_orphan_sweep(config.engine.orphan_grace.max(Duration::from_secs(1)));
         }
-        if let Some(period) = config.small_file_compaction {
+        if let Some(period) = config.small_file_compaction.filter(|_| !config.read_only) {
             controller.start_small_file_compaction(period, Default::default());
         }
         Ok((engine, controller, background))

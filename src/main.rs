@@ -36,9 +36,15 @@ enum Command {
         store: Location,
         mountpoint: PathBuf,
         /// Local state directory for the live RocksDB instances and the read cache
-        /// (default STORE/state; required for object storage).
+        /// (default STORE/state; required for object storage unless --read-only is given).
         #[arg(long)]
         state: Option<PathBuf>,
+        /// Show the checkpoints of a store that another daemon writes (on another host):
+        /// no backends, no lease, new checkpoints shown within seconds; rmdir and the
+        /// control file answer EROFS. The cache goes to --state DIR (default
+        /// ~/.cache/ckptfs/ro-HASH).
+        #[arg(long, conflicts_with_all = ["backends", "retain", "restore", "interval"])]
+        read_only: bool,
         /// Object storage: uploads (and parts of large ones) in flight at once.
         #[arg(long, default_value_t = 8)]
         upload_concurrency: usize,
@@ -299,6 +305,19 @@ fn main() -> ExitCode {
     }
 }
 
+/// The default state directory of a read-only mount: its own cache per store and
+/// mountpoint, under ~/.cache/ckptfs.
+fn read_only_state(store: &Location, mountpoint: &Path) -> Result<PathBuf, Error> {
+    let mountpoint =
+        std::path::absolute(mountpoint).map_err(|e| Error::io("resolve mountpoint", e))?;
+    let key = format!("{store}\0{}", mountpoint.display());
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    Ok(PathBuf::from(home).join(".cache/ckptfs").join(format!(
+        "ro-{}",
+        &blake3::hash(key.as_bytes()).to_hex()[..16]
+    )))
+}
+
 fn parse_location(arg: &str) -> Result<Location, String> {
     Location::parse(arg).map_err(|e| e.to_string())
 }
@@ -329,6 +348,7 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             store,
             mountpoint,
             state,
+            read_only,
             upload_concurrency,
             cache_size,
             orphan_grace,
@@ -357,9 +377,19 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             };
             // Refuse bad options before anything is created or started.
             backend_options.validate()?;
+            let state = match state {
+                None if read_only => Some(read_only_state(&store, &mountpoint)?),
+                state => state,
+            };
             if !foreground {
                 let args = ARGS.get().map(|a| &a[1..]).unwrap_or_default();
-                return client::daemonize(&store, state.as_deref(), log_file.as_deref(), args);
+                return client::daemonize(
+                    &store,
+                    state.as_deref(),
+                    read_only,
+                    log_file.as_deref(),
+                    args,
+                );
             }
             // Absolute paths: the daemon's log, status and fsname stay meaningful.
             let store = match store {
@@ -402,6 +432,7 @@ fn run(command: Command) -> Result<ExitCode, Error> {
                 allow_other,
                 threads: 4,
                 verify: !no_verify,
+                read_only,
             };
             ckptfs::daemon::serve(config, client::notify_ready)?;
             Ok(ExitCode::SUCCESS)

@@ -488,3 +488,79 @@ fn the_server_gone_mid_upload_fails_the_checkpoint_and_the_next_succeeds() {
         std::thread::sleep(Duration::from_millis(500));
     }
 }
+
+#[test]
+fn a_read_only_mount_elsewhere_follows_the_writer_and_refuses_changes() {
+    let url = moto().store();
+    let dir = tempfile::tempdir().unwrap();
+    let writer = Mount::new(
+        &url,
+        &dir.path().join("mnt"),
+        &dir.path().join("state"),
+        &["--backend", "Op/0"],
+        &[],
+    );
+    ok(ckptfs_with_env(
+        &["put", writer.m(), "Op/0", "k1", "v1"],
+        &[],
+    ));
+    ok(ckptfs_with_env(&["checkpoint", writer.m()], &[]));
+    // A second host's view: no --state (its own cache), no lease taken.
+    let ro_mnt = dir.path().join("ro");
+    std::fs::create_dir(&ro_mnt).unwrap();
+    ok(ckptfs_with_env(
+        &["mount", "--read-only", &url, ro_mnt.to_str().unwrap()],
+        &[],
+    ));
+    let reader = Mount { mnt: ro_mnt };
+    let names = |m: &Mount| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&m.mnt)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with("cp-"))
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(names(&reader), vec!["cp-1"]);
+    // The writer goes on: its new checkpoint shows up in the view within seconds.
+    ok(ckptfs_with_env(
+        &["put", writer.m(), "Op/0", "k2", "v2"],
+        &[],
+    ));
+    ok(ckptfs_with_env(&["checkpoint", writer.m()], &[]));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while names(&reader) != vec!["cp-1", "cp-2"] {
+        assert!(std::time::Instant::now() < deadline, "{:?}", names(&reader));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = dir.path().join("out");
+    ok(Command::new("cp")
+        .arg("-r")
+        .arg(reader.mnt.join("cp-2"))
+        .arg(&out)
+        .output()
+        .unwrap());
+    assert_eq!(scan(&out.join("Op/0")).len(), 2);
+    // Changes are refused with EROFS; the checkpoint stays.
+    let rmdir = std::fs::remove_dir(reader.mnt.join("cp-1")).unwrap_err();
+    assert_eq!(rmdir.raw_os_error(), Some(libc::EROFS));
+    let ctl = std::fs::OpenOptions::new()
+        .write(true)
+        .open(reader.mnt.join(".ckptfs/ctl"))
+        .unwrap_err();
+    assert_eq!(ctl.raw_os_error(), Some(libc::EROFS));
+    let refused = ckptfs_with_env(&["checkpoint", reader.m(), "--wait", "0"], &[]);
+    assert!(!refused.status.success());
+    let status: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(reader.mnt.join(".ckptfs/status")).unwrap())
+            .unwrap();
+    assert_eq!(status["read_only"], true);
+    // The writer drops a checkpoint: the view follows.
+    std::fs::remove_dir(writer.mnt.join("cp-1")).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while names(&reader) != vec!["cp-2"] {
+        assert!(std::time::Instant::now() < deadline, "{:?}", names(&reader));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

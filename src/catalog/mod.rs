@@ -439,6 +439,8 @@ pub struct Catalog {
     meta_version: std::sync::Mutex<Option<String>>,
     /// On object storage: the writer's lease, checked before every write.
     fence: Option<crate::lease::Fence>,
+    /// A read-only view refuses every write.
+    read_only: bool,
 }
 
 const META: &str = "ckptfs.json";
@@ -453,7 +455,14 @@ impl Catalog {
             objects,
             meta_version: std::sync::Mutex::new(None),
             fence: None,
+            read_only: false,
         }
+    }
+
+    /// A catalog that refuses every write (a read-only view of a store).
+    pub fn read_only(mut self) -> Self {
+        self.read_only = true;
+        self
     }
 
     /// Write only while `fence` says this process is the writer.
@@ -464,6 +473,9 @@ impl Catalog {
 
     /// Fails if this process is no longer the store's writer (its lease was lost).
     pub fn check_writer(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly("a read-only view of the store".into()));
+        }
         self.fence.as_ref().map_or(Ok(()), |f| f.check())
     }
 

@@ -25,6 +25,7 @@ impl Engine {
     /// native checkpoint: hard links, a flush in `flush` mode; see [`super::materialize`]).
     /// Writers may continue as soon as this returns.
     pub fn begin_checkpoint(&self) -> Result<PendingCheckpoint> {
+        self.check_writable()?;
         let started_unix_ms = now_unix_ms();
         let (id, bases) = {
             let mut st = self.state();

@@ -116,6 +116,32 @@ struct State {
 }
 
 impl State {
+    /// The state of a store with these checkpoints, nothing in flight.
+    fn new(
+        registry: Registry,
+        manifests: BTreeMap<u64, Arc<Manifest>>,
+        meta: StoreMeta,
+        last_error: Option<String>,
+    ) -> State {
+        State {
+            registry,
+            manifests,
+            meta,
+            in_flight: BTreeSet::new(),
+            restoring: false,
+            lineages: HashMap::new(),
+            bases: HashMap::new(),
+            last_error,
+            small_file_compactions: (0, 0),
+            kept: BTreeSet::new(),
+            missing: BTreeSet::new(),
+            materializations: HashMap::new(),
+            preparing: BTreeSet::new(),
+            prepared: HashMap::new(),
+            wal_prefixes: HashMap::new(),
+        }
+    }
+
     /// May a checkpoint reference this object without storing its bytes?
     fn can_share(&self, id: &ObjectId) -> bool {
         self.registry.is_live(id) && !self.missing.contains(id)
@@ -137,6 +163,8 @@ struct Inner {
     materialize: MaterializePolicy,
     max_concurrent: usize,
     orphan_grace: std::time::Duration,
+    /// A read-only view of a store another process writes (`mount --read-only`).
+    read_only: bool,
     backends: BTreeMap<BackendName, RwLock<Option<Backend>>>,
     state: Mutex<State>,
     /// Signalled whenever a checkpoint leaves flight or a restore ends.
@@ -339,6 +367,7 @@ impl Engine {
     /// Drop a retained checkpoint: its manifest goes, then every object no other retained
     /// checkpoint references.
     pub fn delete_checkpoint(&self, id: u64) -> Result<()> {
+        self.check_writable()?;
         let mut st = self.state();
         if st.restoring {
             return Err(Error::Busy("a restore is in progress".into()));
@@ -358,6 +387,53 @@ impl Engine {
         self.drop_checkpoint_locked(&mut st, id)
     }
 
+    /// Fails on a read-only view of a store.
+    pub fn check_writable(&self) -> Result<()> {
+        if self.inner.read_only {
+            return Err(Error::ReadOnly(format!(
+                "{} is mounted read-only: another daemon writes it",
+                self.inner.location
+            )));
+        }
+        Ok(())
+    }
+
+    /// True for a read-only view of a store (`mount --read-only`).
+    pub fn is_read_only(&self) -> bool {
+        self.inner.read_only
+    }
+
+    /// A read-only view: pick up the checkpoints the writer committed or dropped since the
+    /// last look. Returns whether anything changed.
+    pub fn refresh_checkpoints(&self) -> Result<bool> {
+        let (ids, _) = self.inner.catalog.list_ids()?;
+        let known: BTreeSet<u64> = self.state().manifests.keys().copied().collect();
+        let mut added = Vec::new();
+        for id in ids.difference(&known) {
+            match self.inner.catalog.load(*id) {
+                Ok(m) => added.push(Arc::new(m)),
+                // Dropped meanwhile, or being written: the next look decides.
+                Err(e) => log::debug!("checkpoint {id} not shown yet: {e}"),
+            }
+        }
+        let gone: Vec<u64> = known.difference(&ids).copied().collect();
+        if added.is_empty() && gone.is_empty() {
+            return Ok(false);
+        }
+        let mut st = self.state();
+        for id in gone {
+            if let Some(m) = st.manifests.remove(&id) {
+                let _ = st.registry.drop_checkpoint(id, m.object_refs());
+            }
+        }
+        for m in added {
+            st.registry.register_checkpoint(m.id, m.object_refs());
+            st.registry.set_sizes(m.stored_sizes());
+            st.manifests.insert(m.id, m);
+        }
+        Ok(true)
+    }
+
     /// The checkpoint an unfinished restore (a failed swap) still needs, if any.
     fn restore_pending(&self) -> Option<u64> {
         restore::read_restore_intent(&self.inner.state_dir)
@@ -367,6 +443,7 @@ impl Engine {
 
     /// Change the number of retained checkpoints (at least 1); applied at once.
     pub fn set_retain(&self, retain: u32) -> Result<()> {
+        self.check_writable()?;
         let retain = validate_retain(retain)?;
         let mut st = self.state();
         if st.restoring {
@@ -423,6 +500,9 @@ impl Engine {
     }
 
     fn apply_retention(&self, st: &mut State) -> Result<()> {
+        if self.inner.read_only {
+            return Ok(());
+        }
         let pending = self.restore_pending();
         for victim in st
             .registry
@@ -498,6 +578,9 @@ impl Engine {
     /// checkpoint can match or publish the same object meanwhile. A failed delete leaves an
     /// orphan that the next start (or `fsck --repair`) removes.
     fn delete_objects(&self, st: &State, garbage: &[ObjectId]) {
+        if self.inner.read_only {
+            return;
+        }
         if self.inner.deletes_frozen && !garbage.is_empty() {
             log::warn!(
                 "keeping {} unreferenced objects: deletions are frozen while a manifest is \

@@ -302,23 +302,13 @@ impl Engine {
                 last_trim: Mutex::new(std::time::Instant::now()),
                 max_concurrent: config.max_concurrent.max(1),
                 orphan_grace: config.orphan_grace,
+                read_only: false,
                 backends,
                 state: Mutex::new(State {
-                    registry,
-                    manifests,
-                    meta,
-                    in_flight: BTreeSet::new(),
-                    restoring: false,
                     lineages,
                     bases,
-                    last_error,
-                    small_file_compactions: (0, 0),
-                    kept: BTreeSet::new(),
                     missing: missing.into_iter().collect(),
-                    materializations: HashMap::new(),
-                    wal_prefixes: HashMap::new(),
-                    preparing: BTreeSet::new(),
-                    prepared: HashMap::new(),
+                    ..State::new(registry, manifests, meta, last_error)
                 }),
                 slot_freed: Condvar::new(),
                 deletes_frozen,
@@ -331,6 +321,72 @@ impl Engine {
         }
         // Loading thousands of manifests leaves freed memory behind: give it back.
         crate::fsutil::release_free_memory();
+        Ok(engine)
+    }
+
+    /// Open a read-only view of a store that another process may be writing (from another
+    /// host, on object storage): no backends, no lock or lease, nothing written or deleted.
+    /// [`Engine::refresh_checkpoints`] picks up what the writer commits and drops.
+    pub fn open_read_only(config: EngineConfig) -> Result<Engine> {
+        let Some(state) = &config.state else {
+            return Err(Error::Invalid(
+                "a read-only view needs a state directory for its cache".into(),
+            ));
+        };
+        let (state_dir, state_lock) = lock_state_dir(state)?;
+        let (store, records): (Arc<dyn ObjectStore>, Arc<dyn Records>) = match &config.store {
+            Location::Local(root) => {
+                crate::restore::check_is_store(root)?;
+                (
+                    Arc::new(LocalStore::open_existing(root)?),
+                    Arc::new(LocalRecords::new(root)),
+                )
+            }
+            Location::S3 { bucket, prefix } => {
+                let remote = Remote::connect(bucket, prefix)?;
+                (
+                    Arc::new(S3Objects::new(
+                        remote.clone(),
+                        config.s3.clone(),
+                        &state_dir.join("cache"),
+                    )?),
+                    Arc::new(S3Records::new(remote)),
+                )
+            }
+        };
+        let catalog = Catalog::new(records, store.clone()).read_only();
+        let meta = match catalog.load_meta() {
+            Ok(Some(meta)) => meta,
+            Ok(None) if catalog.has_manifests()? => StoreMeta::default(),
+            Ok(None) => {
+                return Err(Error::NotFound(format!(
+                    "{} is not a ckptfs store (no ckptfs.json, no checkpoints/)",
+                    config.store
+                )))
+            }
+            Err(e) => return Err(e),
+        };
+        let engine = Engine {
+            inner: Arc::new(Inner {
+                location: config.store.clone(),
+                _writer: Writer::None,
+                state_dir,
+                store,
+                catalog,
+                backend_options: config.backend_options.clone(),
+                materialize: config.materialize,
+                last_trim: Mutex::new(std::time::Instant::now()),
+                max_concurrent: 1,
+                orphan_grace: config.orphan_grace,
+                read_only: true,
+                backends: BTreeMap::new(),
+                state: Mutex::new(State::new(Registry::default(), BTreeMap::new(), meta, None)),
+                slot_freed: Condvar::new(),
+                deletes_frozen: true,
+                _state_lock: state_lock,
+            }),
+        };
+        engine.refresh_checkpoints()?;
         Ok(engine)
     }
 }
@@ -351,6 +407,8 @@ struct ForWriting {
 pub(super) enum Writer {
     Lock(#[allow(dead_code)] StoreLock),
     Lease(#[allow(dead_code)] Lease),
+    /// A read-only view writes nothing.
+    None,
 }
 
 fn open_for_writing(config: &EngineConfig) -> Result<ForWriting> {

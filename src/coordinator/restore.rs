@@ -16,6 +16,7 @@ impl Engine {
     /// Refused while a checkpoint is in flight. Later checkpoints stay retained; the next
     /// checkpoint builds only on `id`'s files.
     pub fn restore_backends(&self, id: u64) -> Result<()> {
+        self.check_writable()?;
         let manifest = {
             let mut st = self.state();
             if !st.in_flight.is_empty() || st.restoring {

@@ -1116,6 +1116,7 @@ impl CkptFs {
         let value = json!({
             "pid": std::process::id(),
             "store": engine.location().to_string(),
+            "read_only": engine.is_read_only(),
             "backends": status.backends.iter().map(|b| b.to_string()).collect::<Vec<_>>(),
             "checkpoints_total": ids.len(),
             "checkpoint_runs": runs,
