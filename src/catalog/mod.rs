@@ -444,6 +444,8 @@ pub struct Catalog {
 }
 
 const META: &str = "ckptfs.json";
+/// Manifests read together when loading many (bounds the bytes held at once).
+const LOAD_BATCH: usize = 256;
 const CHECKPOINTS: &str = "checkpoints";
 const QUARANTINE: &str = "quarantine";
 
@@ -626,11 +628,29 @@ impl Catalog {
 
     fn load_with(&self, id: u64, reader: &mut ListReader) -> Result<Manifest> {
         let key = Self::manifest_key(id);
-        let path = self.records.describe(&key);
         let record = self.records.get(&key)?.ok_or(Error::NoSuchCheckpoint(id))?;
-        let (stored, sealed): (StoredManifest, bool) = unseal(&record.bytes, &path)?;
+        let stored = self.unseal_manifest(id, &record.bytes)?;
+        self.finish_manifest(id, stored, reader)
+    }
+
+    /// A manifest's bytes parsed and checked against their checksum and format.
+    fn unseal_manifest(&self, id: u64, bytes: &[u8]) -> Result<StoredManifest> {
+        let path = self.records.describe(&Self::manifest_key(id));
+        let (stored, sealed): (StoredManifest, bool) = unseal(bytes, &path)?;
+        check_format(stored.format, sealed)
+            .map_err(|e| Error::Corrupt(format!("{path} is invalid: {e}")))?;
+        Ok(stored)
+    }
+
+    /// A parsed manifest with its file lists read, validated.
+    fn finish_manifest(
+        &self,
+        id: u64,
+        stored: StoredManifest,
+        reader: &mut ListReader,
+    ) -> Result<Manifest> {
+        let path = self.records.describe(&Self::manifest_key(id));
         let invalid = |e: Error| Error::Corrupt(format!("{path} is invalid: {e}"));
-        check_format(stored.format, sealed).map_err(invalid)?;
         let manifest = Manifest::from_stored(stored, reader).map_err(invalid)?;
         manifest.validate().map_err(invalid)?;
         if manifest.id != id {
@@ -683,20 +703,65 @@ impl Catalog {
                 Error::Corrupt("not a manifest name (N.json) in checkpoints/".into()),
             ));
         }
-        for id in ids {
-            match self.load_with(id, &mut reader) {
-                Ok(m) => {
-                    manifests.insert(id, m);
+        let ids: Vec<u64> = ids.into_iter().collect();
+        for batch in ids.chunks(LOAD_BATCH) {
+            for (id, loaded) in self.load_batch(batch, &mut reader)? {
+                match loaded {
+                    Ok(m) => {
+                        manifests.insert(id, m);
+                    }
+                    // Dropped by a live daemon between the listing and the read: the
+                    // manifest is gone, or (a daemon deletes a dropped checkpoint's objects
+                    // after its manifest) one of its file lists is.
+                    Err(Error::NoSuchCheckpoint(_)) => {}
+                    Err(_) if matches!(self.records.get(&Self::manifest_key(id)), Ok(None)) => {}
+                    Err(e) => unreadable.push((format!("{id}.json"), e)),
                 }
-                // Dropped by a live daemon between the listing and the read: the manifest
-                // is gone, or (a daemon deletes a dropped checkpoint's objects after its
-                // manifest) one of its file lists is.
-                Err(Error::NoSuchCheckpoint(_)) => {}
-                Err(_) if matches!(self.records.get(&Self::manifest_key(id)), Ok(None)) => {}
-                Err(e) => unreadable.push((format!("{id}.json"), e)),
             }
         }
         Ok((manifests, unreadable))
+    }
+
+    /// Load the manifests `ids` (each one's own result): their records read together (at
+    /// once on object storage), then the file lists they name fetched ahead.
+    pub fn load_many(&self, ids: &[u64]) -> Result<Vec<(u64, Result<Manifest>)>> {
+        let mut reader = ListReader::new(self.objects.as_ref());
+        let mut out = Vec::with_capacity(ids.len());
+        for batch in ids.chunks(LOAD_BATCH) {
+            out.extend(self.load_batch(batch, &mut reader)?);
+        }
+        Ok(out)
+    }
+
+    fn load_batch(
+        &self,
+        ids: &[u64],
+        reader: &mut ListReader,
+    ) -> Result<Vec<(u64, Result<Manifest>)>> {
+        let keys: Vec<String> = ids.iter().map(|id| Self::manifest_key(*id)).collect();
+        let records = self.records.get_many(&keys);
+        let parsed: Vec<(u64, Result<StoredManifest>)> = ids
+            .iter()
+            .zip(records)
+            .map(|(id, record)| {
+                let stored = match record {
+                    Ok(Some(record)) => self.unseal_manifest(*id, &record.bytes),
+                    Ok(None) => Err(Error::NoSuchCheckpoint(*id)),
+                    Err(e) => Err(e),
+                };
+                (*id, stored)
+            })
+            .collect();
+        let lists: Vec<ObjectId> = parsed
+            .iter()
+            .filter_map(|(_, stored)| stored.as_ref().ok())
+            .flat_map(|stored| stored.backends.iter().filter_map(|b| b.list))
+            .collect();
+        self.objects.prefetch(&lists);
+        Ok(parsed
+            .into_iter()
+            .map(|(id, stored)| (id, stored.and_then(|s| self.finish_manifest(id, s, reader))))
+            .collect())
     }
 
     /// Leftovers of interrupted atomic writes of manifests and metadata.

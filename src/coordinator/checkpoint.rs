@@ -387,6 +387,7 @@ pub(super) fn store_files(
         entries.push(kept.clone());
     }
     let mut prefixes = HashMap::new();
+    let mut ahead = AheadSet::start(engine, part);
     for file in part.files.iter() {
         stats.files_total += 1;
         stats.bytes_total += file.size;
@@ -439,34 +440,53 @@ pub(super) fn store_files(
             entries.push(entry);
             continue;
         }
-        // A new SST of an established lineage is almost never stored yet: copy it
-        // in one pass. Anything else (private files, the first checkpoint of a
-        // lineage, e.g. after a restore) is hashed first, because its content is
-        // often stored already and the copy can be skipped.
-        let hash_first = !(shared && part.base.is_some());
-        let expected = if hash_first {
-            let (id, size) = hash_file(&file.path)?;
-            let mut st = engine.state();
-            if st.can_share(&id) {
-                // Same content already stored (another backend, a private file that
-                // did not change, a restored file, or a concurrent checkpoint).
-                st.registry.pin(id);
-                pins.push(id);
-                if shared {
-                    stats.bytes_new_sst += size;
+        let staged = match ahead.take(&file.name) {
+            Some(Ahead::Staged(staged, expected)) => Some((staged, expected)),
+            Some(Ahead::Failed(e)) => return Err(e),
+            // Hashed ahead and stored already: pinned here, under the lock, if still alive.
+            Some(Ahead::Shareable(id, size)) => {
+                let mut st = engine.state();
+                if st.can_share(&id) {
+                    st.registry.pin(id);
+                    pins.push(id);
+                    if shared {
+                        stats.bytes_new_sst += size;
+                    }
+                    entries.push(part.entry(&file.name, id, size));
+                    continue;
                 }
-                entries.push(part.entry(&file.name, id, size));
-                continue;
+                None
             }
-            Some((id, size))
-        } else {
-            None
+            None => None,
+        };
+        let (staged, expected) = match staged {
+            Some(staged) => staged,
+            None => match stage_file(engine, file, shared && part.base.is_some())? {
+                Staging::Staged(staged, expected) => (staged, expected),
+                Staging::Shareable(id, size) => {
+                    // Same content already stored (another backend, a private file that
+                    // did not change, a restored file, or a concurrent checkpoint).
+                    let mut st = engine.state();
+                    if st.can_share(&id) {
+                        st.registry.pin(id);
+                        pins.push(id);
+                        if shared {
+                            stats.bytes_new_sst += size;
+                        }
+                        entries.push(part.entry(&file.name, id, size));
+                        continue;
+                    }
+                    drop(st);
+                    let staged = inner.store.stage(&file.path)?;
+                    (staged, Some((id, size)))
+                }
+            },
         };
         if *upload_budget == 0 {
+            inner.store.discard(staged);
             return Err(Error::Busy("simulated crash".into()));
         }
         *upload_budget -= 1;
-        let staged = inner.store.stage(&file.path)?;
         let (id, size) = (staged.id, staged.size);
         if expected.is_some_and(|e| e != (id, size)) {
             inner.store.discard(staged);
@@ -500,6 +520,115 @@ pub(super) fn store_files(
         .wal_prefixes
         .insert(part.name.clone(), (part.lineage.clone(), prefixes));
     Ok(entries)
+}
+
+/// A file staged (or found stored already) before its turn.
+enum Staging {
+    /// Staged; with the id and size it hashed to first, if it was hashed first.
+    Staged(crate::store::Staged, Option<(ObjectId, u64)>),
+    /// Hashed first, and stored already when looked up (to be pinned in its turn).
+    Shareable(ObjectId, u64),
+}
+
+/// A new SST of an established lineage is almost never stored yet: copy it in one pass
+/// (`copy_at_once`). Anything else (private files, the first checkpoint of a lineage, e.g.
+/// after a restore) is hashed first, because its content is often stored already and the
+/// copy can be skipped.
+fn stage_file(engine: &Engine, file: &StagedFile, copy_at_once: bool) -> Result<Staging> {
+    let store = &engine.inner.store;
+    if copy_at_once {
+        return Ok(Staging::Staged(store.stage(&file.path)?, None));
+    }
+    let (id, size) = hash_file(&file.path)?;
+    if engine.state().can_share(&id) {
+        return Ok(Staging::Shareable(id, size));
+    }
+    Ok(Staging::Staged(store.stage(&file.path)?, Some((id, size))))
+}
+
+enum Ahead {
+    Staged(crate::store::Staged, Option<(ObjectId, u64)>),
+    Shareable(ObjectId, u64),
+    Failed(Error),
+}
+
+/// Files of one backend staged several at once ahead of the sequential walk that pins
+/// and publishes them, where the store gains from parallel transfers (object storage).
+/// What the walk does not take (it stopped at an error) is discarded.
+struct AheadSet<'a> {
+    store: &'a dyn crate::store::ObjectStore,
+    staged: HashMap<String, Ahead>,
+}
+
+impl<'a> AheadSet<'a> {
+    fn start(engine: &'a Engine, part: &PendingBackend) -> AheadSet<'a> {
+        let store = engine.inner.store.as_ref();
+        let mut set = AheadSet {
+            store,
+            staged: HashMap::new(),
+        };
+        let workers = store.upload_concurrency();
+        if workers <= 1 {
+            return set;
+        }
+        // Whole files not re-referenced by name: those the walk would stage one by one.
+        let todo: Vec<&StagedFile> = part
+            .files
+            .iter()
+            .filter(|f| chunk_size_for(&f.name, f.size).is_none())
+            .filter(|f| {
+                let by_name = part
+                    .base
+                    .as_ref()
+                    .filter(|_| is_shared_file(&f.name))
+                    .and_then(|b| b.by_name.get(&f.name))
+                    .is_some_and(|k| k.size == f.size && k.chunks.is_none());
+                !by_name
+            })
+            .collect();
+        if todo.len() < 2 {
+            return set;
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let done = std::sync::Mutex::new(Vec::new());
+        std::thread::scope(|scope| {
+            for _ in 0..workers.min(todo.len()) {
+                scope.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let Some(file) = todo.get(i) else { break };
+                    let copy_at_once = is_shared_file(&file.name) && part.base.is_some();
+                    let result = match stage_file(engine, file, copy_at_once) {
+                        Ok(Staging::Staged(staged, expected)) => Ahead::Staged(staged, expected),
+                        Ok(Staging::Shareable(id, size)) => Ahead::Shareable(id, size),
+                        Err(e) => Ahead::Failed(e),
+                    };
+                    done.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((file.name.clone(), result));
+                });
+            }
+        });
+        set.staged = done
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner())
+            .into_iter()
+            .collect();
+        set
+    }
+
+    fn take(&mut self, name: &str) -> Option<Ahead> {
+        self.staged.remove(name)
+    }
+}
+
+impl Drop for AheadSet<'_> {
+    fn drop(&mut self) {
+        for (_, ahead) in self.staged.drain() {
+            if let Ahead::Staged(staged, _) = ahead {
+                self.store.discard(staged);
+            }
+        }
+    }
 }
 
 impl PendingBackend {

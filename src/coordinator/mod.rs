@@ -409,8 +409,9 @@ impl Engine {
         let (ids, _) = self.inner.catalog.list_ids()?;
         let known: BTreeSet<u64> = self.state().manifests.keys().copied().collect();
         let mut added = Vec::new();
-        for id in ids.difference(&known) {
-            match self.inner.catalog.load(*id) {
+        let new: Vec<u64> = ids.difference(&known).copied().collect();
+        for (id, loaded) in self.inner.catalog.load_many(&new)? {
+            match loaded {
                 Ok(m) => added.push(Arc::new(m)),
                 // Dropped meanwhile, or being written: the next look decides.
                 Err(e) => log::debug!("checkpoint {id} not shown yet: {e}"),

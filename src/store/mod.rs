@@ -242,6 +242,13 @@ pub trait ObjectStore: Send + Sync {
     fn list(&self) -> Result<Vec<ObjectId>>;
     /// Open an object for reading (not verified; see [`ObjectStore::copy_verified`]).
     fn open(&self, id: &ObjectId) -> Result<std::fs::File>;
+    /// How many stages (uploads) gain from running at once: 1 for a local disk.
+    fn upload_concurrency(&self) -> usize {
+        1
+    }
+    /// Start fetching objects that are about to be read (object storage; a no-op where
+    /// reads are local). Errors surface when the object is opened.
+    fn prefetch(&self, _ids: &[ObjectId]) {}
     /// A local path to the object, for stores that have one (FUSE passthrough).
     fn local_path(&self, id: &ObjectId) -> Option<PathBuf>;
     /// Remove leftovers of interrupted stages.

@@ -38,6 +38,10 @@ pub enum Put {
 pub trait Records: Send + Sync {
     /// Read a record; `None` if it does not exist.
     fn get(&self, key: &str) -> Result<Option<Record>>;
+    /// Read several records (at once where the store gains from it), each one's result.
+    fn get_many(&self, keys: &[String]) -> Vec<Result<Option<Record>>> {
+        keys.iter().map(|key| self.get(key)).collect()
+    }
     /// Write a record atomically and durably; returns its new version.
     fn put(&self, key: &str, bytes: &[u8], mode: Put) -> Result<Option<String>>;
     /// Delete a record durably; deleting a missing record is not an error.

@@ -167,7 +167,9 @@ pub struct S3Objects {
     options: S3Options,
     uploads: Mutex<Uploads>,
     delete_done: Condvar,
-    cache: Cache,
+    cache: Arc<Cache>,
+    /// Prefetches in flight at once.
+    prefetches: Arc<tokio::sync::Semaphore>,
 }
 
 #[derive(Default)]
@@ -185,7 +187,8 @@ impl S3Objects {
         create_private_dir_all(cache_dir)?;
         Ok(S3Objects {
             remote,
-            cache: Cache::new(cache_dir, options.cache_size),
+            cache: Arc::new(Cache::new(cache_dir, options.cache_size)),
+            prefetches: Arc::new(tokio::sync::Semaphore::new(GET_CONCURRENCY)),
             options,
             uploads: Mutex::new(Uploads::default()),
             delete_done: Condvar::new(),
@@ -286,52 +289,112 @@ impl S3Objects {
     }
 
     /// Fetch an object into the cache (once), checked against its id; its cached path.
+    /// Waits for a prefetch of the same object instead of fetching it twice.
     fn fetch(&self, id: &ObjectId) -> Result<PathBuf> {
-        if let Some(path) = self.cache.get(id) {
-            return Ok(path);
+        loop {
+            if let Some(path) = self.cache.get(id) {
+                return Ok(path);
+            }
+            if self.cache.begin_fetch(*id) {
+                break;
+            }
+            self.cache.wait_fetch(id);
         }
-        let name = Self::object_name(id);
-        let what = format!("fetch {}", self.remote.url(&name));
-        let tmp = self.cache.tmp_path(id);
-        let mut out = create_new_private().open(&tmp).ctx("create", &tmp)?;
-        let fetched = self.remote.block_on(async {
-            let got = self
-                .remote
-                .client
-                .get(&self.remote.key(&name))
-                .await
-                .map_err(|e| match e {
-                    object_store::Error::NotFound { .. } => {
-                        Error::Corrupt(format!("object {id} is missing from the store"))
-                    }
-                    e => remote_error(&what, e),
-                })?;
-            let mut stream = got.into_stream();
-            let mut hasher = blake3::Hasher::new();
-            let mut total = 0u64;
-            while let Some(piece) = stream.next().await {
-                let piece = piece.map_err(|e| remote_error(&what, e))?;
-                hasher.update(&piece);
-                out.write_all(&piece).ctx("write", &tmp)?;
-                total += piece.len() as u64;
+        let fetched = self.remote.block_on(fetch_into(
+            self.remote.clone(),
+            self.cache.clone(),
+            *id,
+            self.options.upload_concurrency,
+        ));
+        self.cache.end_fetch(id);
+        fetched
+    }
+}
+
+/// Objects up to this size (SSTs of RocksDB's default 64 MiB target size) are fetched with
+/// one GET each (a copy of a checkpoint fetches several files at once, see
+/// [`ObjectStore::prefetch`]); larger ones in ranges of [`RANGE_SIZE`], several at once.
+const SINGLE_GET: u64 = 64 << 20;
+/// The range of one GET of a large object.
+const RANGE_SIZE: u64 = 16 << 20;
+
+/// Fetch object `id` into `cache`, hashing it on the way: one GET, or for a large object
+/// ranged GETs of [`RANGE_SIZE`], `concurrency` of them in flight, consumed in order.
+async fn fetch_into(
+    remote: Arc<Remote>,
+    cache: Arc<Cache>,
+    id: ObjectId,
+    concurrency: usize,
+) -> Result<PathBuf> {
+    let name = S3Objects::object_name(&id);
+    let key = remote.key(&name);
+    let what = format!("fetch {}", remote.url(&name));
+    let missing = |e: object_store::Error| match e {
+        object_store::Error::NotFound { .. } => {
+            Error::Corrupt(format!("object {id} is missing from the store"))
+        }
+        e => remote_error(&what, e),
+    };
+    let tmp = cache.tmp_path(&id);
+    let mut out = create_new_private().open(&tmp).ctx("create", &tmp)?;
+    if id == ObjectId::from_hash(blake3::hash(b"")) {
+        // Empty (a fresh WAL): nothing to fetch, and a ranged GET of it is refused.
+        return cache.insert(id, &tmp, 0);
+    }
+    let result: Result<(blake3::Hash, u64)> = async {
+        let first = remote
+            .client
+            .get_opts(
+                &key,
+                object_store::GetOptions {
+                    range: Some(object_store::GetRange::Bounded(0..SINGLE_GET)),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(missing)?;
+        let size = first.meta.size;
+        let mut hasher = blake3::Hasher::new();
+        let mut total = 0u64;
+        let mut stream = first.into_stream();
+        while let Some(piece) = stream.next().await {
+            let piece = piece.map_err(|e| remote_error(&what, e))?;
+            hasher.update(&piece);
+            out.write_all(&piece).ctx("write", &tmp)?;
+            total += piece.len() as u64;
+        }
+        if total < size {
+            let ranges: Vec<std::ops::Range<u64>> = (total..size)
+                .step_by(RANGE_SIZE as usize)
+                .map(|start| start..(start + RANGE_SIZE).min(size))
+                .collect();
+            let mut parts = futures::stream::iter(ranges)
+                .map(|range| remote.client.get_range(&key, range))
+                .buffered(concurrency.max(1));
+            while let Some(part) = parts.next().await {
+                let part = part.map_err(missing)?;
+                hasher.update(&part);
+                out.write_all(&part).ctx("write", &tmp)?;
+                total += part.len() as u64;
             }
-            Ok::<_, Error>((hasher.finalize(), total))
-        });
-        let result = fetched.and_then(|(hash, total)| {
-            if ObjectId::from_hash(hash) != *id {
-                return Err(Error::Corrupt(format!(
-                    "object {id} does not match its checksum (content hashes to {})",
-                    hash.to_hex()
-                )));
-            }
-            Ok(total)
-        });
-        match result {
-            Ok(size) => Ok(self.cache.insert(*id, &tmp, size)?),
-            Err(e) => {
-                let _ = fs::remove_file(&tmp);
-                Err(e)
-            }
+        }
+        Ok((hasher.finalize(), total))
+    }
+    .await;
+    let checked = result.and_then(|(hash, total)| {
+        if ObjectId::from_hash(hash) != id {
+            return Err(Error::Corrupt(format!(
+                "object {id} does not match its checksum (content hashes to {})",
+                hash.to_hex()
+            )));
+        }
+        Ok(total)
+    });
+    match checked {
+        Ok(size) => cache.insert(id, &tmp, size),
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            Err(e)
         }
     }
 }
@@ -481,7 +544,38 @@ impl ObjectStore for S3Objects {
 
     fn open(&self, id: &ObjectId) -> Result<fs::File> {
         let path = self.fetch(id)?;
-        fs::File::open(&path).ctx("open", &path)
+        match fs::File::open(&path) {
+            // Evicted between the fetch and the open (a busy, small cache): once more.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.cache.remove(id);
+                let path = self.fetch(id)?;
+                fs::File::open(&path).ctx("open", &path)
+            }
+            opened => opened.ctx("open", &path),
+        }
+    }
+
+    fn upload_concurrency(&self) -> usize {
+        self.options.upload_concurrency
+    }
+
+    fn prefetch(&self, ids: &[ObjectId]) {
+        for id in ids {
+            if self.cache.get(id).is_some() || !self.cache.begin_fetch(*id) {
+                continue;
+            }
+            let (remote, cache, id) = (self.remote.clone(), self.cache.clone(), *id);
+            let permits = self.prefetches.clone();
+            let concurrency = self.options.upload_concurrency;
+            self.remote.runtime.spawn(async move {
+                if let Ok(_permit) = permits.acquire().await {
+                    if let Err(e) = fetch_into(remote, cache.clone(), id, concurrency).await {
+                        log::debug!("prefetch of {id} failed: {e}");
+                    }
+                }
+                cache.end_fetch(&id);
+            });
+        }
     }
 
     fn local_path(&self, id: &ObjectId) -> Option<PathBuf> {
@@ -517,22 +611,38 @@ impl S3Records {
     }
 }
 
+impl S3Records {
+    async fn get_async(&self, key: &str) -> Result<Option<Record>> {
+        let what = format!("read {}", self.remote.url(key));
+        let got = match self.remote.client.get(&self.remote.key(key)).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(remote_error(&what, e)),
+        };
+        let version = got.meta.e_tag.clone();
+        let bytes = got.bytes().await.map_err(|e| remote_error(&what, e))?;
+        Ok(Some(Record {
+            bytes: bytes.to_vec(),
+            version,
+        }))
+    }
+}
+
+/// Small reads (records, prefetched file lists) in flight at once.
+const GET_CONCURRENCY: usize = 16;
+
 impl Records for S3Records {
     fn get(&self, key: &str) -> Result<Option<Record>> {
-        let what = format!("read {}", self.remote.url(key));
-        self.remote.block_on(async {
-            let got = match self.remote.client.get(&self.remote.key(key)).await {
-                Ok(got) => got,
-                Err(object_store::Error::NotFound { .. }) => return Ok(None),
-                Err(e) => return Err(remote_error(&what, e)),
-            };
-            let version = got.meta.e_tag.clone();
-            let bytes = got.bytes().await.map_err(|e| remote_error(&what, e))?;
-            Ok(Some(Record {
-                bytes: bytes.to_vec(),
-                version,
-            }))
-        })
+        self.remote.block_on(self.get_async(key))
+    }
+
+    fn get_many(&self, keys: &[String]) -> Vec<Result<Option<Record>>> {
+        self.remote.block_on(
+            futures::stream::iter(keys)
+                .map(|key| self.get_async(key))
+                .buffered(GET_CONCURRENCY)
+                .collect(),
+        )
     }
 
     fn put(&self, key: &str, bytes: &[u8], mode: Put) -> Result<Option<String>> {
@@ -606,6 +716,9 @@ struct Cache {
     limit: u64,
     next_tmp: AtomicU64,
     index: Mutex<CacheIndex>,
+    /// Objects being fetched (by a read or a prefetch), and their end.
+    fetching: Mutex<HashSet<ObjectId>>,
+    fetched: Condvar,
 }
 
 #[derive(Default)]
@@ -622,6 +735,29 @@ impl Cache {
             limit,
             next_tmp: AtomicU64::new(0),
             index: Mutex::new(CacheIndex::default()),
+            fetching: Mutex::new(HashSet::new()),
+            fetched: Condvar::new(),
+        }
+    }
+
+    /// Claim the fetch of `id`; false if another fetch of it is under way.
+    fn begin_fetch(&self, id: ObjectId) -> bool {
+        lock(&self.fetching).insert(id)
+    }
+
+    fn end_fetch(&self, id: &ObjectId) {
+        lock(&self.fetching).remove(id);
+        self.fetched.notify_all();
+    }
+
+    /// Wait until no fetch of `id` is under way.
+    fn wait_fetch(&self, id: &ObjectId) {
+        let mut fetching = lock(&self.fetching);
+        while fetching.contains(id) {
+            fetching = self
+                .fetched
+                .wait(fetching)
+                .unwrap_or_else(|p| p.into_inner());
         }
     }
 
