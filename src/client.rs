@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use ckptfs::error::{Error, IoContext};
 use ckptfs::names::BackendName;
 use ckptfs::percent;
+use ckptfs::store::Location;
 
 const NOTIFY_ENV: &str = "CKPTFS_NOTIFY_READY";
 
@@ -223,8 +224,59 @@ fn read_checkpoints(mountpoint: &Path) -> Result<Vec<serde_json::Value>, Error> 
         .collect()
 }
 
-pub fn ls(mountpoint: &Path, json: bool) -> Result<ExitCode, Error> {
-    let checkpoints = read_checkpoints(mountpoint)?;
+/// What `ls`, `status` and `graph` read: a mount (its daemon's view) or a store (a
+/// directory or a URL, read directly, without a daemon).
+enum Target {
+    Mount(PathBuf),
+    Store(Location),
+}
+
+fn target(arg: &Path) -> Result<Target, Error> {
+    if arg.join(".ckptfs/status").exists() {
+        return Ok(Target::Mount(arg.to_path_buf()));
+    }
+    let text = arg
+        .to_str()
+        .ok_or_else(|| Error::Invalid(format!("{} is not valid UTF-8", arg.display())))?;
+    let location = Location::parse(text)?;
+    if let Location::Local(dir) = &location {
+        if !dir.join("ckptfs.json").is_file() && !dir.join("checkpoints").is_dir() {
+            return Err(Error::NotFound(format!(
+                "{} is not a ckptfs mount (no .ckptfs/ctl), nor a ckptfs store (no ckptfs.json, \
+                 no checkpoints/); mount a store there with `ckptfs mount STORE {}`",
+                dir.display(),
+                dir.display()
+            )));
+        }
+    }
+    Ok(Target::Store(location))
+}
+
+/// The checkpoints of a store read directly, as `.ckptfs/checkpoints` shows them.
+fn store_checkpoints(
+    location: &Location,
+) -> Result<
+    (
+        ckptfs::catalog::Catalog,
+        ckptfs::store::Opened,
+        Vec<ckptfs::catalog::Manifest>,
+    ),
+    Error,
+> {
+    let (opened, catalog) = ckptfs::restore::open_store(location)?;
+    let manifests = catalog.load_all()?.into_values().collect();
+    Ok((catalog, opened, manifests))
+}
+
+pub fn ls(path: &Path, json: bool) -> Result<ExitCode, Error> {
+    let checkpoints = match target(path)? {
+        Target::Mount(mountpoint) => read_checkpoints(&mountpoint)?,
+        Target::Store(location) => store_checkpoints(&location)?
+            .2
+            .iter()
+            .map(ckptfs::fs::CkptFs::checkpoint_row)
+            .collect(),
+    };
     if json {
         println!("{}", serde_json::Value::Array(checkpoints));
         return Ok(ExitCode::SUCCESS);
@@ -249,8 +301,47 @@ pub fn ls(mountpoint: &Path, json: bool) -> Result<ExitCode, Error> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn status(mountpoint: &Path, json: bool) -> Result<ExitCode, Error> {
-    let status = read_status(mountpoint)?;
+/// `status` of a store without a daemon: its settings, checkpoints, size and, on object
+/// storage, who holds its lease.
+fn store_status(location: &Location) -> Result<serde_json::Value, Error> {
+    let (catalog, opened, manifests) = store_checkpoints(location)?;
+    let meta = catalog.load_meta()?;
+    let mut runs: Vec<[u64; 2]> = Vec::new();
+    for m in &manifests {
+        match runs.last_mut() {
+            Some(run) if run[1] + 1 == m.id => run[1] = m.id,
+            _ => runs.push([m.id, m.id]),
+        }
+    }
+    let mut sizes = std::collections::BTreeMap::new();
+    for m in &manifests {
+        sizes.extend(m.stored_sizes());
+    }
+    let newest = manifests.len().saturating_sub(10);
+    let lease = ckptfs::lease::holder(opened.records.as_ref())?;
+    Ok(serde_json::json!({
+        "store": location.to_string(),
+        "format": meta.as_ref().map(|m| m.format),
+        "retain": meta.as_ref().map(|m| m.retain),
+        "next_checkpoint": meta.as_ref().map(|m| m.next_checkpoint),
+        "backends": meta.as_ref().map(|m| m.backends.iter().map(|b| b.to_string()).collect::<Vec<_>>()),
+        "checkpoints_total": manifests.len(),
+        "checkpoint_runs": runs,
+        "checkpoints": manifests[newest..].iter().map(ckptfs::fs::CkptFs::checkpoint_row).collect::<Vec<_>>(),
+        "objects": sizes.len(),
+        "store_bytes": sizes.values().sum::<u64>(),
+        "lease": lease.map(|(holder, expires)| serde_json::json!({
+            "holder": holder,
+            "expires_unix_ms": expires,
+        })),
+    }))
+}
+
+pub fn status(path: &Path, json: bool) -> Result<ExitCode, Error> {
+    let status = match target(path)? {
+        Target::Mount(mountpoint) => read_status(&mountpoint)?,
+        Target::Store(location) => store_status(&location)?,
+    };
     if json {
         println!("{}", serde_json::to_string_pretty(&status).expect("json"));
         return Ok(ExitCode::SUCCESS);
@@ -269,7 +360,21 @@ pub fn status(mountpoint: &Path, json: bool) -> Result<ExitCode, Error> {
         })
         .unwrap_or_default();
     println!("store:       {}", status["store"].as_str().unwrap_or("?"));
-    println!("daemon pid:  {}", status["pid"]);
+    if !status["pid"].is_null() {
+        println!("daemon pid:  {}", status["pid"]);
+    } else {
+        let now = std::time::SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        match status["lease"]["expires_unix_ms"].as_u64() {
+            Some(expires) if expires > now => println!(
+                "writer:      {} (lease until {})",
+                status["lease"]["holder"].as_str().unwrap_or("?"),
+                when(expires)
+            ),
+            _ => println!("writer:      none (read directly from the store)"),
+        }
+    }
     println!(
         "backends:    {}",
         status["backends"]
@@ -287,7 +392,9 @@ pub fn status(mountpoint: &Path, json: bool) -> Result<ExitCode, Error> {
         status["checkpoints_total"],
         status["retain"]
     );
-    println!("in flight:   {}", status["in_flight"]);
+    if !status["in_flight"].is_null() {
+        println!("in flight:   {}", status["in_flight"]);
+    }
     println!(
         "store size:  {} bytes in {} objects",
         status["store_bytes"], status["objects"]
@@ -450,22 +557,23 @@ pub fn store_bytes(store: &Path) -> u64 {
 }
 
 /// The store behind a mountpoint (from its status), or the path itself.
-fn resolve_store(path: &Path) -> Result<PathBuf, Error> {
-    if path.join(".ckptfs/status").exists() {
-        let status = read_status(path)?;
-        return status["store"]
-            .as_str()
-            .map(PathBuf::from)
-            .ok_or_else(|| Error::Corrupt("status names no store".into()));
+/// The store behind a mountpoint (from its status), or the store `path` names.
+fn resolve_store(path: &Path) -> Result<Location, Error> {
+    match target(path)? {
+        Target::Mount(mountpoint) => {
+            let status = read_status(&mountpoint)?;
+            let store = status["store"]
+                .as_str()
+                .ok_or_else(|| Error::Corrupt("status names no store".into()))?;
+            Location::parse(store)
+        }
+        Target::Store(location) => Ok(location),
     }
-    Ok(path.to_path_buf())
 }
 
 pub fn graph(path: &Path, format: Option<&str>) -> Result<ExitCode, Error> {
     let store = resolve_store(path)?;
-    ckptfs::restore::check_is_store(&store)?;
-    let catalog = ckptfs::catalog::Catalog::open_existing(&store)?;
-    let manifests: Vec<_> = catalog.load_all()?.into_values().collect();
+    let manifests = store_checkpoints(&store)?.2;
     let dot = ckptfs::graph::dot(&manifests);
     let have_dot = std::process::Command::new("dot")
         .arg("-V")

@@ -86,6 +86,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Who holds the lease of the store in `records`, and until when (milliseconds since the
+/// Unix epoch; in the past when released or expired). `None` where there is no lease
+/// record (a local store, or one no daemon wrote to).
+pub fn holder(records: &dyn Records) -> Result<Option<(String, u64)>> {
+    Ok(records
+        .get(KEY)?
+        .and_then(|r| serde_json::from_slice::<LeaseRecord>(&r.bytes).ok())
+        .map(|r| (r.holder, r.expires_unix_ms)))
+}
+
 impl Lease {
     /// Take the lease of the store in `records`, or fail naming the live holder.
     pub fn acquire(records: Arc<dyn Records>, ttl: Duration) -> Result<Lease> {

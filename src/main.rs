@@ -138,6 +138,7 @@ enum Command {
     },
     /// List the retained checkpoints.
     Ls {
+        /// A mountpoint, or a store (a directory or s3://BUCKET/PREFIX) read directly.
         mountpoint: PathBuf,
         #[arg(long)]
         json: bool,
@@ -149,6 +150,7 @@ enum Command {
     },
     /// Show the daemon's state: backends, checkpoints, in flight, retain, last error.
     Status {
+        /// A mountpoint, or a store (a directory or s3://BUCKET/PREFIX) read directly.
         mountpoint: PathBuf,
         #[arg(long)]
         json: bool,
@@ -187,7 +189,7 @@ enum Command {
     },
     /// Draw the checkpoints and the stored objects they reference, with reference counts.
     Graph {
-        /// A mountpoint or a store.
+        /// A mountpoint, or a store (a directory or s3://BUCKET/PREFIX).
         path: PathBuf,
         /// dot (Graphviz source) or svg (needs Graphviz `dot`); default svg when `dot` is
         /// installed, dot otherwise.

@@ -102,11 +102,25 @@ fn checkpoints_upload_what_changed_retain_drop_and_restore_on_object_storage() {
     for (up, total) in &uploaded[1..] {
         assert!(up < total, "uploaded {up} of {total}");
     }
-    // Retention dropped checkpoints 1 and 2 and deleted their objects from the bucket.
+    // Nothing changed (and no compaction pending): no SST is uploaded again.
+    engine.compact(&a).unwrap();
+    engine.compact(&b).unwrap();
+    let compacted = engine.checkpoint().unwrap();
+    expected.insert(compacted.id, snapshot_all(&engine));
+    let before = stored(&url).len();
+    let same = engine.checkpoint().unwrap();
+    assert_eq!(same.stats.bytes_new_sst, 0, "{:?}", same.stats);
+    assert!(same.stats.files_reused > 0);
+    expected.insert(same.id, snapshot_all(&engine));
+    assert!(
+        stored(&url).len() <= before + 4,
+        "an unchanged checkpoint stored objects"
+    );
+    // Retention dropped checkpoints 1 to 4 and deleted their objects from the bucket.
     let retained: Vec<u64> = engine.checkpoints().iter().map(|m| m.id).collect();
-    assert_eq!(retained, vec![3, 4]);
+    assert_eq!(retained, vec![5, 6]);
     assert_eq!(stored(&url), referenced(&url));
-    for id in [3, 4] {
+    for id in [5, 6] {
         assert_eq!(restored(&url, id), expected[&id], "checkpoint {id}");
     }
     // A restart finds the same checkpoints and goes on from them.
@@ -118,14 +132,14 @@ fn checkpoints_upload_what_changed_retain_drop_and_restore_on_object_storage() {
             .iter()
             .map(|m| m.id)
             .collect::<Vec<_>>(),
-        vec![3, 4]
+        vec![5, 6]
     );
     put_range(&engine, &a, 0..10, "again");
-    let fifth = engine.checkpoint().unwrap();
-    assert_eq!(fifth.id, 5);
-    assert!(fifth.stats.files_reused > 0);
+    let seventh = engine.checkpoint().unwrap();
+    assert_eq!(seventh.id, 7);
+    assert!(seventh.stats.files_reused > 0);
     assert_consistent(&engine);
-    assert_eq!(restored(&url, 5), snapshot_all(&engine));
+    assert_eq!(restored(&url, 7), snapshot_all(&engine));
 }
 
 #[test]
@@ -222,6 +236,26 @@ fn a_corrupt_object_is_detected_on_read_and_by_fsck() {
     let report = ckptfs::fsck::fsck(&location, false, |_| {}).unwrap();
     assert_eq!(report.corrupt, vec![sst.object.to_hex()], "{report:?}");
     assert_eq!(report.damaged_checkpoints, vec![manifest.id]);
+    // Read through a mount: EIO, never the wrong bytes; the other files still read.
+    let mnt = dir.path().join("ro");
+    std::fs::create_dir(&mnt).unwrap();
+    ok(ckptfs_with_env(
+        &[
+            "mount",
+            "--read-only",
+            &url,
+            mnt.to_str().unwrap(),
+            "--state",
+            dir.path().join("ro-state").to_str().unwrap(),
+        ],
+        &[],
+    ));
+    let view = Mount { mnt };
+    let backend = view.mnt.join(format!("cp-{}/A/0", manifest.id));
+    let read = std::fs::read(backend.join(&sst.name)).unwrap_err();
+    assert_eq!(read.raw_os_error(), Some(libc::EIO));
+    let current = std::fs::read(backend.join("CURRENT")).unwrap();
+    assert!(current.starts_with(b"MANIFEST-"), "{current:?}");
 }
 
 #[test]
@@ -399,6 +433,35 @@ fn a_mount_on_object_storage_serves_copies_and_drops_checkpoints() {
     assert!(!refused.status.success());
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("lease held by"), "{stderr}");
+    // ls, status and graph read the store by its URL, without the daemon.
+    let listed: serde_json::Value =
+        serde_json::from_str(&ok(ckptfs_with_env(&["ls", &url, "--json"], &[]))).unwrap();
+    let ids: Vec<u64> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, vec![1, 2]);
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(ckptfs_with_env(&["status", &url, "--json"], &[]))).unwrap();
+    assert_eq!(status["checkpoints_total"], 2);
+    assert_eq!(status["backends"][0], "Op/0");
+    let daemon: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(mount.mnt.join(".ckptfs/status")).unwrap())
+            .unwrap();
+    let holder = status["lease"]["holder"].as_str().unwrap();
+    assert!(
+        holder.ends_with(&format!("pid {}", daemon["pid"])),
+        "{holder}"
+    );
+    let text = ok(ckptfs_with_env(&["status", &url], &[]));
+    assert!(
+        text.contains("writer:") && text.contains("lease until"),
+        "{text}"
+    );
+    let dot = ok(ckptfs_with_env(&["graph", &url, "--format", "dot"], &[]));
+    assert!(dot.contains("cp-2"), "{dot}");
     // rmdir drops a checkpoint and its objects leave the bucket.
     std::fs::remove_dir(mount.mnt.join("cp-1")).unwrap();
     assert_eq!(stored(&url), referenced(&url));

@@ -1100,7 +1100,8 @@ impl CkptFs {
     }
 
     /// One checkpoint as `status` and `.ckptfs/checkpoints` describe it.
-    fn checkpoint_row(m: &crate::catalog::Manifest) -> serde_json::Value {
+    /// One checkpoint as `.ckptfs/checkpoints` and `ckptfs ls` show it.
+    pub fn checkpoint_row(m: &crate::catalog::Manifest) -> serde_json::Value {
         let s = &m.stats;
         json!({
             "id": m.id,
