@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
 
+use ckptfs::store::Location;
 use ckptfs::{BackendName, CheckpointMode, Engine, PendingCheckpoint};
 use common::*;
 use proptest::prelude::*;
@@ -103,7 +104,9 @@ impl Model {
 }
 
 struct Harness {
-    store: std::path::PathBuf,
+    store: Location,
+    /// The state directory (object storage); a local store keeps it inside.
+    state: Option<std::path::PathBuf>,
     mode: CheckpointMode,
     /// Keys written by writer threads so far (each writes new ones).
     written_by_writers: u32,
@@ -113,8 +116,12 @@ struct Harness {
 }
 
 impl Harness {
-    fn open(store: &Path, mode: CheckpointMode) -> Engine {
-        let mut cfg = config(store, &BACKENDS);
+    fn open(store: &Location, state: Option<&Path>, mode: CheckpointMode) -> Engine {
+        let mut cfg = config(Path::new(""), &BACKENDS);
+        cfg.store = store.clone();
+        cfg.state = state.map(Path::to_path_buf);
+        // On object storage, what a simulated crash uploaded is swept at the next start.
+        cfg.orphan_grace = std::time::Duration::ZERO;
         cfg.max_concurrent = 2;
         cfg.backend_options.checkpoint_mode = mode;
         // wal mode: a materialization due after most bulk writes, prepared in the background
@@ -237,7 +244,7 @@ impl Harness {
                 // crash would end it too; in process it cannot be killed).
                 self.engine().wait_background();
                 self.engine = None;
-                self.engine = Some(Self::open(&self.store, self.mode));
+                self.engine = Some(Self::open(&self.store, self.state.as_deref(), self.mode));
             }
             Op::CheckpointWhileWriting { backend } => {
                 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -303,7 +310,7 @@ impl Harness {
                 self.pending.clear();
                 self.engine().wait_background();
                 self.engine = None;
-                self.engine = Some(Self::open(&self.store, self.mode));
+                self.engine = Some(Self::open(&self.store, self.state.as_deref(), self.mode));
             }
         }
     }
@@ -351,13 +358,36 @@ proptest! {
     }
 }
 
+proptest! {
+    // Each case talks to a real S3-compatible server: fewer of them.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("CKPTFS_MODEL_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(6),
+        max_shrink_iters: 50,
+        .. ProptestConfig::default()
+    })]
+
+    /// The same on object storage (moto_server): uploads several at once, the lease, the
+    /// orphan sweep after simulated crashes, restores read through the cache.
+    #[test]
+    fn engine_matches_the_model_on_object_storage(ops in proptest::collection::vec(op(), 1..30)) {
+        let url = common::moto::moto().store();
+        run_at(Location::parse(&url).unwrap(), CheckpointMode::Flush, &ops);
+    }
+}
+
 fn run(mode: CheckpointMode, ops: &[Op]) {
     let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let engine = Harness::open(&store, mode);
+    run_at(Location::Local(dir.path().join("store")), mode, ops);
+}
+
+fn run_at(store: Location, mode: CheckpointMode, ops: &[Op]) {
+    let dir = tempfile::tempdir().unwrap();
+    let state = store.local().is_none().then(|| dir.path().join("state"));
+    let engine = Harness::open(&store, state.as_deref(), mode);
     let current = BACKENDS.iter().map(|b| (name(b), Kv::new())).collect();
     let mut h = Harness {
         store,
+        state,
         mode,
         written_by_writers: 0,
         engine: Some(engine),

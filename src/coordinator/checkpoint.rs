@@ -440,11 +440,16 @@ pub(super) fn store_files(
             entries.push(entry);
             continue;
         }
-        let staged = match ahead.take(&file.name) {
-            Some(Ahead::Staged(staged, expected)) => Some((staged, expected)),
-            Some(Ahead::Failed(e)) => return Err(e),
-            // Hashed ahead and stored already: pinned here, under the lock, if still alive.
-            Some(Ahead::Shareable(id, size)) => {
+        let staging = match ahead.take(&file.name) {
+            Some(staged_ahead) => staged_ahead?,
+            None => stage_file(engine, file, shared && part.base.is_some())?,
+        };
+        let (staged, expected) = match staging {
+            Staging::Staged(staged, expected) => (staged, expected),
+            Staging::Shareable(id, size) => {
+                // Same content already stored (another backend, a private file that did
+                // not change, a restored file, or a concurrent checkpoint): pinned here,
+                // under the lock, if it is still alive.
                 let mut st = engine.state();
                 if st.can_share(&id) {
                     st.registry.pin(id);
@@ -455,32 +460,9 @@ pub(super) fn store_files(
                     entries.push(part.entry(&file.name, id, size));
                     continue;
                 }
-                None
+                drop(st);
+                (inner.store.stage(&file.path)?, Some((id, size)))
             }
-            None => None,
-        };
-        let (staged, expected) = match staged {
-            Some(staged) => staged,
-            None => match stage_file(engine, file, shared && part.base.is_some())? {
-                Staging::Staged(staged, expected) => (staged, expected),
-                Staging::Shareable(id, size) => {
-                    // Same content already stored (another backend, a private file that
-                    // did not change, a restored file, or a concurrent checkpoint).
-                    let mut st = engine.state();
-                    if st.can_share(&id) {
-                        st.registry.pin(id);
-                        pins.push(id);
-                        if shared {
-                            stats.bytes_new_sst += size;
-                        }
-                        entries.push(part.entry(&file.name, id, size));
-                        continue;
-                    }
-                    drop(st);
-                    let staged = inner.store.stage(&file.path)?;
-                    (staged, Some((id, size)))
-                }
-            },
         };
         if *upload_budget == 0 {
             inner.store.discard(staged);
@@ -546,18 +528,12 @@ fn stage_file(engine: &Engine, file: &StagedFile, copy_at_once: bool) -> Result<
     Ok(Staging::Staged(store.stage(&file.path)?, Some((id, size))))
 }
 
-enum Ahead {
-    Staged(crate::store::Staged, Option<(ObjectId, u64)>),
-    Shareable(ObjectId, u64),
-    Failed(Error),
-}
-
 /// Files of one backend staged several at once ahead of the sequential walk that pins
 /// and publishes them, where the store gains from parallel transfers (object storage).
 /// What the walk does not take (it stopped at an error) is discarded.
 struct AheadSet<'a> {
     store: &'a dyn crate::store::ObjectStore,
-    staged: HashMap<String, Ahead>,
+    staged: HashMap<String, Result<Staging>>,
 }
 
 impl<'a> AheadSet<'a> {
@@ -597,11 +573,7 @@ impl<'a> AheadSet<'a> {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     let Some(file) = todo.get(i) else { break };
                     let copy_at_once = is_shared_file(&file.name) && part.base.is_some();
-                    let result = match stage_file(engine, file, copy_at_once) {
-                        Ok(Staging::Staged(staged, expected)) => Ahead::Staged(staged, expected),
-                        Ok(Staging::Shareable(id, size)) => Ahead::Shareable(id, size),
-                        Err(e) => Ahead::Failed(e),
-                    };
+                    let result = stage_file(engine, file, copy_at_once);
                     done.lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .push((file.name.clone(), result));
@@ -616,7 +588,7 @@ impl<'a> AheadSet<'a> {
         set
     }
 
-    fn take(&mut self, name: &str) -> Option<Ahead> {
+    fn take(&mut self, name: &str) -> Option<Result<Staging>> {
         self.staged.remove(name)
     }
 }
@@ -624,7 +596,7 @@ impl<'a> AheadSet<'a> {
 impl Drop for AheadSet<'_> {
     fn drop(&mut self) {
         for (_, ahead) in self.staged.drain() {
-            if let Ahead::Staged(staged, _) = ahead {
+            if let Ok(Staging::Staged(staged, _)) = ahead {
                 self.store.discard(staged);
             }
         }

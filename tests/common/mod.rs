@@ -45,12 +45,17 @@ pub fn snapshot_all(engine: &Engine) -> BTreeMap<BackendName, Kv> {
 }
 
 /// Restore checkpoint `id` with the CLI-level restore and read every backend back.
-pub fn restored_contents(store: &Path, id: u64) -> BTreeMap<BackendName, Kv> {
+pub fn restored_contents(
+    store: impl Into<ckptfs::store::Location>,
+    id: u64,
+) -> BTreeMap<BackendName, Kv> {
+    let store = store.into();
     let dest = tempfile::tempdir().unwrap();
     let out = dest.path().join("out");
-    ckptfs::restore::restore_checkpoint(store, id, &out, |_| {}).unwrap();
-    let manifest = ckptfs::catalog::Catalog::open(store)
+    ckptfs::restore::restore_checkpoint(&store, id, &out, |_| {}).unwrap();
+    let manifest = ckptfs::restore::open_store(&store)
         .unwrap()
+        .1
         .load(id)
         .unwrap();
     manifest
