@@ -325,9 +325,14 @@ fn a_daemon_whose_lease_is_taken_stops_writing() {
         .unwrap();
     // Within a renewal period (a third of the lease) this daemon notices and stops.
     std::thread::sleep(Duration::from_millis(2500));
+    let objects_before = stored(&url);
     put_range(&engine, &a, 10..20, "y");
     let err = engine.checkpoint().unwrap_err();
     assert!(err.to_string().contains("lease"), "{err}");
+    // Nor does it drop checkpoints or delete objects the new writer may share.
+    let err = engine.delete_checkpoint(1).unwrap_err();
+    assert!(err.to_string().contains("lease"), "{err}");
+    assert!(stored(&url).is_superset(&objects_before));
     let (ids, _) = Catalog::new(opened.records.clone(), opened.objects.clone())
         .list_ids()
         .unwrap();

@@ -579,7 +579,13 @@ impl Engine {
     /// checkpoint can match or publish the same object meanwhile. A failed delete leaves an
     /// orphan that the next start (or `fsck --repair`) removes.
     fn delete_objects(&self, st: &State, garbage: &[ObjectId]) {
-        if self.inner.read_only {
+        if self.inner.read_only || garbage.is_empty() {
+            return;
+        }
+        // A daemon that lost the store to another writer deletes nothing: that writer may
+        // reference the same content (objects are shared by content) in its checkpoints.
+        if let Err(e) = self.inner.catalog.check_writer() {
+            log::warn!("keeping {} unreferenced objects: {e}", garbage.len());
             return;
         }
         if self.inner.deletes_frozen && !garbage.is_empty() {
@@ -590,14 +596,16 @@ impl Engine {
             );
             return;
         }
-        for id in garbage.iter().filter(|id| !st.kept.contains(id)) {
-            if let Err(e) = self.inner.store.delete(id) {
-                log::warn!("could not delete object {id}: {e}");
-            } else {
-                log::info!("deleted object {id}");
-            }
-            crate::failpoint!("drop::mid-delete");
+        let ids: Vec<ObjectId> = garbage
+            .iter()
+            .filter(|id| !st.kept.contains(id))
+            .copied()
+            .collect();
+        let failed = self.inner.store.delete_many(&ids);
+        for (id, e) in &failed {
+            log::warn!("could not delete object {id}: {e}");
         }
+        log::info!("deleted {} objects", ids.len() - failed.len());
     }
 }
 

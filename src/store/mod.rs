@@ -238,6 +238,18 @@ pub trait ObjectStore: Send + Sync {
     fn discard(&self, staged: Staged);
     /// Delete a published object. Deleting a missing object is not an error.
     fn delete(&self, id: &ObjectId) -> Result<()>;
+    /// Delete published objects (several per request where the store can); the ids of
+    /// those that could not be deleted, with why. Missing objects are not errors.
+    fn delete_many(&self, ids: &[ObjectId]) -> Vec<(ObjectId, Error)> {
+        let mut failed = Vec::new();
+        for id in ids {
+            if let Err(e) = self.delete(id) {
+                failed.push((*id, e));
+            }
+            crate::failpoint!("drop::mid-delete");
+        }
+        failed
+    }
     /// Every published object id.
     fn list(&self) -> Result<Vec<ObjectId>>;
     /// Open an object for reading (not verified; see [`ObjectStore::copy_verified`]).

@@ -507,6 +507,65 @@ impl ObjectStore for S3Objects {
         }
     }
 
+    fn delete_many(&self, ids: &[ObjectId]) -> Vec<(ObjectId, Error)> {
+        let targets: Vec<ObjectId> = {
+            let mut uploads = lock(&self.uploads);
+            let targets: Vec<ObjectId> = ids
+                .iter()
+                .filter(|id| {
+                    let staged = uploads.staged.contains_key(id);
+                    if staged {
+                        log::info!("object {id} is being uploaded again: not deleted");
+                    }
+                    !staged
+                })
+                .copied()
+                .collect();
+            uploads.deleting.extend(targets.iter().copied());
+            targets
+        };
+        for id in &targets {
+            self.cache.remove(id);
+        }
+        let keys: Vec<object_store::Result<Key>> = targets
+            .iter()
+            .map(|id| Ok(self.remote.key(&Self::object_name(id))))
+            .collect();
+        // One request per 1,000 keys (S3's DeleteObjects).
+        let results: Vec<object_store::Result<Key>> = self.remote.block_on(
+            self.remote
+                .client
+                .delete_stream(futures::stream::iter(keys).boxed())
+                .collect(),
+        );
+        {
+            let mut uploads = lock(&self.uploads);
+            for id in &targets {
+                uploads.deleting.remove(id);
+            }
+        }
+        self.delete_done.notify_all();
+        let trouble = results
+            .into_iter()
+            .filter_map(|r| match r {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => None,
+                Err(e) => Some(e),
+            })
+            .next();
+        match trouble {
+            None => Vec::new(),
+            Some(e) => {
+                // Which keys failed is not always said: delete each one again, alone
+                // (deleting a deleted object is no error), to know.
+                log::warn!("a bulk delete failed ({e}); deleting one by one");
+                targets
+                    .iter()
+                    .filter_map(|id| self.delete(id).err().map(|e| (*id, e)))
+                    .collect()
+            }
+        }
+    }
+
     fn list(&self) -> Result<Vec<ObjectId>> {
         let mut ids: Vec<ObjectId> = self
             .list_modified()?
