@@ -632,3 +632,21 @@ fn a_read_only_mount_elsewhere_follows_the_writer_and_refuses_changes() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+#[test]
+fn a_missing_bucket_is_a_clear_error() {
+    moto();
+    let dir = tempfile::tempdir().unwrap();
+    let url = "s3://ckptfs-no-such-bucket/store";
+    let err = Engine::open(s3_config(url, dir.path(), &["A/0"]))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("does not exist"), "{err}");
+    let out = ckptfs_with_env(&["ls", url], &[]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("bucket ckptfs-no-such-bucket does not exist"),
+        "{stderr}"
+    );
+}

@@ -344,6 +344,7 @@ impl Engine {
             }
             Location::S3 { bucket, prefix } => {
                 let remote = Remote::connect(bucket, prefix)?;
+                remote.check_bucket()?;
                 (
                     Arc::new(S3Objects::new(
                         remote.clone(),
@@ -460,6 +461,7 @@ fn open_for_writing(config: &EngineConfig) -> Result<ForWriting> {
             };
             let (state_dir, state_lock) = lock_state_dir(state)?;
             let remote = Remote::connect(bucket, prefix)?;
+            remote.check_bucket()?;
             let records: Arc<dyn Records> = Arc::new(S3Records::new(remote.clone()));
             let lease = Lease::acquire(records.clone(), config.lease_ttl)?;
             let objects = S3Objects::new(remote, config.s3.clone(), &state_dir.join("cache"))?;

@@ -130,6 +130,7 @@ impl Opened {
             }),
             Location::S3 { bucket, prefix } => {
                 let remote = s3::Remote::connect(bucket, prefix)?;
+                remote.check_bucket()?;
                 let cache = tempfile::Builder::new()
                     .prefix("ckptfs-cache-")
                     .tempdir()

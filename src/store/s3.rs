@@ -116,6 +116,23 @@ impl Remote {
         }))
     }
 
+    /// Fail clearly when the bucket does not exist or cannot be reached (one LIST).
+    pub fn check_bucket(&self) -> Result<()> {
+        let prefix = self.key("ckptfs.json");
+        let listed = self.block_on(async {
+            let mut stream = self.client.list(Some(&prefix));
+            stream.next().await.transpose()
+        });
+        match listed {
+            Ok(_) => Ok(()),
+            Err(e) if e.to_string().contains("NoSuchBucket") => Err(Error::NotFound(format!(
+                "bucket {} does not exist (create it first; ckptfs never creates buckets)",
+                self.bucket
+            ))),
+            Err(e) => Err(remote_error(&format!("reach {}", self.url("")), e)),
+        }
+    }
+
     fn key(&self, name: &str) -> Key {
         Key::from(format!("{}{name}", self.prefix))
     }
