@@ -373,6 +373,15 @@ proptest! {
         let url = common::moto::moto().store();
         run_at(Location::parse(&url).unwrap(), CheckpointMode::Flush, &ops);
     }
+
+    /// And in `wal` mode: WAL and MANIFEST chunks as many small objects.
+    #[test]
+    fn engine_matches_the_model_on_object_storage_in_wal_mode(
+        ops in proptest::collection::vec(op(), 1..30)
+    ) {
+        let url = common::moto::moto().store();
+        run_at(Location::parse(&url).unwrap(), CheckpointMode::Wal, &ops);
+    }
 }
 
 fn run(mode: CheckpointMode, ops: &[Op]) {
