@@ -171,36 +171,106 @@ fn store_chunk(
     wal: bool,
     upload_budget: &mut usize,
 ) -> Result<()> {
-    let store = &engine.inner.store;
+    let batch = vec![(id, piece.to_vec())];
+    store_chunks(engine, pins, batch, stats, wal, upload_budget)
+}
+
+/// Store chunks unless the store holds them already: those it holds are pinned at once,
+/// the others staged (several at once where the store gains from it), then published or
+/// found stored meanwhile and pinned, under one lock.
+fn store_chunks(
+    engine: &Engine,
+    pins: &mut Vec<ObjectId>,
+    pieces: Vec<(ObjectId, Vec<u8>)>,
+    stats: &mut CheckpointStats,
+    wal: bool,
+    upload_budget: &mut usize,
+) -> Result<()> {
+    let store = engine.inner.store.as_ref();
+    let mut todo = Vec::with_capacity(pieces.len());
     {
         let mut st = engine.state();
-        if st.can_share(&id) {
-            st.registry.pin(id);
-            pins.push(id);
-            return Ok(());
+        for (id, piece) in pieces {
+            if st.can_share(&id) {
+                st.registry.pin(id);
+                pins.push(id);
+            } else {
+                todo.push((id, piece));
+            }
         }
     }
-    if *upload_budget == 0 {
-        return Err(Error::Busy("simulated crash".into()));
-    }
-    *upload_budget -= 1;
-    let staged = store.stage_bytes(piece)?;
+    let allowed = todo.len().min(*upload_budget);
+    *upload_budget -= allowed;
+    let over_budget = todo.len() > allowed;
+    todo.truncate(allowed);
+    let staged = stage_all(store, &todo);
     let mut st = engine.state();
-    if st.can_share(&id) {
-        store.discard(staged);
-    } else {
-        store.publish(staged)?;
-        stats.bytes_uploaded += piece.len() as u64;
-        if wal {
-            stats.bytes_uploaded_wal += piece.len() as u64;
+    let mut failed = None;
+    for ((id, piece), staged) in todo.iter().zip(staged) {
+        let staged = match staged {
+            Ok(staged) if failed.is_none() => staged,
+            Ok(staged) => {
+                store.discard(staged);
+                continue;
+            }
+            Err(e) => {
+                failed.get_or_insert(e);
+                continue;
+            }
+        };
+        if st.can_share(id) {
+            store.discard(staged);
         } else {
-            stats.bytes_uploaded_append_only += piece.len() as u64;
+            if let Err(e) = store.publish(staged) {
+                failed.get_or_insert(e);
+                continue;
+            }
+            stats.bytes_uploaded += piece.len() as u64;
+            if wal {
+                stats.bytes_uploaded_wal += piece.len() as u64;
+            } else {
+                stats.bytes_uploaded_append_only += piece.len() as u64;
+            }
+            st.missing.remove(id);
         }
-        st.missing.remove(&id);
+        st.registry.pin(*id);
+        pins.push(*id);
     }
-    st.registry.pin(id);
-    pins.push(id);
-    Ok(())
+    match failed {
+        Some(e) => Err(e),
+        None if over_budget => Err(Error::Busy("simulated crash".into())),
+        None => Ok(()),
+    }
+}
+
+/// Stage pieces from memory, several at once where the store gains from it.
+fn stage_all(
+    store: &dyn crate::store::ObjectStore,
+    pieces: &[(ObjectId, Vec<u8>)],
+) -> Vec<Result<crate::store::Staged>> {
+    let workers = store.upload_concurrency().min(pieces.len());
+    if workers <= 1 {
+        return pieces.iter().map(|(_, p)| store.stage_bytes(p)).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done = std::sync::Mutex::new(Vec::with_capacity(pieces.len()));
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let Some((_, piece)) = pieces.get(i) else {
+                    break;
+                };
+                let staged = store.stage_bytes(piece);
+                done.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((i, staged));
+            });
+        }
+    });
+    let mut done = done.into_inner().unwrap_or_else(|p| p.into_inner());
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, staged)| staged).collect()
 }
 
 /// Read up to `buf.len()` bytes at the current position (less only at the end of the file).
@@ -278,6 +348,12 @@ fn store_chunked(
         ids: Vec::new(),
     };
     let mut boundary_chunks = ids.len();
+    // New chunks are stored in batches: several uploads at once on object storage.
+    let batch_size = match engine.inner.store.upload_concurrency() {
+        0 | 1 => 1,
+        n => 4 * n,
+    };
+    let mut batch = Vec::with_capacity(batch_size);
     loop {
         let len = read_full(&mut input, &mut piece, &file.path)?;
         if len == 0 {
@@ -293,7 +369,14 @@ fn store_chunked(
             boundary.hasher = whole.clone();
             boundary_chunks = ids.len();
         }
-        store_chunk(engine, pins, id, piece, stats, wal, upload_budget)?;
+        batch.push((id, piece.to_vec()));
+        if batch.len() >= batch_size {
+            let full = std::mem::replace(&mut batch, Vec::with_capacity(batch_size));
+            store_chunks(engine, pins, full, stats, wal, upload_budget)?;
+        }
+    }
+    if !batch.is_empty() {
+        store_chunks(engine, pins, batch, stats, wal, upload_budget)?;
     }
     if total != file.size {
         return Err(Error::Corrupt(format!(
