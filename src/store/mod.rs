@@ -6,6 +6,7 @@
 //! visible under its id), so the caller decides under its own lock whether a staged copy is
 //! published or discarded as a duplicate.
 
+mod cache;
 pub mod chunks;
 mod local;
 pub mod records;
