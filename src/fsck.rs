@@ -36,6 +36,10 @@ pub struct FsckReport {
     /// incomplete or a manifest unreadable or quarantined, which objects are really
     /// unreferenced is not known.
     pub orphans_kept: Option<String>,
+    /// Orphans on object storage younger than the grace period: perhaps the uploads of a
+    /// daemon still running; never deleted by fsck.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub orphans_young: Vec<String>,
     pub staged_leftovers: usize,
     /// Missing or corrupt objects that `--repair` stored again from an identical copy
     /// found outside the store (`id <- path`).
@@ -204,6 +208,11 @@ pub fn fsck_with_copies(
         .copied()
         .collect();
     report.orphans = orphans.iter().map(|id| id.to_hex()).collect();
+    report.orphans_young = orphans
+        .iter()
+        .filter(|id| young.contains(id))
+        .map(|id| id.to_hex())
+        .collect();
     report.staged_leftovers = location
         .local()
         .and_then(|root| std::fs::read_dir(root.join("tmp")).ok())
@@ -278,7 +287,6 @@ pub fn fsck_with_copies(
         if report.orphans_kept.is_none() {
             for id in &orphans {
                 if young.contains(id) {
-                    log::warn!("orphan {id} is younger than the grace period: kept for now");
                     continue;
                 }
                 store.delete(id)?;

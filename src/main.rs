@@ -668,7 +668,13 @@ fn print_fsck(report: &fsck::FsckReport, repair: bool) {
     }
     let deleted = repair && report.orphans_kept.is_none();
     for id in &report.orphans {
-        println!("orphan: {id}{}", if deleted { " (deleted)" } else { "" });
+        let young = report.orphans_young.contains(id);
+        let what = match (deleted, young) {
+            (_, true) => " (younger than the grace period of an hour: kept)",
+            (true, false) => " (deleted)",
+            (false, false) => "",
+        };
+        println!("orphan: {id}{what}");
     }
     if let (Some(why), false) = (&report.orphans_kept, report.orphans.is_empty()) {
         println!("orphans are kept, not deleted: {why}");

@@ -186,6 +186,12 @@ fn an_interrupted_upload_leaves_orphans_that_only_the_grace_period_lets_go() {
         .copied()
         .collect();
     assert!(!orphans.is_empty(), "the crash left no uploaded object");
+    // fsck reports them young, and even --repair keeps them.
+    let location = Location::parse(&url).unwrap();
+    let report = ckptfs::fsck::fsck(&location, true, |_| {}).unwrap();
+    assert_eq!(report.orphans_young.len(), orphans.len(), "{report:?}");
+    assert_eq!(report.repaired_orphans, 0);
+    assert!(stored(&url).is_superset(&orphans));
     // Younger than the grace period: possibly a live upload of another daemon; kept.
     let engine = Engine::open(config.clone()).unwrap();
     assert_eq!(engine.sweep_orphans().unwrap(), 0);

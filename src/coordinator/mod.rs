@@ -154,8 +154,6 @@ pub const DEFAULT_ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_
 
 struct Inner {
     location: Location,
-    /// The lock or lease that makes this process the writer (held, never read).
-    _writer: open::Writer,
     state_dir: PathBuf,
     store: Arc<dyn ObjectStore>,
     catalog: Catalog,
@@ -175,6 +173,9 @@ struct Inner {
     /// When memory was last given back to the system (see [`Engine::trim_memory`]).
     last_trim: Mutex<std::time::Instant>,
     _state_lock: DirLock,
+    /// The lock or lease that makes this process the writer (held, never read): the last
+    /// field, so it is released only after everything else is closed.
+    _writer: open::Writer,
 }
 
 /// See [`Engine::trim_memory`].

@@ -293,7 +293,6 @@ impl Engine {
         let engine = Engine {
             inner: Arc::new(Inner {
                 location: root,
-                _writer: opened.writer,
                 state_dir,
                 store,
                 catalog,
@@ -313,6 +312,7 @@ impl Engine {
                 slot_freed: Condvar::new(),
                 deletes_frozen,
                 _state_lock: state_lock,
+                _writer: opened.writer,
             }),
         };
         {
@@ -370,7 +370,6 @@ impl Engine {
         let engine = Engine {
             inner: Arc::new(Inner {
                 location: config.store.clone(),
-                _writer: Writer::None,
                 state_dir,
                 store,
                 catalog,
@@ -385,6 +384,7 @@ impl Engine {
                 slot_freed: Condvar::new(),
                 deletes_frozen: true,
                 _state_lock: state_lock,
+                _writer: Writer::None,
             }),
         };
         engine.refresh_checkpoints()?;
