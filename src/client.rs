@@ -240,7 +240,7 @@ fn target(arg: &Path) -> Result<Target, Error> {
         .ok_or_else(|| Error::Invalid(format!("{} is not valid UTF-8", arg.display())))?;
     let location = Location::parse(text)?;
     if let Location::Local(dir) = &location {
-        if !dir.join("ckptfs.json").is_file() && !dir.join("checkpoints").is_dir() {
+        if ckptfs::restore::check_is_store(dir).is_err() {
             return Err(Error::NotFound(format!(
                 "{} is not a ckptfs mount (no .ckptfs/ctl), nor a ckptfs store (no ckptfs.json, \
                  no checkpoints/); mount a store there with `ckptfs mount STORE {}`",

@@ -136,13 +136,10 @@ pub fn fsck_with_copies(
     let stored: BTreeSet<ObjectId> = listed.iter().map(|(id, _)| *id).collect();
     // On object storage, an unreferenced object younger than the grace period may be the
     // upload of a daemon that is still running: reported, never deleted.
-    let now = std::time::SystemTime::now();
     let young: BTreeSet<ObjectId> = listed
         .iter()
         .filter(|(_, modified)| {
-            modified.is_some_and(|m| {
-                now.duration_since(m).unwrap_or_default() < crate::coordinator::DEFAULT_ORPHAN_GRACE
-            })
+            crate::store::is_young(*modified, crate::coordinator::DEFAULT_ORPHAN_GRACE)
         })
         .map(|(id, _)| *id)
         .collect();

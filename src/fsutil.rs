@@ -167,6 +167,12 @@ pub fn remove_tree(dir: &Path) -> Result<()> {
     }
 }
 
+/// Lock a mutex, going on with what a panicked holder left (every guarded state here
+/// stays consistent between statements).
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Milliseconds since the Unix epoch, for timestamps in manifests.
 pub fn now_unix_ms() -> u64 {
     std::time::SystemTime::now()

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::fsutil::now_unix_ms;
+use crate::fsutil::{lock, now_unix_ms};
 use crate::store::records::{Put, Records};
 
 const KEY: &str = "lease.json";
@@ -80,10 +80,6 @@ impl Fence {
         }
         Ok(())
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Who holds the lease of the store in `records`, and until when (milliseconds since the

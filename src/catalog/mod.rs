@@ -573,24 +573,20 @@ impl Catalog {
     /// already): from here on the checkpoint exists. A manifest is never overwritten: if
     /// one of that id exists already, another writer made it ([`Error::Exists`]).
     pub fn commit(&self, manifest: &Manifest) -> Result<()> {
-        self.check_writer()?;
-        self.records.put(
-            &Self::manifest_key(manifest.id),
-            &seal(&manifest.to_stored()),
-            Put::Create,
-        )?;
-        Ok(())
+        self.write_manifest(manifest, Put::Create)
     }
 
     /// Rewrite a manifest in the current format (migration; same checkpoint, same files).
     pub fn rewrite(&self, manifest: &Manifest) -> Result<()> {
+        self.write_manifest(manifest, Put::Overwrite)
+    }
+
+    fn write_manifest(&self, manifest: &Manifest, mode: Put) -> Result<()> {
         self.check_writer()?;
-        self.records.put(
-            &Self::manifest_key(manifest.id),
-            &seal(&manifest.to_stored()),
-            Put::Overwrite,
-        )?;
-        Ok(())
+        let key = Self::manifest_key(manifest.id);
+        self.records
+            .put(&key, &seal(&manifest.to_stored()), mode)
+            .map(|_| ())
     }
 
     /// Store the file list of each backend whose files are listed inline, as a delta on

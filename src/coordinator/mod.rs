@@ -551,7 +551,6 @@ impl Engine {
         }
         self.inner.catalog.check_writer()?;
         let grace = self.inner.orphan_grace;
-        let now = std::time::SystemTime::now();
         // Listed without the lock (a long listing must not stall checkpoints); each
         // candidate is judged under it.
         let old: Vec<ObjectId> = self
@@ -559,9 +558,9 @@ impl Engine {
             .store
             .list_modified()?
             .into_iter()
-            .filter(|(_, modified)| {
-                modified.is_some_and(|m| now.duration_since(m).unwrap_or_default() >= grace)
-            })
+            // Objects without a time were published under the writer's lock (a local
+            // store): never orphans of an upload in flight, left to the start's sweep.
+            .filter(|(_, modified)| modified.is_some() && !crate::store::is_young(*modified, grace))
             .map(|(id, _)| id)
             .collect();
         let mut deleted = 0;

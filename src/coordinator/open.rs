@@ -603,14 +603,12 @@ fn sweep(
 ) -> Result<(usize, Vec<ObjectId>)> {
     let live = registry.live_objects();
     let listed = store.list_modified()?;
-    let now = std::time::SystemTime::now();
     let mut orphans = 0;
     for (id, modified) in &listed {
         if live.contains(id) {
             continue;
         }
-        let young = modified.is_some_and(|m| now.duration_since(m).unwrap_or_default() < grace);
-        if young {
+        if crate::store::is_young(*modified, grace) {
             log::info!("keeping unreferenced object {id} for now: younger than the grace period");
             continue;
         }

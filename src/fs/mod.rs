@@ -19,7 +19,9 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::fsutil::lock;
 use std::time::{Duration, SystemTime};
 
 use serde_json::json;
@@ -244,10 +246,6 @@ pub enum DirCache {
     Refill,
     /// Cached, keeping what the kernel cached at an earlier open.
     Keep,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// `cp-N` with N in canonical decimal.

@@ -12,10 +12,7 @@ use std::sync::{Condvar, Mutex};
 
 use super::ObjectId;
 use crate::error::{IoContext, Result};
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::fsutil::lock;
 
 /// Fetched objects on local disk, least recently used evicted above a size.
 pub(super) struct Cache {

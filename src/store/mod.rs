@@ -219,6 +219,13 @@ impl<'de> Deserialize<'de> for ObjectId {
     }
 }
 
+/// True for an object listed with a modification time less than `grace` ago: on object
+/// storage it may be an upload still in flight, never an orphan to delete yet.
+pub fn is_young(modified: Option<std::time::SystemTime>, grace: std::time::Duration) -> bool {
+    let now = std::time::SystemTime::now();
+    modified.is_some_and(|m| now.duration_since(m).unwrap_or_default() < grace)
+}
+
 /// A copy that [`ObjectStore::stage`] made durable under a private name.
 #[derive(Debug)]
 pub struct Staged {
