@@ -9,7 +9,7 @@ export CARGO_TARGET_DIR
 # used to prove checkpoints open in older RocksDB), graphviz (ckptfs graph --format svg),
 # systemd (systemd-analyze checks scripts/ckptfs.service).
 ckptfs_install_packages() {
-    local wanted=(libclang-dev fuse3 rocksdb-tools graphviz systemd pkg-config "$@")
+    local wanted=(libclang-dev fuse3 rocksdb-tools graphviz systemd pkg-config faketime "$@")
     local missing=()
     for pkg in "${wanted[@]}"; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

@@ -106,11 +106,15 @@ impl BackendOptions {
     /// a scratch database is created and opened with them (which catches values RocksDB
     /// only refuses at open, such as a compression this build lacks).
     pub fn validate(&self) -> Result<()> {
-        let opts = self.rocksdb_options(true)?;
+        let mut opts = self.rocksdb_options(true)?;
         if self.rocksdb_options.is_none() {
             return Ok(());
         }
         let scratch = tempfile::tempdir().map_err(|e| Error::io("create scratch directory", e))?;
+        // The scratch database keeps every file in the scratch directory: options that name
+        // other directories (wal_dir, db_log_dir) must not find its files there later.
+        opts.set_wal_dir(scratch.path().join("wal"));
+        opts.set_db_log_dir(scratch.path().join("log"));
         let db = DB::open(&opts, scratch.path().join("db")).map_err(|e| {
             Error::Invalid(format!(
                 "RocksDB options {:?}: {}",

@@ -65,10 +65,19 @@ pub fn daemonize(
         .spawn()
         .map_err(|e| Error::io("start the daemon", e))?;
     let stdout = child.stdout.take().expect("piped");
+    let mut stdout = BufReader::new(stdout);
     let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .map_err(|e| Error::io("wait for the daemon", e))?;
+    loop {
+        line.clear();
+        stdout
+            .read_line(&mut line)
+            .map_err(|e| Error::io("wait for the daemon", e))?;
+        // What the daemon says while it starts (e.g. that it waits for a lease).
+        match line.trim_end().strip_prefix("note: ") {
+            Some(note) => eprintln!("ckptfs: {note}"),
+            None => break,
+        }
+    }
     let line = line.trim_end();
     if line == "ready" {
         eprintln!(
@@ -89,6 +98,16 @@ pub fn daemonize(
         eprintln!("ckptfs: error: {message}");
     }
     Ok(ExitCode::from(1))
+}
+
+/// Tell a waiting `ckptfs mount` (our parent) something while the daemon starts.
+pub fn notify_note(note: &str) {
+    if std::env::var_os(NOTIFY_ENV).is_none() {
+        return;
+    }
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "note: {}", note.replace('\n', " "));
+    let _ = out.flush();
 }
 
 /// Tell a waiting `ckptfs mount` (our parent) whether the mount is ready, then stop

@@ -143,6 +143,11 @@ pub struct Controller {
     sweeper: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     refresher: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     on_change: std::sync::Mutex<Option<ChangeHook>>,
+    /// The small-file compaction's policy, once it runs.
+    small_files: std::sync::Mutex<Option<crate::compaction::SmallFilePolicy>>,
+    /// Set after a checkpoint that found a backend with twice the policy's number of small
+    /// SSTs: the compaction runs now instead of at its next period.
+    compaction_due: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Called after the set of retained checkpoints may have changed.
@@ -198,6 +203,8 @@ impl Controller {
             sweeper: Default::default(),
             refresher: Default::default(),
             on_change: Default::default(),
+            small_files: Default::default(),
+            compaction_due: Default::default(),
         }
     }
 
@@ -372,6 +379,7 @@ impl Controller {
             .spawn(move || {
                 let result = pending.complete();
                 this.changed();
+                this.check_small_files();
                 answer_later(
                     index,
                     match result {
@@ -401,6 +409,7 @@ impl Controller {
                         log::warn!("periodic checkpoint failed: {e}");
                     }
                     this.changed();
+                    this.check_small_files();
                 }
                 Err(Error::Busy(why)) => log::info!("periodic checkpoint skipped: {why}"),
                 Err(e) => log::warn!("periodic checkpoint failed: {e}"),
@@ -409,13 +418,43 @@ impl Controller {
         *self.interval.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
     }
 
-    /// Merge small SSTs of every backend every `period` (see [`crate::compaction`]).
+    /// After a checkpoint: if a backend has gathered twice as many small SSTs as the
+    /// compaction waits for, run the compaction now (as RocksDB compacts L0 by file count):
+    /// checkpoints every few milliseconds with time-ordered keys make hundreds of them
+    /// within one period, and each one costs the sync phase.
+    fn check_small_files(&self) {
+        use std::sync::atomic::Ordering;
+        let Some(policy) = *self.small_files.lock().unwrap_or_else(|p| p.into_inner()) else {
+            return;
+        };
+        if self.compaction_due.load(Ordering::SeqCst) {
+            return;
+        }
+        for name in self.engine.backend_names() {
+            let small = self.engine.live_sst_files(&name).map_or(0, |files| {
+                files
+                    .iter()
+                    .filter(|(_, size)| *size < policy.small_below)
+                    .count()
+            });
+            if small >= policy.min_small_files.saturating_mul(2) {
+                log::info!("backend {name} has {small} small SSTs: merging them now");
+                self.compaction_due.store(true, Ordering::SeqCst);
+                return;
+            }
+        }
+    }
+
+    /// Merge small SSTs of every backend every `period`, and as soon as a checkpoint finds
+    /// many (see [`crate::compaction`] and [`Controller::check_small_files`]).
     pub fn start_small_file_compaction(
         self: &std::sync::Arc<Self>,
         period: std::time::Duration,
         policy: crate::compaction::SmallFilePolicy,
     ) {
-        let handle = self.every(period, "ckptfs-small-files", move |this| {
+        *self.small_files.lock().unwrap_or_else(|p| p.into_inner()) = Some(policy);
+        let due = self.compaction_due.clone();
+        let handle = self.every_or_when(period, Some(due), "ckptfs-small-files", move |this| {
             for name in this.engine.backend_names() {
                 if this.stopping.load(std::sync::atomic::Ordering::SeqCst) {
                     break;
@@ -463,6 +502,17 @@ impl Controller {
         name: &str,
         tick: impl Fn(&Self) + Send + 'static,
     ) -> std::thread::JoinHandle<()> {
+        self.every_or_when(period, None, name, tick)
+    }
+
+    /// [`Controller::every`], and also as soon as `due` is set (which the tick clears).
+    fn every_or_when(
+        self: &std::sync::Arc<Self>,
+        period: std::time::Duration,
+        due: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+        name: &str,
+        tick: impl Fn(&Self) + Send + 'static,
+    ) -> std::thread::JoinHandle<()> {
         let this = self.clone();
         std::thread::Builder::new()
             .name(name.into())
@@ -470,7 +520,10 @@ impl Controller {
                 use std::sync::atomic::Ordering;
                 let mut next = std::time::Instant::now() + period;
                 while !this.stopping.load(Ordering::SeqCst) {
-                    if std::time::Instant::now() < next {
+                    let now_due = due
+                        .as_ref()
+                        .is_some_and(|d| d.swap(false, Ordering::SeqCst));
+                    if std::time::Instant::now() < next && !now_due {
                         std::thread::sleep(std::time::Duration::from_millis(50).min(period));
                         continue;
                     }

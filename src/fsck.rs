@@ -99,6 +99,7 @@ pub fn fsck_with_copies(
             Some(Lease::acquire(
                 opened.records.clone(),
                 crate::lease::DEFAULT_TTL,
+                std::time::Duration::ZERO,
             )?),
         ),
     };
@@ -108,7 +109,12 @@ pub fn fsck_with_copies(
     };
     let store = opened.objects.as_ref();
     let has_catalog_dir = catalog.has_dir();
-    let meta = catalog.load_meta();
+    // A repair writes: like a daemon's start, it first fences every earlier writer out.
+    let meta = if repair {
+        catalog.take_over()
+    } else {
+        catalog.load_meta()
+    };
     let (manifests, unreadable) = catalog.load_all_lenient()?;
     let registry = Registry::from_checkpoints(manifests.iter().map(|(id, m)| (*id, m.objects())));
 
@@ -286,6 +292,7 @@ pub fn fsck_with_copies(
                 if young.contains(id) {
                     continue;
                 }
+                catalog.check_writer()?;
                 store.delete(id)?;
                 report.repaired_orphans += 1;
             }

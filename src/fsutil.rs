@@ -173,6 +173,19 @@ pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Time since boot, suspends included (`CLOCK_BOOTTIME`): what a lease's validity is
+/// measured on, since the monotonic clock stops while the host is suspended.
+pub fn boot_now() -> std::time::Duration {
+    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME) {
+        Ok(t) => std::time::Duration::new(t.tv_sec() as u64, t.tv_nsec() as u32),
+        // Not expected on Linux: then the monotonic clock, since the first call.
+        Err(_) => {
+            static FIRST: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+            FIRST.get_or_init(std::time::Instant::now).elapsed()
+        }
+    }
+}
+
 /// Milliseconds since the Unix epoch, for timestamps in manifests.
 pub fn now_unix_ms() -> u64 {
     std::time::SystemTime::now()

@@ -2,51 +2,144 @@
 //! with conditional PUTs.
 //!
 //! A `flock` fences daemons of one host only. On object storage the writer holds a lease
-//! that names it and the time it expires; it renews the lease well before that time, each
-//! renewal conditional on the version it wrote last, so a renewal that finds the lease
-//! changed (taken over) fails. Another daemon refuses to start while the lease is live
-//! and takes it over once it has expired. A writer that cannot renew in time, or finds
-//! its lease taken, stops writing: every catalog write checks the lease first.
+//! that names it; it renews the lease every third of the lease time, each renewal
+//! conditional on the version it wrote last, so a renewal that finds the lease changed
+//! (taken over) fails. The lease is for liveness, to decide who may become the writer; it
+//! does not make the writes safe on its own: the commit of every catalog change is a
+//! conditional write of `ckptfs.json` that a takeover invalidates (see `docs/fencing.md`).
 //!
-//! Expiry compares the writer's clock with the reader's: hosts must keep their clocks
-//! within a small fraction of the lease time of each other (NTP does).
+//! No decision compares two hosts' clocks:
+//! - A holder may write for [`VALID_FRACTION`] of the lease time after *sending* its last
+//!   renewal that landed, measured on `CLOCK_BOOTTIME` (which, unlike the monotonic clock,
+//!   goes on during a suspend).
+//! - A contender takes a lease over only when it was released, when its holder is provably
+//!   dead (same host and boot, the process is gone), when the store's own clock says the
+//!   record was last written more than the lease time (plus [`CLOCK_SLACK`]) ago, or when
+//!   the contender has watched the record stay unchanged for that long on its own clock.
+//!   Each of these happens after the holder stopped writing, whatever the clocks' offsets.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::fsutil::{lock, now_unix_ms};
-use crate::store::records::{Put, Records};
+use crate::fsutil::{boot_now, lock, now_unix_ms};
+use crate::store::records::{Put, Record, Records};
 
 const KEY: &str = "lease.json";
 
 /// How long a lease lasts without renewal (renewed every third of it).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// The shortest and longest lease times accepted (a renewal a second at the shortest).
+pub const MIN_TTL: Duration = Duration::from_secs(3);
+pub const MAX_TTL: Duration = Duration::from_secs(3600);
+/// The part of the lease time a holder writes for after sending its last landed renewal.
+const VALID_FRACTION: f64 = 0.8;
+/// Allowance for the store's clock granularity (`Last-Modified` is to the second) when a
+/// contender judges a record's age by it.
+const CLOCK_SLACK: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Serialize, Deserialize)]
 struct LeaseRecord {
-    /// Who holds it: host and process id, for the error of a refused start.
+    /// Who holds it: host and process id, for messages.
     holder: String,
     /// This holding's unique token (a restarted daemon on the same host is another holder).
     token: String,
-    /// When it expires unless renewed, in milliseconds since the Unix epoch.
+    /// When it expires unless renewed, by the holder's clock, in milliseconds since the Unix
+    /// epoch: shown to people, never used to decide (clocks differ). 0: released.
     expires_unix_ms: u64,
+    /// The lease time the holder renews within.
+    #[serde(default)]
+    ttl_ms: u64,
+    /// The holder's host, boot, pid namespace, pid and process start time: a contender on
+    /// the same host and boot can tell that the holder is dead.
+    #[serde(default)]
+    host: String,
+    #[serde(default)]
+    boot_id: String,
+    #[serde(default)]
+    pid_ns: String,
+    #[serde(default)]
+    pid: u32,
+    #[serde(default)]
+    start_ticks: u64,
+    /// Renewals so far: every write of the record has new bytes (and a new ETag).
+    #[serde(default)]
+    renewal: u64,
+}
+
+/// Who and what this process is, as a lease names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Identity {
+    host: String,
+    boot_id: String,
+    pid_ns: String,
+    pid: u32,
+    start_ticks: u64,
+}
+
+impl Identity {
+    fn current() -> Identity {
+        let pid = std::process::id();
+        Identity {
+            host: nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_else(|| "unknown-host".into()),
+            boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default(),
+            pid_ns: std::fs::read_link("/proc/self/ns/pid")
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            pid,
+            start_ticks: process_start_ticks(pid).unwrap_or(0),
+        }
+    }
+}
+
+/// A process's start time in clock ticks since boot (`/proc/PID/stat`, field 22); `None`
+/// if there is no such process, or only its zombie (killed, not reaped yet).
+fn process_start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count from its end.
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    if matches!(fields.next(), Some("Z" | "X" | "x")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
+}
+
+impl LeaseRecord {
+    /// True if the holder is provably dead: it ran on this host, in this boot and pid
+    /// namespace, and its process is gone (or the pid now belongs to a later process).
+    fn holder_is_dead(&self, me: &Identity) -> bool {
+        let same_place = !self.boot_id.is_empty()
+            && !self.pid_ns.is_empty()
+            && self.pid != 0
+            && self.host == me.host
+            && self.boot_id == me.boot_id
+            && self.pid_ns == me.pid_ns;
+        same_place
+            && self.pid != me.pid
+            && process_start_ticks(self.pid).is_none_or(|t| t != self.start_ticks)
+    }
 }
 
 struct Shared {
     records: Arc<dyn Records>,
+    me: Identity,
     holder: String,
     token: String,
     ttl: Duration,
+    renewals: Mutex<u64>,
     /// The version of the lease record as this holder last wrote it.
     version: Mutex<Option<String>>,
-    /// Until when this holder may write: the last successful renewal plus the lease time,
-    /// less a margin, on this host's monotonic clock.
-    valid_until: Mutex<Instant>,
+    /// Until when this holder may write, on the boot clock ([`boot_now`]).
+    valid_until: Mutex<Duration>,
     lost: AtomicBool,
 }
 
@@ -57,7 +150,7 @@ pub struct Lease {
     renewer: Option<JoinHandle<()>>,
 }
 
-/// The check every catalog write makes first: is this process still the writer?
+/// The check every write to the store makes first: is this process still the writer?
 #[derive(Clone)]
 pub struct Fence(Arc<Shared>);
 
@@ -71,7 +164,7 @@ impl Fence {
                 shared.records.describe(KEY)
             )));
         }
-        if Instant::now() > *lock(&shared.valid_until) {
+        if boot_now() > *lock(&shared.valid_until) {
             return Err(Error::Conflict(format!(
                 "the lease on {} could not be renewed in time: this daemon does not write \
                  to the store until it is",
@@ -80,10 +173,25 @@ impl Fence {
         }
         Ok(())
     }
+
+    /// Note that another writer has taken the store (a conditional commit found it
+    /// changed): nothing more is written, whatever the lease record says.
+    pub fn lose(&self) {
+        self.0.lost.store(true, Ordering::SeqCst);
+    }
 }
 
-/// Who holds the lease of the store in `records`, and until when (milliseconds since the
-/// Unix epoch; in the past when released or expired). `None` where there is no lease
+/// Where a daemon that waits for a lease says so, besides its log (the `ckptfs mount`
+/// that started it prints it): set once by the program.
+static WAIT_NOTICE: std::sync::OnceLock<fn(&str)> = std::sync::OnceLock::new();
+
+/// Tell `notice` when a lease is waited for (the first time, per acquisition).
+pub fn on_wait(notice: fn(&str)) {
+    let _ = WAIT_NOTICE.set(notice);
+}
+
+/// Who holds the lease of the store in `records`, and until when by the holder's clock
+/// (milliseconds since the Unix epoch; 0 when released). `None` where there is no lease
 /// record (a local store, or one no daemon wrote to).
 pub fn holder(records: &dyn Records) -> Result<Option<(String, u64)>> {
     Ok(records
@@ -92,19 +200,115 @@ pub fn holder(records: &dyn Records) -> Result<Option<(String, u64)>> {
         .map(|r| (r.holder, r.expires_unix_ms)))
 }
 
+/// Check a lease time given by the user.
+pub fn validate_ttl(ttl: Duration) -> Result<Duration> {
+    if ttl < MIN_TTL || ttl > MAX_TTL {
+        return Err(Error::Invalid(format!(
+            "lease time {} is out of range: it must be between {} and {} (the lease is \
+             renewed every third of it)",
+            humantime::format_duration(ttl),
+            humantime::format_duration(MIN_TTL),
+            humantime::format_duration(MAX_TTL)
+        )));
+    }
+    Ok(ttl)
+}
+
+/// What a contender makes of the lease record it read.
+enum Verdict {
+    /// Take it with this write; why, for the log.
+    Take(Put, String),
+    /// Someone holds it: who, and how long at most until it can be taken over.
+    Held(String, Duration),
+}
+
+/// A contender's watch of the lease record: the version it saw first and when.
+struct Watch {
+    seen: Option<(Vec<u8>, Duration)>,
+}
+
+impl Watch {
+    fn judge(&mut self, records: &dyn Records, me: &Identity, ttl: Duration) -> Result<Verdict> {
+        let looked = boot_now();
+        let Some(record) = records.get(KEY)? else {
+            return Ok(Verdict::Take(Put::Create, "a new lease".into()));
+        };
+        let version = Put::Update(record.version.clone());
+        let parsed: Option<LeaseRecord> = serde_json::from_slice(&record.bytes).ok();
+        if let Some(current) = &parsed {
+            if current.expires_unix_ms == 0 {
+                return Ok(Verdict::Take(
+                    version,
+                    format!("the lease released by {}", current.holder),
+                ));
+            }
+            if current.holder_is_dead(me) {
+                return Ok(Verdict::Take(
+                    version,
+                    format!(
+                        "the lease of {}, a process of this host that is gone",
+                        current.holder
+                    ),
+                ));
+            }
+        }
+        let holder = parsed.as_ref().map_or_else(
+            || "an unreadable lease record".to_string(),
+            |c| c.holder.clone(),
+        );
+        let lasts = parsed
+            .as_ref()
+            .filter(|c| c.ttl_ms > 0)
+            .map_or(ttl, |c| Duration::from_millis(c.ttl_ms))
+            + CLOCK_SLACK;
+        // Its age by the store's clock...
+        let by_store = match (record.modified, records.store_now()?) {
+            (Some(modified), Some(now)) => now.duration_since(modified).unwrap_or_default(),
+            _ => Duration::ZERO,
+        };
+        // ...and for how long this contender has seen it unchanged, by its own.
+        let identity = identity_of(&record);
+        let watched = match &self.seen {
+            Some((seen, since)) if *seen == identity => looked.saturating_sub(*since),
+            _ => {
+                self.seen = Some((identity, looked));
+                Duration::ZERO
+            }
+        };
+        let age = by_store.max(watched);
+        if age >= lasts {
+            return Ok(Verdict::Take(
+                version,
+                format!(
+                    "the lease of {holder}, not renewed for {}",
+                    humantime::format_duration(Duration::from_secs(age.as_secs()))
+                ),
+            ));
+        }
+        Ok(Verdict::Held(holder, lasts - age))
+    }
+}
+
+/// What tells one write of the lease record from another: its version, or its bytes.
+fn identity_of(record: &Record) -> Vec<u8> {
+    match &record.version {
+        Some(v) => v.as_bytes().to_vec(),
+        None => record.bytes.clone(),
+    }
+}
+
 impl Lease {
-    /// Take the lease of the store in `records`, or fail naming the live holder.
-    pub fn acquire(records: Arc<dyn Records>, ttl: Duration) -> Result<Lease> {
-        let host = nix::unistd::gethostname()
-            .ok()
-            .and_then(|h| h.into_string().ok())
-            .unwrap_or_else(|| "unknown-host".into());
-        let holder = format!("{host} pid {}", std::process::id());
+    /// Take the lease of the store in `records`, waiting up to `wait` for a live holder's
+    /// lease to end; fails naming the holder if it does not.
+    pub fn acquire(records: Arc<dyn Records>, ttl: Duration, wait: Duration) -> Result<Lease> {
+        let me = Identity::current();
+        let holder = format!("{} pid {}", me.host, me.pid);
         let token = blake3::hash(
             format!(
-                "{holder} {} {:?}",
+                "{holder} {} {:?} {:?}",
                 now_unix_ms(),
-                std::time::SystemTime::now()
+                boot_now(),
+                std::thread::current().id()
             )
             .as_bytes(),
         )
@@ -112,60 +316,70 @@ impl Lease {
             .to_string();
         let shared = Arc::new(Shared {
             records,
+            me,
             holder,
             token,
             ttl,
+            renewals: Mutex::new(0),
             version: Mutex::new(None),
-            valid_until: Mutex::new(Instant::now()),
+            valid_until: Mutex::new(Duration::ZERO),
             lost: AtomicBool::new(false),
         });
-        let started = Instant::now();
-        let existing = shared.records.get(KEY)?;
-        let mode = match existing {
-            None => Put::Create,
-            Some(record) => {
-                let current: Option<LeaseRecord> = serde_json::from_slice(&record.bytes).ok();
-                match current {
-                    Some(current) if current.expires_unix_ms > now_unix_ms() => {
-                        let left = current.expires_unix_ms - now_unix_ms();
+        let deadline = boot_now() + wait;
+        let mut watch = Watch { seen: None };
+        let mut told = false;
+        loop {
+            let started = boot_now();
+            match watch.judge(shared.records.as_ref(), &shared.me, ttl)? {
+                Verdict::Take(mode, why) => match shared.records.put(KEY, &shared.record(), mode) {
+                    Ok(version) => {
+                        if why != "a new lease" {
+                            log::warn!("took over {why} on {}", shared.records.describe(""));
+                        }
+                        *lock(&shared.version) = version;
+                        *lock(&shared.valid_until) = started + ttl.mul_f64(VALID_FRACTION);
+                        break;
+                    }
+                    // Someone else wrote it meanwhile: look again.
+                    Err(Error::Exists(_) | Error::Conflict(_)) => {
+                        watch.seen = None;
+                    }
+                    Err(e) => return Err(e),
+                },
+                Verdict::Held(holder, left) => {
+                    let now = boot_now();
+                    if now >= deadline {
                         return Err(Error::Locked {
                             what: "store",
                             path: shared.records.describe(""),
                             holder: format!(
-                                " (lease held by {}, expires in {:.1} s unless renewed)",
-                                current.holder,
-                                left as f64 / 1000.0
+                                " (lease held by {holder}; it can be taken over in {:.0} s \
+                                 unless renewed: stop that daemon, or wait longer with \
+                                 --lease-wait)",
+                                left.as_secs_f64().ceil()
                             ),
                         });
                     }
-                    Some(current) => {
-                        log::warn!(
-                            "taking over the expired lease of {} on {}",
-                            current.holder,
-                            shared.records.describe("")
+                    if !told {
+                        let msg = format!(
+                            "the lease of {} is held by {holder}: waiting up to {} for it \
+                             (it can be taken over in {:.0} s unless renewed)",
+                            shared.records.describe(""),
+                            humantime::format_duration(Duration::from_secs(
+                                (deadline - now).as_secs()
+                            )),
+                            left.as_secs_f64().ceil()
                         );
-                        Put::Update(record.version)
+                        log::warn!("{msg}");
+                        if let Some(notice) = WAIT_NOTICE.get() {
+                            notice(&msg);
+                        }
+                        told = true;
                     }
-                    None => {
-                        log::warn!("replacing an unreadable lease record");
-                        Put::Update(record.version)
-                    }
+                    std::thread::sleep(left.min(deadline - now).min(Duration::from_secs(1)));
                 }
             }
-        };
-        let version = shared
-            .records
-            .put(KEY, &shared.record(), mode)
-            .map_err(|e| match e {
-                Error::Exists(_) | Error::Conflict(_) => Error::Locked {
-                    what: "store",
-                    path: shared.records.describe(""),
-                    holder: " (another daemon took the lease at the same moment)".into(),
-                },
-                e => e,
-            })?;
-        *lock(&shared.version) = version;
-        *lock(&shared.valid_until) = started + ttl.mul_f64(0.8);
+        }
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let renewer = {
             let (shared, stop) = (shared.clone(), stop.clone());
@@ -188,44 +402,75 @@ impl Lease {
 
 impl Shared {
     fn record(&self) -> Vec<u8> {
-        self.record_expiring(now_unix_ms() + self.ttl.as_millis() as u64)
+        let expires = now_unix_ms() + self.ttl.as_millis() as u64;
+        self.record_expiring(expires)
     }
 
     fn record_expiring(&self, expires_unix_ms: u64) -> Vec<u8> {
+        let renewal = {
+            let mut n = lock(&self.renewals);
+            *n += 1;
+            *n
+        };
         serde_json::to_vec_pretty(&LeaseRecord {
             holder: self.holder.clone(),
             token: self.token.clone(),
             expires_unix_ms,
+            ttl_ms: self.ttl.as_millis() as u64,
+            host: self.me.host.clone(),
+            boot_id: self.me.boot_id.clone(),
+            pid_ns: self.me.pid_ns.clone(),
+            pid: self.me.pid,
+            start_ticks: self.me.start_ticks,
+            renewal,
         })
         .expect("serializes")
     }
 
     fn renew(&self) -> Result<()> {
-        let started = Instant::now();
+        let started = boot_now();
         let version = lock(&self.version).clone();
-        let written = self
-            .records
-            .put(KEY, &self.record(), Put::Update(version))?;
+        let written = match self.records.put(KEY, &self.record(), Put::Update(version)) {
+            Ok(version) => version,
+            // A renewal whose response was lost may have landed before the retry that was
+            // refused: the lease is still ours if the record holds our token (every
+            // takeover writes its own).
+            Err(Error::Conflict(e) | Error::Exists(e)) => match self.records.get(KEY)? {
+                Some(record)
+                    if serde_json::from_slice::<LeaseRecord>(&record.bytes)
+                        .is_ok_and(|r| r.token == self.token && r.expires_unix_ms != 0) =>
+                {
+                    log::info!("the lease renewal landed before its retry was refused");
+                    record.version
+                }
+                _ => return Err(Error::Conflict(e)),
+            },
+            Err(e) => return Err(e),
+        };
         *lock(&self.version) = written;
-        *lock(&self.valid_until) = started + self.ttl.mul_f64(0.8);
+        *lock(&self.valid_until) = started + self.ttl.mul_f64(VALID_FRACTION);
         Ok(())
     }
 }
 
 fn renew_loop(shared: &Shared, stop: &(Mutex<bool>, Condvar)) {
     let interval = shared.ttl / 3;
+    let mut wait = interval;
     let mut stopped = lock(&stop.0);
     loop {
         stopped = stop
             .1
-            .wait_timeout(stopped, interval)
+            .wait_timeout(stopped, wait)
             .unwrap_or_else(|p| p.into_inner())
             .0;
         if *stopped {
             return;
         }
+        if shared.lost.load(Ordering::SeqCst) {
+            return;
+        }
         match shared.renew() {
-            Ok(()) => {}
+            Ok(()) => wait = interval,
             Err(Error::Conflict(_)) => {
                 shared.lost.store(true, Ordering::SeqCst);
                 log::error!(
@@ -234,7 +479,10 @@ fn renew_loop(shared: &Shared, stop: &(Mutex<bool>, Condvar)) {
                 );
                 return;
             }
-            Err(e) => log::warn!("could not renew the lease: {e} (retrying)"),
+            Err(e) => {
+                log::warn!("could not renew the lease: {e} (retrying)");
+                wait = interval.min(Duration::from_secs(1));
+            }
         }
     }
 }
@@ -249,7 +497,8 @@ impl Drop for Lease {
         if self.shared.lost.load(Ordering::SeqCst) {
             return;
         }
-        // Released: expired now, so the next daemon takes it over at once.
+        // Released: the next daemon takes it over at once. Conditional on the version this
+        // holder wrote, so a lease taken over meanwhile is left alone.
         let version = lock(&self.shared.version).clone();
         let released = self.shared.record_expiring(0);
         if let Err(e) = self
@@ -259,5 +508,74 @@ impl Drop for Lease {
         {
             log::warn!("could not release the lease: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_start_time_of_this_process_is_read_and_a_missing_pid_has_none() {
+        let me = Identity::current();
+        assert!(me.start_ticks > 0);
+        assert_eq!(process_start_ticks(me.pid), Some(me.start_ticks));
+        // Pids are below 2^22 on Linux.
+        assert_eq!(process_start_ticks(u32::MAX - 1), None);
+    }
+
+    #[test]
+    fn a_zombie_counts_as_gone() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Exited, not reaped: only its zombie remains.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while process_start_ticks(pid).is_some() {
+            assert!(std::time::Instant::now() < deadline, "no zombie");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(std::fs::metadata(format!("/proc/{pid}")).is_ok());
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn a_holder_is_dead_only_on_this_host_boot_and_namespace_with_its_process_gone() {
+        let me = Identity::current();
+        let record = |pid: u32, start_ticks: u64, host: &str| LeaseRecord {
+            holder: "h".into(),
+            token: "t".into(),
+            expires_unix_ms: 1,
+            ttl_ms: 1000,
+            host: host.into(),
+            boot_id: me.boot_id.clone(),
+            pid_ns: me.pid_ns.clone(),
+            pid,
+            start_ticks,
+            renewal: 1,
+        };
+        let gone = u32::MAX - 1;
+        assert!(record(gone, 5, &me.host).holder_is_dead(&me));
+        // Another host's pid says nothing here.
+        assert!(!record(gone, 5, "elsewhere").holder_is_dead(&me));
+        // A live process with the recorded start time is alive; a reused pid is not it.
+        let parent = std::os::unix::process::parent_id();
+        let started = process_start_ticks(parent).unwrap();
+        assert!(!record(parent, started, &me.host).holder_is_dead(&me));
+        assert!(record(parent, started + 1, &me.host).holder_is_dead(&me));
+        // Records of older versions (no boot id) are never judged dead.
+        let mut old = record(gone, 5, &me.host);
+        old.boot_id.clear();
+        assert!(!old.holder_is_dead(&me));
+    }
+
+    #[test]
+    fn lease_times_out_of_range_are_refused() {
+        assert!(validate_ttl(Duration::ZERO).is_err());
+        assert!(validate_ttl(Duration::from_millis(300)).is_err());
+        assert!(validate_ttl(Duration::from_secs(7200)).is_err());
+        assert_eq!(
+            validate_ttl(Duration::from_secs(30)).unwrap(),
+            Duration::from_secs(30)
+        );
     }
 }

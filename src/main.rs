@@ -45,7 +45,8 @@ enum Command {
         /// ~/.cache/ckptfs/ro-HASH).
         #[arg(long, conflicts_with_all = ["backends", "retain", "restore", "interval"])]
         read_only: bool,
-        /// Object storage: uploads (and parts of large ones) in flight at once.
+        /// Object storage: uploads (and parts of large ones) in flight at once; all uploads
+        /// together hold at most this many 8 MiB parts in memory.
         #[arg(long, default_value_t = 8)]
         upload_concurrency: usize,
         /// Object storage: the size of the local cache of fetched objects, e.g. 512MiB or
@@ -58,9 +59,15 @@ enum Command {
         #[arg(long, value_parser = humantime::parse_duration, default_value = "1h")]
         orphan_grace: std::time::Duration,
         /// Object storage: how long the writer's lease lasts unless renewed (renewed every
-        /// third of it); another daemon takes the store over once it has expired.
+        /// third of it), 3s to 1h; another daemon takes the store over once it has expired
+        /// by the store's clock, or at once if it was released or its holder died on this
+        /// host.
         #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
         lease_ttl: std::time::Duration,
+        /// Object storage: how long to wait for the lease of another daemon to be released
+        /// or to expire before giving up (0 fails at once).
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+        lease_wait: std::time::Duration,
         /// Backend to host, <operator>/<subtask>; may repeat. The store remembers its
         /// backends; a new store with none gets default/0.
         #[arg(long = "backend")]
@@ -75,7 +82,8 @@ enum Command {
         #[arg(long, value_parser = humantime::parse_duration)]
         interval: Option<std::time::Duration>,
         /// How often to merge runs of small SSTs (under 1 MiB, once a backend has 64 or
-        /// more) that RocksDB would keep apart, e.g. with time-ordered keys; 0 turns it off.
+        /// more) that RocksDB would keep apart, e.g. with time-ordered keys, and at once
+        /// after a checkpoint that finds 128 or more; 0 turns it off.
         #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
         small_file_compaction_interval: std::time::Duration,
         /// Start the backends from checkpoint N, discarding their local state.
@@ -355,6 +363,7 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             cache_size,
             orphan_grace,
             lease_ttl,
+            lease_wait,
             backends,
             retain,
             max_concurrent,
@@ -379,6 +388,16 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             };
             // Refuse bad options before anything is created or started.
             backend_options.validate()?;
+            ckptfs::lease::validate_ttl(lease_ttl)
+                .map_err(|e| Error::Invalid(format!("--lease-ttl: {e}")))?;
+            if orphan_grace < lease_ttl {
+                return Err(Error::Invalid(format!(
+                    "--orphan-grace {} is shorter than the lease time {}: an upload of a \
+                     daemon that has just lost its lease may still land that long after",
+                    humantime::format_duration(orphan_grace),
+                    humantime::format_duration(lease_ttl)
+                )));
+            }
             let state = match state {
                 None if read_only => Some(read_only_state(&store, &mountpoint)?),
                 state => state,
@@ -415,6 +434,7 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             };
             engine.orphan_grace = orphan_grace;
             engine.lease_ttl = lease_ttl;
+            engine.lease_wait = lease_wait;
             engine.backends = backends;
             engine.retain = retain;
             engine.max_concurrent = max_concurrent;
@@ -436,6 +456,7 @@ fn run(command: Command) -> Result<ExitCode, Error> {
                 verify: !no_verify,
                 read_only,
             };
+            ckptfs::lease::on_wait(client::notify_note);
             ckptfs::daemon::serve(config, client::notify_ready)?;
             Ok(ExitCode::SUCCESS)
         }

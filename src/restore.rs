@@ -69,27 +69,34 @@ pub fn restore_checkpoint(
     let existed = dest.exists();
     crate::fsutil::create_private_dir_all(dest)?;
     let result = (|| -> Result<RestoreReport> {
-        // Every backend at once, one thread each (they share nothing but the store).
+        // Several backends at once (they share nothing but the store), at most
+        // RESTORE_THREADS: the manifest, not the host, says how many there are.
         let progress = std::sync::Mutex::new(&mut progress);
+        let next = std::sync::atomic::AtomicUsize::new(0);
         let written: Vec<Result<()>> = std::thread::scope(|scope| {
-            let threads: Vec<_> = manifest
-                .backends
-                .iter()
-                .map(|snapshot| {
-                    let progress = &progress;
+            let threads: Vec<_> = (0..manifest.backends.len().min(RESTORE_THREADS))
+                .map(|_| {
+                    let (progress, next, manifest) = (&progress, &next, &manifest);
                     scope.spawn(move || {
-                        materialize(
-                            objects,
-                            snapshot,
-                            &dest.join(snapshot.name.rel_path()),
-                            &mut |n| (progress.lock().unwrap_or_else(|p| p.into_inner()))(n),
-                        )
+                        let mut results = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            let Some(snapshot) = manifest.backends.get(i) else {
+                                return results;
+                            };
+                            results.push(materialize(
+                                objects,
+                                snapshot,
+                                &dest.join(snapshot.name.rel_path()),
+                                &mut |n| (progress.lock().unwrap_or_else(|p| p.into_inner()))(n),
+                            ));
+                        }
                     })
                 })
                 .collect();
             threads
                 .into_iter()
-                .map(|t| t.join().expect("a restore thread panicked"))
+                .flat_map(|t| t.join().expect("a restore thread panicked"))
                 .collect()
         });
         written.into_iter().collect::<Result<Vec<()>>>()?;
@@ -117,6 +124,9 @@ pub fn restore_checkpoint(
     }
     result
 }
+
+/// Backends a restore writes at once.
+const RESTORE_THREADS: usize = 8;
 
 /// Total bytes of a checkpoint, for progress bars.
 pub fn checkpoint_bytes(store: impl Into<Location>, id: u64) -> Result<u64> {

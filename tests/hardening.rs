@@ -685,11 +685,12 @@ fn the_checkpoint_of_an_unfinished_restore_is_kept() {
 
 /// Stores written by earlier versions (tests/fixtures/store-formatN, see its README: format
 /// 1 without checksums, 2 with checksums and files inline, 3 with file lists but whole
-/// MANIFESTs, 4 with MANIFEST chunks but whole WAL files) still restore and pass fsck, are migrated at mount (file lists stored by
-/// content), and take new checkpoints beside the old ones.
+/// MANIFESTs, 4 with MANIFEST chunks but whole WAL files, 5 with WAL chunks) still restore
+/// and pass fsck, are migrated at mount (file lists stored by content), and take new
+/// checkpoints beside the old ones.
 #[test]
 fn stores_of_earlier_formats_still_work() {
-    for format in [1, 2, 3, 4] {
+    for format in [1, 2, 3, 4, 5] {
         a_store_of_an_earlier_format_still_works(format);
     }
 }

@@ -892,6 +892,26 @@ fn rocksdb_options_reach_the_backends_and_bad_ones_change_nothing() {
     );
 }
 
+/// An option naming another directory (`wal_dir`) works from the first mount: checking
+/// the options leaves nothing there that the real database would then trip over.
+#[test]
+fn a_wal_dir_option_works_from_the_first_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = dir.path().join("wal");
+    std::fs::create_dir(&wal).unwrap();
+    let option = format!("wal_dir={}", wal.display());
+    let m = Mounted::new(&["--backend", "A/0", "--rocksdb-options", &option]);
+    m.put("A/0", "k", "v");
+    let id = m.checkpoint();
+    let out = m.root.join("out");
+    assert!(m.copy_out(id, &out));
+    assert_eq!(scan(&out.join("A/0")), kv(&[("k", "v")]));
+    assert!(
+        std::fs::read_dir(&wal).unwrap().count() > 0,
+        "the backend does not write its WAL to wal_dir"
+    );
+}
+
 /// `load` re-encodes what it reads, reports the input line of a bad escape, and says how
 /// far it got.
 #[test]
@@ -970,7 +990,7 @@ fn ls_lists_every_checkpoint_and_status_summarises() {
 /// N holds round N-1 of `ckptfs workload`), and a new checkpoint can be taken.
 #[test]
 fn stores_of_earlier_formats_mount_and_copy_out() {
-    for format in [1, 2, 3, 4] {
+    for format in [1, 2, 3, 4, 5] {
         let dir = tempfile::tempdir().unwrap();
         let store = dir.path().join("store");
         let fixture = format!(

@@ -14,7 +14,7 @@ use ckptfs::error::Error;
 use ckptfs::store::records::Put;
 use ckptfs::store::{Location, ObjectId, Opened};
 use ckptfs::{BackendName, Engine, EngineConfig};
-use common::moto::{moto, Proxy};
+use common::moto::{create_bucket, moto, HttpProxy, Proxy};
 use common::mounted::{ok, scan, BIN};
 use common::{assert_consistent, name, put_range, snapshot_all, Kv};
 
@@ -282,23 +282,31 @@ fn one_writer_per_store_with_takeover_of_an_expired_lease() {
     // Released at a clean stop: the next daemon starts at once.
     let second = Engine::open(s3_config(&url, d2.path(), &["A/0"])).unwrap();
     drop(second);
-    // A lease of a dead holder (never released) blocks until it expires, then is taken.
+    // A lease of a holder on another host that stopped renewing (never released) blocks
+    // until the store's clock says it is older than its lease time, whatever expiry the
+    // holder's clock wrote into it; then it is taken.
     let opened = Opened::open(&location).unwrap();
-    let now = ckptfs::fsutil::now_unix_ms();
     let ghost = |expires: u64| {
-        format!(r#"{{"holder":"ghost-host pid 1","token":"x","expires_unix_ms":{expires}}}"#)
+        format!(
+            r#"{{"holder":"ghost-host pid 1","token":"x","expires_unix_ms":{expires},"ttl_ms":1000}}"#
+        )
     };
     opened
         .records
-        .put("lease.json", ghost(now + 60_000).as_bytes(), Put::Overwrite)
+        .put("lease.json", ghost(1).as_bytes(), Put::Overwrite)
         .unwrap();
     let err = Engine::open(s3_config(&url, d1.path(), &["A/0"]))
         .err()
         .unwrap();
     assert!(err.to_string().contains("ghost-host pid 1"), "{err}");
+    // Waiting for it (--lease-wait) takes it once it is old enough by the store's clock.
+    let mut waiting = s3_config(&url, d1.path(), &["A/0"]);
+    waiting.lease_wait = Duration::from_secs(10);
+    drop(Engine::open(waiting).unwrap());
+    // Released (expiry 0): taken at once.
     opened
         .records
-        .put("lease.json", ghost(now - 1).as_bytes(), Put::Overwrite)
+        .put("lease.json", ghost(0).as_bytes(), Put::Overwrite)
         .unwrap();
     let taken = Engine::open(s3_config(&url, d1.path(), &["A/0"])).unwrap();
     let lease = opened.records.get("lease.json").unwrap().unwrap();
@@ -493,7 +501,14 @@ fn the_server_gone_mid_upload_fails_the_checkpoint_and_the_next_succeeds() {
         &url,
         &dir.path().join("mnt"),
         &dir.path().join("state"),
-        &["--backend", "Op/0", "--orphan-grace", "3s"],
+        &[
+            "--backend",
+            "Op/0",
+            "--orphan-grace",
+            "3s",
+            "--lease-ttl",
+            "3s",
+        ],
         &env,
     );
     let m = mount.m();
@@ -655,4 +670,853 @@ fn a_missing_bucket_is_a_clear_error() {
         stderr.contains("bucket ckptfs-no-such-bucket does not exist"),
         "{stderr}"
     );
+}
+
+/// A plain HTTP/1.1 client connection (moto takes any signature) for the proxy's test.
+struct RawHttp {
+    reader: std::io::BufReader<std::net::TcpStream>,
+    stream: std::net::TcpStream,
+}
+
+/// A response: status, headers (names in lower case) and body.
+type Reply = (u16, Vec<(String, String)>, Vec<u8>);
+
+impl RawHttp {
+    fn connect(port: u16) -> RawHttp {
+        let stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        RawHttp {
+            reader: std::io::BufReader::new(stream.try_clone().unwrap()),
+            stream,
+        }
+    }
+
+    /// Send a request: its head with `headers` (whole lines) added, then `body` as given.
+    fn send(&mut self, method: &str, path: &str, headers: &str, body: &[u8]) {
+        use std::io::Write;
+        let auth = "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/s3/aws4_request, \
+                    SignedHeaders=host, Signature=00";
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {auth}\r\n{headers}\r\n"
+        );
+        self.stream.write_all(head.as_bytes()).unwrap();
+        self.stream.write_all(body).unwrap();
+    }
+
+    /// The next response head; None when the connection closes before it.
+    fn head(&mut self) -> Option<(u16, Vec<(String, String)>)> {
+        use std::io::BufRead;
+        let mut line = String::new();
+        if self.reader.read_line(&mut line).unwrap() == 0 {
+            return None;
+        }
+        let status = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let mut headers = Vec::new();
+        loop {
+            line.clear();
+            assert!(self.reader.read_line(&mut line).unwrap() > 0, "cut head");
+            let line = line.trim_end();
+            if line.is_empty() {
+                return Some((status, headers));
+            }
+            let (name, value) = line.split_once(':').unwrap();
+            headers.push((name.to_lowercase(), value.trim().to_string()));
+        }
+    }
+
+    /// The final response to a request (interim ones skipped); None when the connection
+    /// closes before it.
+    fn response(&mut self, method: &str) -> Option<Reply> {
+        use std::io::Read;
+        loop {
+            let (status, headers) = self.head()?;
+            if status < 200 {
+                continue;
+            }
+            let length = match method {
+                "HEAD" => 0,
+                _ => headers
+                    .iter()
+                    .find(|(name, _)| name == "content-length")
+                    .map(|(_, value)| value.parse().unwrap())
+                    .expect("moto sends Content-Length"),
+            };
+            let mut body = vec![0; length];
+            self.reader.read_exact(&mut body).unwrap();
+            return Some((status, headers, body));
+        }
+    }
+
+    fn request(&mut self, method: &str, path: &str, body: &[u8]) -> Option<Reply> {
+        let headers = format!(
+            "Content-Length: {}\r\nContent-Type: application/octet-stream\r\n",
+            body.len()
+        );
+        self.send(method, path, &headers, body);
+        self.response(method)
+    }
+}
+
+#[test]
+fn the_test_proxy_holds_and_drops_requests() {
+    use std::io::{BufRead, Read, Write};
+    let moto = moto();
+    let bucket = format!("ckptfs-proxy-{}", std::process::id());
+    create_bucket(moto.port, &bucket);
+    let proxy = HttpProxy::start(moto.port);
+    let path = |key: &str| format!("/{bucket}/{key}");
+    // What moto holds, asked directly.
+    let direct = |key: &str| {
+        let (status, _, body) = RawHttp::connect(moto.port)
+            .request("GET", &path(key), b"")
+            .unwrap();
+        (status, body)
+    };
+    let answered = |reply: Option<Reply>| {
+        let (status, headers, body) = reply.expect("a response");
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        (headers, body)
+    };
+
+    // Keep-alive through the proxy, though moto closes its connection after every
+    // response: a PUT, a chunked PUT with `Expect: 100-continue` (moto's interim responses
+    // pass), and a GET, on one connection.
+    let mut client = RawHttp::connect(proxy.port);
+    let (headers, _) = answered(client.request("PUT", &path("plain"), b"plain"));
+    assert!(
+        !headers.iter().any(|(name, _)| name == "connection"),
+        "{headers:?}"
+    );
+    client.send(
+        "PUT",
+        &path("chunked"),
+        "Transfer-Encoding: chunked\r\nExpect: 100-continue\r\n\
+         Content-Type: application/octet-stream\r\n",
+        b"",
+    );
+    assert_eq!(client.head().unwrap().0, 100);
+    client
+        .stream
+        .write_all(b"4\r\nchun\r\n6\r\nked-pu\r\n1\r\nt\r\n0\r\n\r\n")
+        .unwrap();
+    answered(client.response("PUT"));
+    assert_eq!(
+        answered(client.request("GET", &path("plain"), b"")).1,
+        b"plain"
+    );
+    assert_eq!(direct("chunked"), (200, b"chunked-put".to_vec()));
+
+    // A held PUT, the second request of its connection: read whole (8 MiB, more than the
+    // sockets buffer if it were not read), not forwarded until `release`, while other
+    // connections go on.
+    proxy.hold("PUT", "/held", 1);
+    let port = proxy.port;
+    let (plain_path, held_path) = (path("plain"), path("held"));
+    let held_body: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (body, sent2) = (held_body.clone(), sent.clone());
+    let held = std::thread::spawn(move || {
+        let mut client = RawHttp::connect(port);
+        answered(client.request("GET", &plain_path, b""));
+        let length = format!("Content-Length: {}\r\n", body.len());
+        client.send("PUT", &held_path, &length, &body);
+        sent2.store(true, std::sync::atomic::Ordering::SeqCst);
+        client.response("PUT")
+    });
+    assert!(proxy.wait_held(1, Duration::from_secs(10)));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !sent.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "held, but not read whole"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(direct("held").0, 404);
+    assert_eq!(
+        answered(client.request("GET", &path("plain"), b"")).1,
+        b"plain"
+    );
+    answered(RawHttp::connect(proxy.port).request("PUT", &path("other"), b"other"));
+    assert!(!held.is_finished());
+    assert_eq!(proxy.seen("PUT", "/held"), 1);
+    proxy.release();
+    answered(held.join().unwrap());
+    assert!(
+        direct("held") == (200, held_body),
+        "the held PUT landed whole"
+    );
+    // The rule is used up: the next one goes straight through.
+    answered(client.request("PUT", &path("held"), b"not held"));
+    assert_eq!(direct("held"), (200, b"not held".to_vec()));
+
+    // A lost response on a kept-alive connection: the PUT lands, the client sees its
+    // connection closed without an answer; the next matching request is answered.
+    proxy.drop_response("PUT", "/dropped", 1);
+    assert_eq!(client.request("PUT", &path("dropped"), b"dropped"), None);
+    assert_eq!(direct("dropped"), (200, b"dropped".to_vec()));
+    let mut again = RawHttp::connect(proxy.port);
+    answered(again.request("PUT", &path("dropped"), b"again"));
+    assert_eq!(direct("dropped"), (200, b"again".to_vec()));
+
+    assert_eq!(proxy.seen("PUT", "/held"), 2);
+    assert_eq!(proxy.seen("PUT", "/dropped"), 2);
+    assert_eq!(proxy.seen("GET", "/plain"), 3);
+    assert_eq!(proxy.seen("PUT", ""), 7);
+    assert_eq!(proxy.seen("HEAD", ""), 0);
+
+    // Framing moto never sends, from a server that keeps one connection alive: a chunked
+    // body with extensions and trailers, a HEAD, a 204, and a body until close.
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let server_port = server.local_addr().unwrap().port();
+    let answers: [&[u8]; 4] = [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+          5;ext=1\r\nhello\r\n0\r\nX-Trailer: t\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n",
+        b"HTTP/1.1 204 No Content\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n\r\nuntil close",
+    ];
+    std::thread::spawn(move || {
+        let (stream, _) = server.accept().unwrap();
+        let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+        for answer in answers {
+            let mut line = String::new();
+            while line != "\r\n" {
+                line.clear();
+                assert!(reader.read_line(&mut line).unwrap() > 0, "request cut");
+            }
+            (&stream).write_all(answer).unwrap();
+        }
+    });
+    let proxy = HttpProxy::start(server_port);
+    let mut client = RawHttp::connect(proxy.port);
+    for (method, answer) in ["GET", "HEAD", "GET", "GET"].into_iter().zip(answers) {
+        client.send(method, "/", "", b"");
+        let mut got = vec![0; answer.len()];
+        client.reader.read_exact(&mut got).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            String::from_utf8_lossy(answer)
+        );
+    }
+    let mut rest = Vec::new();
+    client.reader.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+}
+
+/// The pid of the daemon serving `mnt` (from its status file).
+fn daemon_pid(mnt: &Path) -> i32 {
+    let status: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(mnt.join(".ckptfs/status")).unwrap())
+            .unwrap();
+    status["pid"].as_i64().unwrap() as i32
+}
+
+fn signal(pid: i32, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).unwrap();
+}
+
+/// Referenced objects missing from the store, and whether every checkpoint restores.
+fn assert_whole(url: &str) {
+    let missing: Vec<ObjectId> = referenced(url).difference(&stored(url)).copied().collect();
+    assert!(
+        missing.is_empty(),
+        "referenced objects missing: {missing:?}"
+    );
+    let opened = Opened::open(&Location::parse(url).unwrap()).unwrap();
+    let catalog = Catalog::new(opened.records.clone(), opened.objects.clone());
+    for id in catalog.list_ids().unwrap().0 {
+        restored(url, id);
+    }
+}
+
+const SHORT_LEASE: &[&str] = &["--lease-ttl", "3s", "--orphan-grace", "3s"];
+
+/// A daemon stopped (SIGSTOP) in the middle of its start's sweep of orphans, and continued
+/// after another daemon took the store over and stored some of the same content again,
+/// deletes nothing more: the new writer's checkpoint keeps every object.
+#[test]
+fn a_writer_stopped_mid_sweep_deletes_nothing_after_a_takeover() {
+    let url = moto().store();
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec!["--backend", "Op/0"];
+    args.extend_from_slice(SHORT_LEASE);
+    {
+        let first = Mount::new(
+            &url,
+            &dir.path().join("m0"),
+            &dir.path().join("s0"),
+            &args,
+            &[],
+        );
+        ok(ckptfs_with_env(
+            &["put", first.m(), "Op/0", "k0", "v0"],
+            &[],
+        ));
+        ok(ckptfs_with_env(&["checkpoint", first.m()], &[]));
+    }
+    // Orphans no manifest references, among them every CURRENT file a new backend writes:
+    // the next writer's checkpoint stores one of them again, under the same key.
+    let opened = Opened::open(&Location::parse(&url).unwrap()).unwrap();
+    let mut blobs: Vec<String> = (1..=40).map(|n| format!("MANIFEST-{n:06}\n")).collect();
+    blobs.extend((0..300).map(|i| format!("orphan {i}")));
+    for blob in &blobs {
+        let staged = opened.objects.stage_bytes(blob.as_bytes()).unwrap();
+        opened.objects.publish(staged).unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(4));
+    // Daemon A sweeps them at its start, slowly (a failpoint sleeps after each delete).
+    let (mnt_a, state_a) = (dir.path().join("ma"), dir.path().join("sa"));
+    std::fs::create_dir_all(&mnt_a).unwrap();
+    let mut a_args = vec![
+        "mount",
+        url.as_str(),
+        mnt_a.to_str().unwrap(),
+        "--state",
+        state_a.to_str().unwrap(),
+        "--foreground",
+    ];
+    a_args.extend_from_slice(&args);
+    let mut a = Command::new(BIN)
+        .args(&a_args)
+        .env("FAILPOINTS", "open::mid-sweep=sleep(30)")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let before = stored(&url).len();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while stored(&url).len() + 5 > before {
+        assert!(std::time::Instant::now() < deadline, "A never swept");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let a_pid = a.id() as i32;
+    signal(a_pid, nix::sys::signal::Signal::SIGSTOP);
+    // B takes the store over once A's lease has run out, and checkpoints.
+    std::thread::sleep(Duration::from_secs(6));
+    let b = Mount::new(
+        &url,
+        &dir.path().join("mb"),
+        &dir.path().join("sb"),
+        &args,
+        &[],
+    );
+    ok(ckptfs_with_env(&["put", b.m(), "Op/0", "k1", "v1"], &[]));
+    let id: u64 = ok(ckptfs_with_env(&["checkpoint", b.m()], &[]))
+        .trim()
+        .parse()
+        .unwrap();
+    // The scenario holds: B's checkpoint stored again what was one of the orphans.
+    let orphan_ids: BTreeSet<ObjectId> = blobs
+        .iter()
+        .map(|b| ObjectId::from_hash(blake3::hash(b.as_bytes())))
+        .collect();
+    let shared: Vec<ObjectId> = referenced(&url)
+        .intersection(&orphan_ids)
+        .copied()
+        .collect();
+    assert!(!shared.is_empty(), "B stored none of the orphans' contents");
+    // A goes on: it finds its lease gone and deletes nothing more.
+    signal(a_pid, nix::sys::signal::Signal::SIGCONT);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while a.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = a.kill();
+    let a_out = a.wait_with_output().unwrap();
+    let a_log = String::from_utf8_lossy(&a_out.stderr);
+    let gone: Vec<&ObjectId> = shared
+        .iter()
+        .filter(|id| !stored(&url).contains(id))
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "A deleted {gone:?}, which B's checkpoint stored again: {a_log}"
+    );
+    assert!(!a_out.status.success(), "A went on serving: {a_log}");
+    assert!(a_log.contains("lease"), "{a_log}");
+    assert_whole(&url);
+    let got = restored(&url, id);
+    assert_eq!(got[&name("Op/0")].len(), 2);
+    drop(b);
+    let report = ok(ckptfs_with_env(&["fsck", &url], &[]));
+    assert!(
+        report.contains("missing: 0") || !report.contains("missing"),
+        "{report}"
+    );
+}
+
+/// A manifest PUT that passed every check, held in the network until another daemon took
+/// the store over, lands too late to count: its daemon reports the checkpoint failed, and
+/// the new writer's drops cannot break it because it never appears.
+#[test]
+fn a_manifest_that_lands_after_a_takeover_never_counts() {
+    let moto = moto();
+    let url = moto.store();
+    let proxy = common::moto::HttpProxy::start(moto.port);
+    let env = common::moto::env_for(proxy.port);
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec!["--backend", "Op/0"];
+    args.extend_from_slice(SHORT_LEASE);
+    let a = Mount::new(
+        &url,
+        &dir.path().join("ma"),
+        &dir.path().join("sa"),
+        &args,
+        &env,
+    );
+    ok(ckptfs_with_env(&["put", a.m(), "Op/0", "k1", "v1"], &env));
+    ok(ckptfs_with_env(&["checkpoint", a.m()], &env));
+    // A's next manifest, and its lease renewals, are held by the network.
+    proxy.hold("PUT", "checkpoints/2.json", 1);
+    proxy.hold("PUT", "lease.json", 1000);
+    ok(ckptfs_with_env(&["put", a.m(), "Op/0", "k2", "v2"], &env));
+    let a_mnt = a.m().to_string();
+    let env2 = env.clone();
+    let pending =
+        std::thread::spawn(move || ckptfs_with_env(&["checkpoint", &a_mnt, "--wait", "0"], &env2));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while proxy.seen("PUT", "checkpoints/2.json") == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "A never wrote manifest 2"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // B takes over once A's lease has run out (its renewals are held too), and the held
+    // requests land afterwards.
+    std::thread::sleep(Duration::from_secs(6));
+    let b = Mount::new(
+        &url,
+        &dir.path().join("mb"),
+        &dir.path().join("sb"),
+        &args,
+        &[],
+    );
+    proxy.release();
+    let answer = pending.join().unwrap();
+    assert!(
+        !answer.status.success(),
+        "A reported a checkpoint committed after the takeover: {}",
+        String::from_utf8_lossy(&answer.stdout)
+    );
+    // The late manifest exists and does not count; B goes on and drops checkpoint 1.
+    let opened = Opened::open(&Location::parse(&url).unwrap()).unwrap();
+    assert!(opened.records.get("checkpoints/2.json").unwrap().is_some());
+    ok(ckptfs_with_env(&["put", b.m(), "Op/0", "k3", "v3"], &[]));
+    let id: u64 = ok(ckptfs_with_env(&["checkpoint", b.m()], &[]))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(id > 2, "{id}");
+    ok(ckptfs_with_env(&["rm", b.m(), "1"], &[]));
+    let listed = ok(ckptfs_with_env(&["ls", &url], &[]));
+    assert!(
+        !listed.contains("cp-2") && !listed.contains(" 2 "),
+        "{listed}"
+    );
+    assert_whole(&url);
+    drop(b);
+    drop(a);
+    ok(ckptfs_with_env(&["fsck", &url], &[]));
+}
+
+/// A renewal that landed but whose response was lost does not make the daemon believe it
+/// was taken over: it keeps its lease and its checkpoints succeed.
+#[test]
+fn a_lost_renewal_response_keeps_the_lease() {
+    let moto = moto();
+    let url = moto.store();
+    let proxy = common::moto::HttpProxy::start(moto.port);
+    let env = common::moto::env_for(proxy.port);
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec!["--backend", "Op/0"];
+    args.extend_from_slice(SHORT_LEASE);
+    let a = Mount::new(
+        &url,
+        &dir.path().join("m"),
+        &dir.path().join("s"),
+        &args,
+        &env,
+    );
+    ok(ckptfs_with_env(&["put", a.m(), "Op/0", "k1", "v1"], &env));
+    ok(ckptfs_with_env(&["checkpoint", a.m()], &env));
+    // The responses of a renewal that lands and of every retry of it are lost, so the
+    // daemon retries the renewal itself: with its next record, refused (the version
+    // changed), while the record is still its own.
+    let renewals = proxy.seen("PUT", "lease.json");
+    proxy.drop_response("PUT", "lease.json", 6);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while proxy.seen("PUT", "lease.json") < renewals + 9 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the daemon stopped renewing its lease (it believes it was taken over)"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ok(ckptfs_with_env(&["put", a.m(), "Op/0", "k2", "v2"], &env));
+    ok(ckptfs_with_env(&["checkpoint", a.m()], &env));
+    let status = ok(ckptfs_with_env(&["status", &url, "--json"], &[]));
+    let pid = daemon_pid(&a.mnt);
+    assert!(status.contains(&format!("pid {pid}")), "{status}");
+}
+
+/// A contender whose clock is 45 s ahead does not take a lease that its holder renews.
+#[test]
+fn a_contender_whose_clock_is_ahead_does_not_take_a_live_lease() {
+    let url = moto().store();
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--backend",
+        "Op/0",
+        "--lease-ttl",
+        "6s",
+        "--orphan-grace",
+        "6s",
+    ];
+    let a = Mount::new(
+        &url,
+        &dir.path().join("ma"),
+        &dir.path().join("sa"),
+        &args,
+        &[],
+    );
+    ok(ckptfs_with_env(&["put", a.m(), "Op/0", "k1", "v1"], &[]));
+    ok(ckptfs_with_env(&["checkpoint", a.m()], &[]));
+    let (mnt_b, state_b) = (dir.path().join("mb"), dir.path().join("sb"));
+    std::fs::create_dir_all(&mnt_b).unwrap();
+    let mut b_args = vec![
+        "-f",
+        "+45s",
+        BIN,
+        "mount",
+        url.as_str(),
+        mnt_b.to_str().unwrap(),
+        "--state",
+        state_b.to_str().unwrap(),
+        "--lease-wait",
+        "8s",
+    ];
+    b_args.extend_from_slice(&args);
+    let b = Command::new("faketime")
+        .args(&b_args)
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .output()
+        .expect("faketime (Debian package faketime)");
+    let why = String::from_utf8_lossy(&b.stderr);
+    assert!(!b.status.success(), "B took a live lease: {why}");
+    assert!(why.contains("lease held by"), "{why}");
+    // A is still the writer.
+    ok(ckptfs_with_env(&["put", a.m(), "Op/0", "k2", "v2"], &[]));
+    ok(ckptfs_with_env(&["checkpoint", a.m()], &[]));
+    let status = ok(ckptfs_with_env(&["status", &url, "--json"], &[]));
+    assert!(
+        status.contains(&format!("pid {}", daemon_pid(&a.mnt))),
+        "{status}"
+    );
+}
+
+/// A daemon killed with SIGKILL is replaced at once by a daemon started on the same host:
+/// its lease names a process that is gone.
+#[test]
+fn a_daemon_killed_on_this_host_is_replaced_at_once() {
+    let url = moto().store();
+    let dir = tempfile::tempdir().unwrap();
+    let (mnt, state) = (dir.path().join("m"), dir.path().join("s"));
+    let a = Mount::new(&url, &mnt, &state, &["--backend", "Op/0"], &[]);
+    ok(ckptfs_with_env(&["put", a.m(), "Op/0", "k1", "v1"], &[]));
+    ok(ckptfs_with_env(&["checkpoint", a.m()], &[]));
+    signal(daemon_pid(&mnt), nix::sys::signal::Signal::SIGKILL);
+    let _ = Command::new("fusermount3").arg("-uz").arg(&mnt).output();
+    std::mem::forget(a);
+    let started = std::time::Instant::now();
+    let b = Mount::new(&url, &mnt, &state, &["--backend", "Op/0"], &[]);
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let id: u64 = ok(ckptfs_with_env(&["checkpoint", b.m()], &[]))
+        .trim()
+        .parse()
+        .unwrap();
+    let out = dir.path().join("out");
+    ok(Command::new("cp")
+        .arg("-r")
+        .arg(mnt.join(format!("cp-{id}")))
+        .arg(&out)
+        .output()
+        .unwrap());
+    assert_eq!(scan(&out.join("Op/0")).len(), 1);
+}
+
+/// Lease and grace times that would not protect anything are refused before anything
+/// starts, naming the option.
+#[test]
+fn unsafe_lease_and_grace_times_are_refused() {
+    let url = moto().store();
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("m");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let state = dir.path().join("s");
+    for (extra, says) in [
+        (&["--lease-ttl", "0s"][..], "--lease-ttl"),
+        (&["--lease-ttl", "300ms"][..], "--lease-ttl"),
+        (&["--orphan-grace", "0s"][..], "--orphan-grace"),
+        (
+            &["--lease-ttl", "10s", "--orphan-grace", "5s"][..],
+            "--orphan-grace",
+        ),
+    ] {
+        let mut args = vec![
+            "mount",
+            url.as_str(),
+            mnt.to_str().unwrap(),
+            "--state",
+            state.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let out = ckptfs_with_env(&args, &[]);
+        let why = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?} accepted");
+        assert!(why.contains(says), "{extra:?}: {why}");
+    }
+    assert!(
+        !state.exists(),
+        "a refused mount created its state directory"
+    );
+}
+
+/// A store under a prefix with characters that keys spell percent-encoded (`~`, `#`, `%`,
+/// non-ASCII letters) lists its checkpoints and objects like any other.
+#[test]
+fn a_prefix_with_special_characters_lists_its_checkpoints() {
+    let url = moto().store().replace("/store", "/caf\u{e9}~#%x/store");
+    let dir = tempfile::tempdir().unwrap();
+    let a = name("A/0");
+    {
+        let engine = Engine::open(s3_config(&url, dir.path(), &["A/0"])).unwrap();
+        put_range(&engine, &a, 0..10, "x");
+        engine.checkpoint().unwrap();
+    }
+    assert!(!stored(&url).is_empty());
+    let listed = ok(ckptfs_with_env(&["ls", &url], &[]));
+    assert!(listed.contains('1'), "{listed}");
+    let engine = Engine::open(s3_config(&url, dir.path(), &["A/0"])).unwrap();
+    assert_eq!(engine.checkpoints().len(), 1);
+    assert_eq!(common::scan(&engine, &a).len(), 10);
+}
+
+/// Two daemons on one store, the writer stopped (SIGSTOP) for random times up to 2.5
+/// times the lease time and continued, the other one waiting for the lease, for
+/// `CKPTFS_TORTURE_S3_SECS` seconds (default 40): every checkpoint a daemon reported
+/// complete is kept and restores byte for byte as it was copied out of the mount at that
+/// moment, and fsck finds the store clean. Prints trials and problems.
+#[test]
+fn two_daemons_alternately_stopped_lose_no_committed_checkpoint() {
+    use nix::sys::signal::Signal::{SIGCONT, SIGSTOP};
+    let secs: u64 = std::env::var("CKPTFS_TORTURE_S3_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40);
+    let url = moto().store();
+    let dir = tempfile::tempdir().unwrap();
+    let acked_dir = dir.path().join("acked");
+    std::fs::create_dir_all(&acked_dir).unwrap();
+    let mnts = [dir.path().join("m0"), dir.path().join("m1")];
+    let states = [dir.path().join("s0"), dir.path().join("s1")];
+    let base = vec![
+        "--backend",
+        "Op/0",
+        "--lease-ttl",
+        "3s",
+        "--orphan-grace",
+        "3s",
+        "--retain",
+        "1000",
+        "--lease-wait",
+        "8s",
+    ];
+    // Mount daemon `d` (waits for the lease); returns whether it became the writer.
+    let start = |d: usize| -> bool {
+        std::fs::create_dir_all(&mnts[d]).unwrap();
+        let mut args = vec![
+            "mount",
+            url.as_str(),
+            mnts[d].to_str().unwrap(),
+            "--state",
+            states[d].to_str().unwrap(),
+        ];
+        args.extend_from_slice(&base);
+        ckptfs_with_env(&args, &[]).status.success()
+    };
+    let stop = |d: usize| {
+        let _ = Command::new(BIN)
+            .args(["umount", mnts[d].to_str().unwrap(), "--timeout", "30"])
+            .output();
+        let _ = Command::new("fusermount3")
+            .arg("-uz")
+            .arg(&mnts[d])
+            .output();
+    };
+    let mut x: u64 = 0x2545f4914f6cdd1d;
+    let mut random = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    assert!(start(0));
+    let mut writer = 0usize;
+    let mut running = [true, false];
+    let mut acked: Vec<u64> = Vec::new();
+    let (mut trials, mut takeovers, mut refused) = (0u64, 0u64, 0u64);
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    let mut key = 0u64;
+    while std::time::Instant::now() < deadline {
+        trials += 1;
+        // The writer checkpoints a new key; what it reports complete is copied out now.
+        let m = mnts[writer].to_str().unwrap().to_string();
+        key += 1;
+        let put = ckptfs_with_env(&["put", &m, "Op/0", &format!("k{key:06}"), "v"], &[]);
+        let answer = ckptfs_with_env(&["checkpoint", &m, "--wait", "0"], &[]);
+        if put.status.success() && answer.status.success() {
+            let id: u64 = String::from_utf8_lossy(&answer.stdout)
+                .trim()
+                .parse()
+                .unwrap();
+            let copy = acked_dir.join(id.to_string());
+            ok(Command::new("cp")
+                .arg("-r")
+                .arg(mnts[writer].join(format!("cp-{id}")))
+                .arg(&copy)
+                .output()
+                .unwrap());
+            acked.push(id);
+        } else {
+            // It lost the store: it stops, and comes back as a contender later.
+            refused += 1;
+            stop(writer);
+            running[writer] = false;
+            writer = 1 - writer;
+            if !running[writer] {
+                assert!(start(writer), "no daemon could take the store");
+                running[writer] = true;
+            }
+            continue;
+        }
+        // Stop the writer for up to twice the lease time while the other one contends.
+        let other = 1 - writer;
+        let pid = daemon_pid(&mnts[writer]);
+        signal(pid, SIGSTOP);
+        // Every other pause is long enough for a takeover (the lease time plus the
+        // slack for the store clock), the others are not.
+        let pause = Duration::from_millis(if trials % 2 == 0 {
+            6000 + random(1500)
+        } else {
+            300 + random(2500)
+        });
+        let contender = if running[other] {
+            None
+        } else {
+            let (url, mnt, state, base) = (
+                url.clone(),
+                mnts[other].clone(),
+                states[other].clone(),
+                base.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+            );
+            Some(std::thread::spawn(move || {
+                std::fs::create_dir_all(&mnt).unwrap();
+                let mut args = vec![
+                    "mount".to_string(),
+                    url,
+                    mnt.to_str().unwrap().into(),
+                    "--state".into(),
+                    state.to_str().unwrap().into(),
+                ];
+                args.extend(base);
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                ckptfs_with_env(&args, &[]).status.success()
+            }))
+        };
+        std::thread::sleep(pause);
+        signal(pid, SIGCONT);
+        if let Some(contender) = contender {
+            if contender.join().unwrap() {
+                running[other] = true;
+                takeovers += 1;
+                // The new writer holds the store: the old one will find out.
+                stop(writer);
+                running[writer] = false;
+                writer = other;
+            }
+        }
+    }
+    for d in 0..2 {
+        stop(d);
+    }
+    // Every reported checkpoint is there and restores to the very bytes copied out.
+    let mut problems = Vec::new();
+    for id in &acked {
+        let dest = dir.path().join(format!("restored-{id}"));
+        if let Err(e) =
+            ckptfs::restore::restore_checkpoint(Location::parse(&url).unwrap(), *id, &dest, |_| {})
+        {
+            problems.push(format!("checkpoint {id}: {e}"));
+            continue;
+        }
+        let copied = acked_dir.join(id.to_string()).join("Op/0");
+        for entry in std::fs::read_dir(&copied).unwrap() {
+            let entry = entry.unwrap();
+            let there = std::fs::read(dest.join("Op/0").join(entry.file_name()));
+            if there.ok() != Some(std::fs::read(entry.path()).unwrap()) {
+                problems.push(format!("checkpoint {id}: {:?} differs", entry.file_name()));
+            }
+        }
+    }
+    let report = ckptfs::fsck::fsck(Location::parse(&url).unwrap(), false, |_| {}).unwrap();
+    if !report.missing.is_empty()
+        || !report.corrupt.is_empty()
+        || !report.unreadable_manifests.is_empty()
+    {
+        problems.push(format!("fsck: {report:?}"));
+    }
+    println!(
+        "torture on object storage: {trials} trials, {} checkpoints reported, {takeovers} \
+         takeovers, {refused} refused writes of a stopped writer, {} problems",
+        acked.len(),
+        problems.len()
+    );
+    assert!(problems.is_empty(), "{problems:#?}");
+    assert!(
+        acked.len() >= 3 && takeovers >= 1,
+        "the campaign did too little"
+    );
+}
+
+/// A read-only view reports a manifest it cannot read (in status, naming the checkpoint),
+/// shows the others, and does not read it again at every refresh.
+#[test]
+fn a_read_only_view_reports_an_unreadable_manifest() {
+    let url = moto().store();
+    let dir = tempfile::tempdir().unwrap();
+    let a = name("A/0");
+    {
+        let engine = Engine::open(s3_config(&url, &dir.path().join("w"), &["A/0"])).unwrap();
+        for round in 0..2 {
+            put_range(&engine, &a, round * 10..round * 10 + 10, "x");
+            engine.checkpoint().unwrap();
+        }
+    }
+    let opened = Opened::open(&Location::parse(&url).unwrap()).unwrap();
+    opened
+        .records
+        .put("checkpoints/2.json", b"{not a manifest", Put::Overwrite)
+        .unwrap();
+    let mut config = s3_config(&url, &dir.path().join("r"), &[]);
+    config.backends.clear();
+    let view = Engine::open_read_only(config).unwrap();
+    let ids: Vec<u64> = view.checkpoints().iter().map(|m| m.id).collect();
+    assert_eq!(ids, vec![1]);
+    let error = view.status().last_error.unwrap_or_default();
+    assert!(error.contains("checkpoint 2"), "{error:?}");
+    assert!(!view.refresh_checkpoints().unwrap());
 }

@@ -134,6 +134,50 @@ fn the_daemon_merges_small_files_in_the_background() {
     );
 }
 
+/// Small files that gather faster than the compaction's period are merged as soon as a
+/// checkpoint finds twice the policy's number of them (128), not at the next period.
+#[test]
+fn many_small_files_are_merged_without_waiting_for_the_period() {
+    let m = common::mounted::Mounted::new(&[
+        "--backend",
+        "A/0",
+        "--small-file-compaction-interval",
+        "1h",
+    ]);
+    let mut ctl = common::mounted::Ctl::open(&m);
+    for i in 0..130 {
+        ctl.send(&format!(
+            "put A/0 t{i:06} v
+flush A/0
+"
+        ))
+        .unwrap();
+        assert_eq!(ctl.answer()["ok"], true);
+        assert_eq!(ctl.answer()["ok"], true);
+    }
+    let merged = || {
+        m.status()["small_file_compactions"]["files"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(merged(), 0, "merged before any checkpoint");
+    m.checkpoint();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while merged() < 128 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "merged only {}",
+            merged()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let id = m.checkpoint();
+    assert_eq!(
+        common::mounted::scan(&m.mnt.join(format!("cp-{id}/A/0"))).len(),
+        130
+    );
+}
+
 /// RocksDB's MANIFEST is listed in every checkpoint (as chunks); ckptfs's built-in options
 /// keep it small (RocksDB's own default lets it grow to 1 GiB).
 #[test]

@@ -1,8 +1,13 @@
 //! Durable checkpoint manifests and the store's small metadata file.
 //!
 //! A manifest says, for one checkpoint, which original file of which backend is which stored
-//! object. Writing the manifest (atomically, after every object it names is durable) is the
-//! commit point of a checkpoint; removing it is the commit point of a drop.
+//! object. On a local store, whose one writer is fenced by a lock, writing the manifest
+//! (atomically, after every object it names is durable) is the commit point of a checkpoint
+//! and removing it the commit point of a drop. On object storage a paused or delayed writer
+//! may still write after another took over, so the commit point is a conditional write of
+//! `ckptfs.json` instead: a manifest counts only once the metadata no longer lists its id as
+//! pending, and never once it lists it as void (see [`StoreMeta::counts`] and
+//! `docs/fencing.md`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -24,11 +29,13 @@ pub use lists::FileList;
 use lists::ListReader;
 pub use shared::{Chain, Files};
 
-/// The format written. 5: WAL files stored as chunks (of any size: format 4 readers
+/// The format written. 6: on object storage, `ckptfs.json` carries the writer's epoch, the
+/// pending and the void checkpoints (manifests unchanged; format 5 readers would count a
+/// void manifest); 5: WAL files stored as chunks (of any size: format 4 readers
 /// refused chunked files over 64 MiB) and WAL figures in the stats; 4: file lists may store
 /// append-only files as chunks; 3: manifests name one stored file list per backend; 2:
 /// manifests and `ckptfs.json` carry a checksum.
-pub const FORMAT: u32 = 5;
+pub const FORMAT: u32 = 6;
 /// The oldest format still read: format 1 files have no checksum.
 pub const OLDEST_FORMAT: u32 = 1;
 
@@ -416,6 +423,25 @@ pub struct StoreMeta {
     pub next_checkpoint: u64,
     pub retain: u32,
     pub backends: Vec<BackendName>,
+    /// Object storage: the writer generation. Every daemon that starts writing raises it,
+    /// so the metadata it writes differs from anything an earlier writer read.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub epoch: u64,
+    /// Object storage: writes of this file so far; each write has new bytes (a new ETag),
+    /// so a conditional write can never succeed on a version it did not read.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub revision: u64,
+    /// Object storage: checkpoints whose id is reserved and whose commit is not confirmed
+    /// yet. Their manifests may exist and do not count.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending: Vec<u64>,
+    /// Object storage: every manifest with an id below this is void (dropped, or written
+    /// by a writer that lost the store before it confirmed it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub void_below: u64,
+    /// Object storage: void ids at or above `void_below`, sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub void: Vec<u64>,
 }
 
 impl Default for StoreMeta {
@@ -425,7 +451,48 @@ impl Default for StoreMeta {
             next_checkpoint: 1,
             retain: 3,
             backends: Vec::new(),
+            epoch: 0,
+            revision: 0,
+            pending: Vec::new(),
+            void_below: 0,
+            void: Vec::new(),
         }
+    }
+}
+
+impl StoreMeta {
+    /// True if a manifest of checkpoint `id` is a committed checkpoint: not pending, not
+    /// void. (Always true on a local store, which keeps neither list.)
+    pub fn counts(&self, id: u64) -> bool {
+        id >= self.void_below
+            && self.void.binary_search(&id).is_err()
+            && !self.pending.contains(&id)
+    }
+
+    /// Make `id` void: its manifest, if one exists or lands later, never counts.
+    pub fn make_void(&mut self, id: u64) {
+        self.pending.retain(|p| *p != id);
+        if id >= self.void_below {
+            if let Err(at) = self.void.binary_search(&id) {
+                self.void.insert(at, id);
+            }
+        }
+    }
+
+    /// Keep the void list short: every id below the smallest one that may still count
+    /// (`live`: the committed and in-flight checkpoints) is void as a range.
+    pub fn compact_void(&mut self, live: impl IntoIterator<Item = u64>) {
+        let floor = live
+            .into_iter()
+            .chain(self.pending.iter().copied())
+            .chain(std::iter::once(self.next_checkpoint))
+            .min()
+            .unwrap_or(self.next_checkpoint);
+        if floor > self.void_below {
+            self.void_below = floor;
+        }
+        let below = self.void_below;
+        self.void.retain(|id| *id >= below);
     }
 }
 
@@ -434,13 +501,20 @@ impl Default for StoreMeta {
 pub struct Catalog {
     records: Arc<dyn Records>,
     objects: Arc<dyn ObjectStore>,
-    /// The version of `ckptfs.json` as last read or written: metadata is replaced only if
-    /// nobody else changed it meanwhile (object storage; a local store has no versions).
-    meta_version: std::sync::Mutex<Option<String>>,
+    /// `ckptfs.json` as last read or written: metadata is replaced only if nobody else
+    /// changed it meanwhile (object storage; a local store has no versions).
+    meta_version: std::sync::Mutex<MetaVersion>,
     /// On object storage: the writer's lease, checked before every write.
     fence: Option<crate::lease::Fence>,
     /// A read-only view refuses every write.
     read_only: bool,
+}
+
+/// The version and revision of `ckptfs.json` this catalog last read or wrote.
+#[derive(Default)]
+struct MetaVersion {
+    version: Option<String>,
+    revision: u64,
 }
 
 const META: &str = "ckptfs.json";
@@ -455,7 +529,7 @@ impl Catalog {
         Catalog {
             records,
             objects,
-            meta_version: std::sync::Mutex::new(None),
+            meta_version: std::sync::Mutex::new(MetaVersion::default()),
             fence: None,
             read_only: false,
         }
@@ -471,6 +545,13 @@ impl Catalog {
     pub fn with_fence(mut self, fence: crate::lease::Fence) -> Self {
         self.fence = Some(fence);
         self
+    }
+
+    /// True where a write of the metadata is the commit point of checkpoints and drops
+    /// (object storage: see the module documentation); false where the manifest itself is
+    /// (a local store, whose lock fences its one writer).
+    pub fn commits_in_meta(&self) -> bool {
+        self.records.versioned()
     }
 
     /// Fails if this process is no longer the store's writer (its lease was lost).
@@ -541,28 +622,94 @@ impl Catalog {
                 meta.retain, meta.next_checkpoint
             )));
         }
-        *self.meta_version.lock().unwrap_or_else(|p| p.into_inner()) = record.version;
+        *self.meta_version.lock().unwrap_or_else(|p| p.into_inner()) = MetaVersion {
+            version: record.version,
+            revision: meta.revision,
+        };
         Ok(Some(meta))
     }
 
     /// Replace the store metadata, unless someone else changed it since this catalog last
-    /// read or wrote it ([`Error::Conflict`]: another writer).
+    /// read or wrote it ([`Error::Conflict`]: another writer took the store; the fence then
+    /// says so too, and nothing more is written). On object storage this is the commit
+    /// point of every change of the catalog; each write carries the next revision.
     pub fn save_meta(&self, meta: &StoreMeta) -> Result<()> {
-        self.check_writer()?;
-        let mut version = self.meta_version.lock().unwrap_or_else(|p| p.into_inner());
-        let mode = match version.take() {
-            Some(v) => Put::Update(Some(v)),
-            None => Put::Overwrite,
-        };
-        let written = self.records.put(META, &seal(meta), mode);
-        if let Err(Error::Conflict(_)) = &written {
-            return Err(Error::Conflict(format!(
-                "{} was changed by another process: another daemon writes to this store",
-                self.records.describe(META)
-            )));
+        let saved = self.write_meta(meta);
+        if let (Err(Error::Conflict(_)), Some(fence)) = (&saved, &self.fence) {
+            fence.lose();
         }
-        *version = written?;
-        Ok(())
+        saved
+    }
+
+    /// Become the writer of the catalog: read the metadata, raise its epoch and void every
+    /// pending checkpoint (a previous writer's, confirmed by no one: its manifest, whenever
+    /// it lands, never counts), and write it back conditionally, so that no write of a
+    /// previous writer succeeds from here on. Retried while a previous writer's last write
+    /// lands in between. `None` for a store without metadata. Object storage only; a local
+    /// store's metadata is read as it is.
+    pub fn take_over(&self) -> Result<Option<StoreMeta>> {
+        if !self.commits_in_meta() {
+            return self.load_meta();
+        }
+        let mut tries = 0;
+        loop {
+            let Some(mut meta) = self.load_meta()? else {
+                return Ok(None);
+            };
+            meta.epoch += 1;
+            for id in std::mem::take(&mut meta.pending) {
+                meta.make_void(id);
+            }
+            match self.write_meta(&meta) {
+                Ok(()) => return Ok(Some(meta)),
+                Err(Error::Conflict(_)) if tries < 5 => tries += 1,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn write_meta(&self, meta: &StoreMeta) -> Result<()> {
+        self.check_writer()?;
+        let mut state = self.meta_version.lock().unwrap_or_else(|p| p.into_inner());
+        let versioned = self.records.versioned();
+        let mut meta = meta.clone();
+        let mode = match (versioned, &state.version) {
+            (false, _) => Put::Overwrite,
+            (true, Some(v)) => Put::Update(Some(v.clone())),
+            // Never read: only a store without metadata yet.
+            (true, None) => Put::Create,
+        };
+        if versioned {
+            meta.revision = state.revision + 1;
+        }
+        let bytes = seal(&meta);
+        match self.records.put(META, &bytes, mode) {
+            Ok(written) => {
+                state.version = written;
+                state.revision = meta.revision;
+                Ok(())
+            }
+            Err(Error::Conflict(_) | Error::Exists(_)) => {
+                Err(Error::Conflict(format!(
+                    "{} was changed by another process: another daemon took over this store,                      and this one no longer writes to it",
+                    self.records.describe(META)
+                )))
+            }
+            Err(e) => {
+                // Perhaps it landed all the same (a lost response): the record tells, by its
+                // bytes, which are unique to this write.
+                if versioned {
+                    if let Ok(Some(record)) = self.records.get(META) {
+                        if record.bytes == bytes {
+                            state.version = record.version;
+                            state.revision = meta.revision;
+                            return Ok(());
+                        }
+                    }
+                }
+                Err(e)
+            }
+        }
     }
 
     fn manifest_key(id: u64) -> String {
@@ -618,7 +765,16 @@ impl Catalog {
         self.records.delete(&Self::manifest_key(id))
     }
 
+    /// Load the manifest of checkpoint `id`, if it is committed ([`Error::NoSuchCheckpoint`]
+    /// for a pending or void one).
     pub fn load(&self, id: u64) -> Result<Manifest> {
+        if let Some(record) = self.records.get(META)? {
+            if let Ok((meta, _)) = unseal::<StoreMeta>(&record.bytes, META) {
+                if !meta.counts(id) {
+                    return Err(Error::NoSuchCheckpoint(id));
+                }
+            }
+        }
         self.load_with(id, &mut ListReader::new(self.objects.as_ref()))
     }
 
@@ -670,19 +826,38 @@ impl Catalog {
         }
     }
 
-    /// The ids of the committed manifests, and the names of what else is in `checkpoints/`.
+    /// The ids of the committed manifests, and the names of what else is in `checkpoints/`
+    /// (manifests that do not count, pending or void, are neither).
     pub fn list_ids(&self) -> Result<(BTreeSet<u64>, Vec<String>)> {
-        let mut ids = BTreeSet::new();
-        let mut others = Vec::new();
+        let listing = self.list_manifests()?;
+        Ok((listing.committed, listing.others))
+    }
+
+    /// What `checkpoints/` holds, judged by the metadata read just before it is listed (a
+    /// manifest committed after that read is seen at the next look).
+    pub fn list_manifests(&self) -> Result<Listing> {
+        let meta = match self.records.get(META)? {
+            Some(record) => unseal::<StoreMeta>(&record.bytes, META)
+                .ok()
+                .map(|(m, _)| m),
+            None => None,
+        };
+        let mut listing = Listing::default();
         for name in self.records.list(CHECKPOINTS)? {
             match manifest_id(&name) {
-                Some(id) => {
-                    ids.insert(id);
+                Some(id) if meta.as_ref().is_none_or(|m| m.counts(id)) => {
+                    listing.committed.insert(id);
                 }
-                None => others.push(name),
+                Some(id) if meta.as_ref().is_some_and(|m| m.pending.contains(&id)) => {
+                    listing.pending.insert(id);
+                }
+                Some(id) => {
+                    listing.void.insert(id);
+                }
+                None => listing.others.push(name),
             }
         }
-        Ok((ids, others))
+        Ok(listing)
     }
 
     /// Every readable manifest, and the file names of the unreadable ones with their errors.
@@ -797,7 +972,9 @@ impl Catalog {
             n += 1;
         }
         let dest = format!("{QUARANTINE}/{dest}");
+        self.check_writer()?;
         self.records.put(&dest, &record.bytes, Put::Create)?;
+        self.check_writer()?;
         self.records.delete(&src)?;
         Ok(self.records.describe(&dest))
     }
@@ -813,6 +990,19 @@ impl Catalog {
 
 /// A manifest file that cannot be read, and why.
 pub type Unreadable = (String, Error);
+
+/// The manifests in `checkpoints/`, by what they are.
+#[derive(Debug, Default)]
+pub struct Listing {
+    /// Checkpoints that count.
+    pub committed: BTreeSet<u64>,
+    /// Reserved, not confirmed yet: a writer's checkpoint in flight (object storage).
+    pub pending: BTreeSet<u64>,
+    /// Never count: left by a writer that lost the store, or dropped (object storage).
+    pub void: BTreeSet<u64>,
+    /// Names that are no manifest's.
+    pub others: Vec<String>,
+}
 
 /// The checkpoint id in a manifest file name (`N.json`).
 pub fn manifest_id(name: &str) -> Option<u64> {

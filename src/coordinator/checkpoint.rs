@@ -28,24 +28,41 @@ impl Engine {
         self.check_writable()?;
         let started_unix_ms = now_unix_ms();
         let (id, bases) = {
+            let _writes = self.catalog_writes();
+            let (id, meta) = {
+                let mut st = self.state();
+                if st.restoring {
+                    return Err(Error::Busy("a restore is in progress".into()));
+                }
+                if st.in_flight.len() >= self.inner.max_concurrent {
+                    return Err(Error::Busy(format!(
+                        "{} checkpoint(s) already in flight (max_concurrent = {}); try \
+                         again when it completes",
+                        st.in_flight.len(),
+                        self.inner.max_concurrent
+                    )));
+                }
+                let id = st.meta.next_checkpoint;
+                let mut meta = st.meta.clone();
+                meta.next_checkpoint += 1;
+                if self.inner.catalog.commits_in_meta() {
+                    // Reserved, not committed: a manifest of this id counts only once a
+                    // later write of the metadata confirms it.
+                    meta.pending.push(id);
+                }
+                st.in_flight.insert(id);
+                (id, meta)
+            };
+            // The id is reserved durably before anything of the checkpoint is stored (the
+            // state lock is not held meanwhile: the slot is taken already).
+            let saved = self.inner.catalog.save_meta(&meta);
             let mut st = self.state();
-            if st.restoring {
-                return Err(Error::Busy("a restore is in progress".into()));
+            if let Err(e) = saved {
+                st.in_flight.remove(&id);
+                self.inner.slot_freed.notify_all();
+                return Err(e);
             }
-            if st.in_flight.len() >= self.inner.max_concurrent {
-                return Err(Error::Busy(format!(
-                    "{} checkpoint(s) already in flight (max_concurrent = {}); try again \
-                     when it completes",
-                    st.in_flight.len(),
-                    self.inner.max_concurrent
-                )));
-            }
-            let id = st.meta.next_checkpoint;
-            let mut meta = st.meta.clone();
-            meta.next_checkpoint += 1;
-            self.inner.catalog.save_meta(&meta)?;
             st.meta = meta;
-            st.in_flight.insert(id);
             (id, st.bases.clone())
         };
         let clock = Instant::now();
@@ -812,9 +829,28 @@ impl PendingCheckpoint {
     fn commit(&mut self, manifest: Manifest) -> Result<Arc<Manifest>> {
         let engine = self.engine.clone();
         let inner = &engine.inner;
-        let mut st = engine.state();
+        // The catalog's requests run without the state lock (see Inner::catalog_writes).
+        let writes = engine.catalog_writes();
         crate::failpoint!("checkpoint::before-commit");
-        if let Err(e) = inner.catalog.commit(&manifest) {
+        if inner.catalog.commits_in_meta() {
+            // Object storage: the manifest, then the metadata that confirms it (the commit
+            // point, conditional: it fails if another writer took the store meanwhile).
+            let confirmed = inner.catalog.commit(&manifest).and_then(|()| {
+                crate::failpoint!("checkpoint::before-confirm");
+                let mut meta = engine.state().meta.clone();
+                meta.pending.retain(|p| *p != manifest.id);
+                inner.catalog.save_meta(&meta)?;
+                engine.state().meta = meta;
+                Ok(())
+            });
+            if let Err(e) = confirmed {
+                // Not committed: the id stays pending (void from the next write on), but
+                // its manifest may exist: the objects are left to the orphan sweep.
+                engine.state().meta.make_void(manifest.id);
+                self.keep_objects = true;
+                return Err(e);
+            }
+        } else if let Err(e) = inner.catalog.commit(&manifest) {
             if let Error::Exists(_) = e {
                 // Another writer's manifest of that id (a daemon that took the lease over):
                 // never ours to remove, and our objects are left to the orphan sweep.
@@ -832,6 +868,7 @@ impl PendingCheckpoint {
         }
         let id = manifest.id;
         crate::failpoint!("checkpoint::after-commit");
+        let mut st = engine.state();
         st.registry.register_checkpoint(id, manifest.object_refs());
         st.registry.set_sizes(manifest.stored_sizes());
         crate::failpoint!("checkpoint::after-register");
@@ -865,8 +902,9 @@ impl PendingCheckpoint {
             manifest.stats.files_reused,
             manifest.stats.bytes_uploaded
         );
-        let retention = engine.apply_retention(&mut st);
         drop(st);
+        let retention = engine.apply_retention(&writes);
+        drop(writes);
         engine.prune_wal_archives(&prune);
         self.finished = true;
         if let Err(e) = remove_tree(&self.staging) {
@@ -890,6 +928,8 @@ impl PendingCheckpoint {
         }
         self.finished = true;
         let engine = self.engine.clone();
+        // The metadata may change below (never held here by this thread: see `commit`).
+        let _writes = engine.catalog_writes();
         let mut st = engine.state();
         if self.keep_objects {
             // Not only now: no later drop may delete them either.
@@ -902,6 +942,10 @@ impl PendingCheckpoint {
         }
         engine.release_pins(&mut st, self.pins.drain(..));
         st.in_flight.remove(&self.id);
+        if engine.inner.catalog.commits_in_meta() {
+            // Its reservation ends: void from the next write of the metadata on.
+            st.meta.make_void(self.id);
+        }
         engine.inner.slot_freed.notify_all();
         if let Some(e) = error {
             log::warn!("checkpoint {} failed: {e}", self.id);

@@ -57,6 +57,9 @@ pub struct EngineConfig {
     pub orphan_grace: std::time::Duration,
     /// Object storage: how long the writer's lease lasts unless renewed.
     pub lease_ttl: std::time::Duration,
+    /// Object storage: how long to wait for a lease another daemon holds (it may have died,
+    /// or be stopping) before giving up; zero fails at once.
+    pub lease_wait: std::time::Duration,
 }
 
 impl EngineConfig {
@@ -73,6 +76,7 @@ impl EngineConfig {
             s3: S3Options::default(),
             orphan_grace: DEFAULT_ORPHAN_GRACE,
             lease_ttl: crate::lease::DEFAULT_TTL,
+            lease_wait: std::time::Duration::ZERO,
         }
     }
 }
@@ -104,6 +108,9 @@ struct State {
     /// Referenced objects found missing at start: never shared, stored again when a
     /// checkpoint has their bytes (which repairs them).
     missing: BTreeSet<ObjectId>,
+    /// A read-only view: listed checkpoints whose manifest cannot be read (reported once,
+    /// not read again while listed).
+    unreadable: BTreeSet<u64>,
     /// `wal` mode: the newest confirmed materialization of each backend.
     materializations: HashMap<BackendName, materialize::Materialization>,
     /// `wal` mode: backends whose materialization is being prepared in the background, and
@@ -135,6 +142,7 @@ impl State {
             small_file_compactions: (0, 0),
             kept: BTreeSet::new(),
             missing: BTreeSet::new(),
+            unreadable: BTreeSet::new(),
             materializations: HashMap::new(),
             preparing: BTreeSet::new(),
             prepared: HashMap::new(),
@@ -165,6 +173,12 @@ struct Inner {
     read_only: bool,
     backends: BTreeMap<BackendName, RwLock<Option<Backend>>>,
     state: Mutex<State>,
+    /// Held across every change of the durable catalog (the metadata, a manifest written
+    /// or removed) and of `State::meta`, taken before `state` when both are needed: the
+    /// requests to the store (slow on object storage) run without the state lock, so
+    /// status, listings and writers never wait for them, and metadata written from a copy
+    /// of `State::meta` never loses a concurrent change.
+    catalog_writes: Mutex<()>,
     /// Signalled whenever a checkpoint leaves flight or a restore ends.
     slot_freed: Condvar,
     /// An unreadable or quarantined manifest exists: no object is deleted at all (which
@@ -207,7 +221,17 @@ pub struct Status {
     pub materializations: Vec<(BackendName, u64)>,
 }
 
+/// Proof that the caller holds `Inner::catalog_writes`.
+type CatalogWrites<'a> = MutexGuard<'a, ()>;
+
 impl Engine {
+    fn catalog_writes(&self) -> CatalogWrites<'_> {
+        self.inner
+            .catalog_writes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         self.inner
             .state
@@ -369,7 +393,8 @@ impl Engine {
     /// checkpoint references.
     pub fn delete_checkpoint(&self, id: u64) -> Result<()> {
         self.check_writable()?;
-        let mut st = self.state();
+        let writes = self.catalog_writes();
+        let st = self.state();
         if st.restoring {
             return Err(Error::Busy("a restore is in progress".into()));
         }
@@ -385,7 +410,8 @@ impl Engine {
                  a restart finishes the restore"
             )));
         }
-        self.drop_checkpoint_locked(&mut st, id)
+        drop(st);
+        self.drop_checkpoint(&writes, id)
     }
 
     /// Fails on a read-only view of a store.
@@ -408,21 +434,41 @@ impl Engine {
     /// last look. Returns whether anything changed.
     pub fn refresh_checkpoints(&self) -> Result<bool> {
         let (ids, _) = self.inner.catalog.list_ids()?;
-        let known: BTreeSet<u64> = self.state().manifests.keys().copied().collect();
+        let (known, unreadable): (BTreeSet<u64>, BTreeSet<u64>) = {
+            let mut st = self.state();
+            // A manifest found unreadable is not read again while it is listed.
+            st.unreadable.retain(|id| ids.contains(id));
+            (
+                st.manifests.keys().copied().collect(),
+                st.unreadable.clone(),
+            )
+        };
         let mut added = Vec::new();
-        let new: Vec<u64> = ids.difference(&known).copied().collect();
+        let new: Vec<u64> = ids
+            .difference(&known)
+            .filter(|id| !unreadable.contains(id))
+            .copied()
+            .collect();
+        let mut broken = Vec::new();
         for (id, loaded) in self.inner.catalog.load_many(&new)? {
             match loaded {
                 Ok(m) => added.push(Arc::new(m)),
+                Err(e @ (Error::Corrupt(_) | Error::Invalid(_))) => broken.push((id, e)),
                 // Dropped meanwhile, or being written: the next look decides.
                 Err(e) => log::debug!("checkpoint {id} not shown yet: {e}"),
             }
         }
         let gone: Vec<u64> = known.difference(&ids).copied().collect();
+        let mut st = self.state();
+        for (id, e) in broken {
+            let msg = format!("checkpoint {id} cannot be read and is not shown: {e}");
+            log::error!("{msg}");
+            st.last_error = Some(msg);
+            st.unreadable.insert(id);
+        }
         if added.is_empty() && gone.is_empty() {
             return Ok(false);
         }
-        let mut st = self.state();
         for id in gone {
             if let Some(m) = st.manifests.remove(&id) {
                 let _ = st.registry.drop_checkpoint(id, m.object_refs());
@@ -447,15 +493,18 @@ impl Engine {
     pub fn set_retain(&self, retain: u32) -> Result<()> {
         self.check_writable()?;
         let retain = validate_retain(retain)?;
-        let mut st = self.state();
-        if st.restoring {
-            return Err(Error::Busy("a restore is in progress".into()));
-        }
-        let mut meta = st.meta.clone();
+        let writes = self.catalog_writes();
+        let mut meta = {
+            let st = self.state();
+            if st.restoring {
+                return Err(Error::Busy("a restore is in progress".into()));
+            }
+            st.meta.clone()
+        };
         meta.retain = retain;
         self.inner.catalog.save_meta(&meta)?;
-        st.meta = meta;
-        self.apply_retention(&mut st)
+        self.state().meta = meta;
+        self.apply_retention(&writes)
     }
 
     pub fn retain(&self) -> u32 {
@@ -501,32 +550,60 @@ impl Engine {
         self.state().last_error = Some(message);
     }
 
-    fn apply_retention(&self, st: &mut State) -> Result<()> {
+    /// Drop the oldest checkpoints beyond the retention (never the target of an unfinished
+    /// restore).
+    fn apply_retention(&self, writes: &CatalogWrites<'_>) -> Result<()> {
         if self.inner.read_only {
             return Ok(());
         }
         let pending = self.restore_pending();
-        for victim in st
-            .registry
-            .retention_victims(st.meta.retain as usize)
-            .into_iter()
-            .filter(|v| Some(*v) != pending)
-        {
-            self.drop_checkpoint_locked(st, victim)?;
+        let victims = {
+            let st = self.state();
+            st.registry.retention_victims(st.meta.retain as usize)
+        };
+        for victim in victims.into_iter().filter(|v| Some(*v) != pending) {
+            self.drop_checkpoint(writes, victim)?;
             crate::failpoint!("retention::between-drops");
         }
         Ok(())
     }
 
-    fn drop_checkpoint_locked(&self, st: &mut State, id: u64) -> Result<()> {
-        self.inner.catalog.remove(id)?;
+    /// Drop a checkpoint: commit the drop in the catalog, then forget its references and
+    /// delete what nothing else references.
+    fn drop_checkpoint(&self, _writes: &CatalogWrites<'_>, id: u64) -> Result<()> {
+        if self.inner.catalog.commits_in_meta() {
+            // Object storage: the drop commits as a conditional write of the metadata that
+            // voids the id (a writer that lost the store cannot make it); the manifest goes
+            // after, and is void even if that fails.
+            let meta = {
+                let st = self.state();
+                let mut meta = st.meta.clone();
+                meta.make_void(id);
+                meta.compact_void(
+                    st.manifests
+                        .keys()
+                        .chain(st.in_flight.iter())
+                        .copied()
+                        .filter(|m| *m != id),
+                );
+                meta
+            };
+            self.inner.catalog.save_meta(&meta)?;
+            self.state().meta = meta;
+            if let Err(e) = self.inner.catalog.remove(id) {
+                log::warn!("checkpoint {id} is dropped; its void manifest remains: {e}");
+            }
+        } else {
+            self.inner.catalog.remove(id)?;
+        }
         crate::failpoint!("drop::after-manifest-removed");
+        let mut st = self.state();
         let manifest = st.manifests.remove(&id);
         let garbage = st
             .registry
             .drop_checkpoint(id, manifest.iter().flat_map(|m| m.object_refs()))
             .unwrap_or_default();
-        self.delete_objects(st, &garbage);
+        self.delete_objects(&st, &garbage);
         log::info!("dropped checkpoint {id}; deleted {} objects", garbage.len());
         Ok(())
     }

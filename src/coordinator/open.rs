@@ -28,7 +28,9 @@ impl Engine {
         let opened = open_for_writing(&config)?;
         let (store, catalog, had_objects) = (opened.store, opened.catalog, opened.had_objects);
         let root = opened.location;
-        let loaded_meta = catalog.load_meta()?;
+        // On object storage this is where the store becomes this writer's: every write of an
+        // earlier writer fails from here on (see Catalog::take_over).
+        let loaded_meta = catalog.take_over()?;
         // An unreadable manifest hides its checkpoint, never deletes it: the daemon starts
         // without it, keeps every object it may name and sweeps nothing; fsck reports it.
         let (manifests, unreadable) = catalog.load_all_lenient()?;
@@ -147,7 +149,18 @@ impl Engine {
         if let Some(last) = newest {
             meta.next_checkpoint = meta.next_checkpoint.max(last + 1);
         }
+        if catalog.commits_in_meta() {
+            meta.compact_void(
+                manifests
+                    .keys()
+                    .copied()
+                    .chain(unreadable_ids.iter().copied()),
+            );
+        }
         catalog.save_meta(&meta)?;
+        if catalog.commits_in_meta() {
+            remove_void_manifests(&catalog)?;
+        }
         let mut registry =
             Registry::from_checkpoints(manifests.iter().map(|(id, m)| (*id, m.object_refs())));
         for m in manifests.values() {
@@ -309,16 +322,16 @@ impl Engine {
                     missing: missing.into_iter().collect(),
                     ..State::new(registry, manifests, meta, last_error)
                 }),
+                catalog_writes: Mutex::new(()),
                 slot_freed: Condvar::new(),
                 deletes_frozen,
                 _state_lock: state_lock,
                 _writer: opened.writer,
             }),
         };
-        {
-            let mut st = engine.state();
-            engine.apply_retention(&mut st)?;
-        }
+        engine.apply_retention(&engine.catalog_writes())?;
+        // A lease taken over while this daemon was starting: it must not serve as a writer.
+        engine.inner.catalog.check_writer()?;
         // Loading thousands of manifests leaves freed memory behind: give it back.
         crate::fsutil::release_free_memory();
         Ok(engine)
@@ -381,6 +394,7 @@ impl Engine {
                 read_only: true,
                 backends: BTreeMap::new(),
                 state: Mutex::new(State::new(Registry::default(), BTreeMap::new(), meta, None)),
+                catalog_writes: Mutex::new(()),
                 slot_freed: Condvar::new(),
                 deletes_frozen: true,
                 _state_lock: state_lock,
@@ -459,12 +473,16 @@ fn open_for_writing(config: &EngineConfig) -> Result<ForWriting> {
                     config.store
                 )));
             };
+            crate::lease::validate_ttl(config.lease_ttl)?;
             let (state_dir, state_lock) = lock_state_dir(state)?;
             let remote = Remote::connect(bucket, prefix)?;
             remote.check_bucket()?;
-            let records: Arc<dyn Records> = Arc::new(S3Records::new(remote.clone()));
-            let lease = Lease::acquire(records.clone(), config.lease_ttl)?;
-            let objects = S3Objects::new(remote, config.s3.clone(), &state_dir.join("cache"))?;
+            let s3_records = S3Records::new(remote.clone());
+            s3_records.check_conditional_writes()?;
+            let records: Arc<dyn Records> = Arc::new(s3_records);
+            let lease = Lease::acquire(records.clone(), config.lease_ttl, config.lease_wait)?;
+            let objects = S3Objects::new(remote, config.s3.clone(), &state_dir.join("cache"))?
+                .with_fence(lease.fence());
             let had_objects = objects.has_objects()?;
             let store: Arc<dyn ObjectStore> = Arc::new(objects);
             let catalog = Catalog::new(records, store.clone()).with_fence(lease.fence());
@@ -591,6 +609,23 @@ fn migrate(
         log::info!("migrated {migrated} checkpoint manifests to format {FORMAT}");
     }
     Ok(out)
+}
+
+/// Delete the manifests that never count (object storage: written by a writer that lost the
+/// store before it confirmed them, or dropped and not deleted yet). Their objects are
+/// orphans now, left to the sweep.
+fn remove_void_manifests(catalog: &Catalog) -> Result<()> {
+    let void = catalog.list_manifests()?.void;
+    for id in &void {
+        catalog.remove(*id)?;
+    }
+    if !void.is_empty() {
+        log::info!(
+            "removed {} void manifests (of a writer that lost the store, or dropped)",
+            void.len()
+        );
+    }
+    Ok(())
 }
 
 /// Delete objects no manifest references (on object storage only those older than

@@ -21,6 +21,9 @@ pub struct Record {
     /// The record's version (an ETag on object storage; none on a local store, whose single
     /// writer is fenced by a lock instead).
     pub version: Option<String>,
+    /// When the store last wrote it, by the store's own clock (object storage; none on a
+    /// local store).
+    pub modified: Option<std::time::SystemTime>,
 }
 
 /// How a record is written.
@@ -65,6 +68,17 @@ pub trait Records: Send + Sync {
     }
     /// Where a record lives, for messages: a path or a URL.
     fn describe(&self, key: &str) -> String;
+    /// True where records have versions (object storage): a writer must then name the
+    /// version it read in every conditional write.
+    fn versioned(&self) -> bool {
+        false
+    }
+    /// The store's own clock now, where it has one apart from this host's (object storage:
+    /// the time it stamps on a record written now). Decisions that compare with a record's
+    /// [`Record::modified`] use it, never this host's clock.
+    fn store_now(&self) -> Result<Option<std::time::SystemTime>> {
+        Ok(None)
+    }
 }
 
 /// Records as files under a local store's root.
@@ -91,6 +105,7 @@ impl Records for LocalRecords {
             Ok(bytes) => Ok(Some(Record {
                 bytes,
                 version: None,
+                modified: None,
             })),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(Error::io(format!("read {}", path.display()), e)),

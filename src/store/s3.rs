@@ -28,7 +28,6 @@ use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as Key;
 use object_store::{
     ObjectStore as _, ObjectStoreExt as _, PutMode, PutOptions, PutPayload, UpdateVersion,
-    WriteMultipart,
 };
 
 use super::cache::Cache;
@@ -36,6 +35,9 @@ use super::records::{Put, Record, Records};
 use super::{hash_file, ObjectId, ObjectStore, Staged};
 use crate::error::{Error, IoContext, Result};
 use crate::fsutil::{create_new_private, create_private_dir_all, lock, remove_tree};
+
+/// Keys deleted by one request (S3's DeleteObjects takes at most 1,000).
+const DELETE_BATCH: usize = 1000;
 
 /// Objects above this size are uploaded in parts of this size, several at once.
 pub const PART_SIZE: usize = 8 << 20;
@@ -148,7 +150,9 @@ impl Remote {
     /// Every key under `dir/`, with its last modification time.
     fn list_under(&self, dir: &str) -> Result<Vec<(String, SystemTime)>> {
         let prefix = self.key(dir);
-        let full = format!("{}{dir}/", self.prefix);
+        // Keys come back as `object_store` spells them (characters such as `~`, `#`, `%`
+        // or non-ASCII letters percent-encoded): strip the prefix spelled the same way.
+        let full = format!("{}/", prefix.as_ref());
         self.block_on(async {
             let mut stream = self.client.list(Some(&prefix));
             let mut out = Vec::new();
@@ -187,6 +191,11 @@ pub struct S3Objects {
     cache: Arc<Cache>,
     /// Prefetches in flight at once.
     prefetches: Arc<tokio::sync::Semaphore>,
+    /// Parts of uploads in memory at once (see [`S3Objects::upload`]).
+    part_buffers: Arc<tokio::sync::Semaphore>,
+    /// The writer's lease, checked before every delete request: a writer that lost the
+    /// store deletes nothing (the next writer may have stored the same content again).
+    fence: Option<crate::lease::Fence>,
 }
 
 #[derive(Default)]
@@ -206,10 +215,24 @@ impl S3Objects {
             remote,
             cache: Arc::new(Cache::new(cache_dir, options.cache_size)),
             prefetches: Arc::new(tokio::sync::Semaphore::new(GET_CONCURRENCY)),
+            part_buffers: Arc::new(tokio::sync::Semaphore::new(
+                options.upload_concurrency.max(1),
+            )),
             options,
             uploads: Mutex::new(Uploads::default()),
             delete_done: Condvar::new(),
+            fence: None,
         })
+    }
+
+    /// Delete only while `fence` says this process is the writer.
+    pub fn with_fence(mut self, fence: crate::lease::Fence) -> Self {
+        self.fence = Some(fence);
+        self
+    }
+
+    fn check_fence(&self) -> Result<()> {
+        self.fence.as_ref().map_or(Ok(()), |f| f.check())
     }
 
     fn object_name(id: &ObjectId) -> String {
@@ -238,8 +261,71 @@ impl S3Objects {
         }
     }
 
+    /// Delete up to [`DELETE_BATCH`] objects in one request (each one alone to learn which
+    /// failed, if it fails), skipping those staged again meanwhile.
+    fn delete_batch(&self, ids: &[ObjectId]) -> Vec<(ObjectId, Error)> {
+        let targets: Vec<ObjectId> = {
+            let mut uploads = lock(&self.uploads);
+            let targets: Vec<ObjectId> = ids
+                .iter()
+                .filter(|id| {
+                    let staged = uploads.staged.contains_key(id);
+                    if staged {
+                        log::info!("object {id} is being uploaded again: not deleted");
+                    }
+                    !staged
+                })
+                .copied()
+                .collect();
+            uploads.deleting.extend(targets.iter().copied());
+            targets
+        };
+        for id in &targets {
+            self.cache.remove(id);
+        }
+        let keys: Vec<object_store::Result<Key>> = targets
+            .iter()
+            .map(|id| Ok(self.remote.key(&Self::object_name(id))))
+            .collect();
+        let results: Vec<object_store::Result<Key>> = self.remote.block_on(
+            self.remote
+                .client
+                .delete_stream(futures::stream::iter(keys).boxed())
+                .collect(),
+        );
+        {
+            let mut uploads = lock(&self.uploads);
+            for id in &targets {
+                uploads.deleting.remove(id);
+            }
+        }
+        self.delete_done.notify_all();
+        let trouble = results
+            .into_iter()
+            .filter_map(|r| match r {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => None,
+                Err(e) => Some(e),
+            })
+            .next();
+        match trouble {
+            None => Vec::new(),
+            Some(e) => {
+                // Which keys failed is not always said: delete each one again, alone
+                // (deleting a deleted object is no error), to know.
+                log::warn!("a bulk delete failed ({e}); deleting one by one");
+                targets
+                    .iter()
+                    .filter_map(|id| self.delete(id).err().map(|e| (*id, e)))
+                    .collect()
+            }
+        }
+    }
+
     /// Upload `src` to the key of `id`: one PUT when small, a multipart upload with several
     /// parts in flight when large. Fails (uploading nothing) if `src` does not hash to `id`.
+    /// Every part in memory holds one of the store's [`S3Objects::part_buffers`] permits
+    /// from its read until its upload ends: all uploads together hold at most
+    /// `upload_concurrency` parts of [`PART_SIZE`], however many files are staged at once.
     fn upload(&self, id: &ObjectId, src: Source<'_>) -> Result<()> {
         let name = Self::object_name(id);
         let key = self.remote.key(&name);
@@ -250,7 +336,15 @@ impl S3Objects {
                 "the content uploaded as object {id} does not hash to it (the file changed)"
             ))
         };
+        let buffer = || async {
+            self.part_buffers
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("the semaphore is never closed")
+        };
         if size <= PART_SIZE as u64 {
+            let _buffer = self.remote.block_on(buffer());
             let bytes = src.read_all()?;
             if ObjectId::from_hash(blake3::hash(&bytes)) != *id {
                 return Err(changed());
@@ -261,44 +355,53 @@ impl S3Objects {
                 .map(|_| ())
                 .map_err(|e| remote_error(&what, e));
         }
-        let concurrency = self.options.upload_concurrency.max(1);
         self.remote.block_on(async {
-            let upload = self
+            let mut upload = self
                 .remote
                 .client
                 .put_multipart(&key)
                 .await
                 .map_err(|e| remote_error(&what, e))?;
-            let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
+            let mut parts = Vec::new();
             let result: Result<()> = async {
                 // What is uploaded is hashed on the way: it must be the object it claims.
                 let mut hasher = blake3::Hasher::new();
                 let mut offset = 0u64;
                 while offset < size {
-                    writer
-                        .wait_for_capacity(concurrency)
-                        .await
-                        .map_err(|e| remote_error(&what, e))?;
+                    let permit = buffer().await;
                     let len = (size - offset).min(PART_SIZE as u64) as usize;
                     let part = src.read_range(offset, len)?;
                     hasher.update(&part);
-                    writer.put(bytes::Bytes::from(part));
+                    let sent = upload.put_part(PutPayload::from(part));
+                    parts.push(tokio::spawn(async move {
+                        let result = sent.await;
+                        drop(permit);
+                        result
+                    }));
                     offset += len as u64;
                 }
                 if ObjectId::from_hash(hasher.finalize()) != *id {
                     return Err(changed());
                 }
+                for part in parts.drain(..) {
+                    part.await
+                        .map_err(|e| Error::io(what.clone(), std::io::Error::other(e)))?
+                        .map_err(|e| remote_error(&what, e))?;
+                }
                 Ok(())
             }
             .await;
             match result {
-                Ok(()) => writer
-                    .finish()
+                Ok(()) => upload
+                    .complete()
                     .await
                     .map(|_| ())
                     .map_err(|e| remote_error(&what, e)),
                 Err(e) => {
-                    let _ = writer.abort().await;
+                    for part in parts {
+                        let _ = part.await;
+                    }
+                    let _ = upload.abort().await;
                     Err(e)
                 }
             }
@@ -496,6 +599,7 @@ impl ObjectStore for S3Objects {
     }
 
     fn delete(&self, id: &ObjectId) -> Result<()> {
+        self.check_fence()?;
         {
             let mut uploads = lock(&self.uploads);
             if uploads.staged.contains_key(id) {
@@ -521,62 +625,18 @@ impl ObjectStore for S3Objects {
     }
 
     fn delete_many(&self, ids: &[ObjectId]) -> Vec<(ObjectId, Error)> {
-        let targets: Vec<ObjectId> = {
-            let mut uploads = lock(&self.uploads);
-            let targets: Vec<ObjectId> = ids
-                .iter()
-                .filter(|id| {
-                    let staged = uploads.staged.contains_key(id);
-                    if staged {
-                        log::info!("object {id} is being uploaded again: not deleted");
-                    }
-                    !staged
-                })
-                .copied()
-                .collect();
-            uploads.deleting.extend(targets.iter().copied());
-            targets
-        };
-        for id in &targets {
-            self.cache.remove(id);
-        }
-        let keys: Vec<object_store::Result<Key>> = targets
-            .iter()
-            .map(|id| Ok(self.remote.key(&Self::object_name(id))))
-            .collect();
-        // One request per 1,000 keys (S3's DeleteObjects).
-        let results: Vec<object_store::Result<Key>> = self.remote.block_on(
-            self.remote
-                .client
-                .delete_stream(futures::stream::iter(keys).boxed())
-                .collect(),
-        );
-        {
-            let mut uploads = lock(&self.uploads);
-            for id in &targets {
-                uploads.deleting.remove(id);
+        // One request per 1,000 keys (S3's DeleteObjects), the fence checked before each.
+        let mut failed = Vec::new();
+        for (n, batch) in ids.chunks(DELETE_BATCH).enumerate() {
+            if let Err(e) = self.check_fence() {
+                let rest = &ids[n * DELETE_BATCH..];
+                log::warn!("{} objects not deleted: {e}", rest.len());
+                failed.extend(rest.iter().map(|id| (*id, Error::Conflict(e.to_string()))));
+                break;
             }
+            failed.extend(self.delete_batch(batch));
         }
-        self.delete_done.notify_all();
-        let trouble = results
-            .into_iter()
-            .filter_map(|r| match r {
-                Ok(_) | Err(object_store::Error::NotFound { .. }) => None,
-                Err(e) => Some(e),
-            })
-            .next();
-        match trouble {
-            None => Vec::new(),
-            Some(e) => {
-                // Which keys failed is not always said: delete each one again, alone
-                // (deleting a deleted object is no error), to know.
-                log::warn!("a bulk delete failed ({e}); deleting one by one");
-                targets
-                    .iter()
-                    .filter_map(|id| self.delete(id).err().map(|e| (*id, e)))
-                    .collect()
-            }
-        }
+        failed
     }
 
     fn list(&self) -> Result<Vec<ObjectId>> {
@@ -689,6 +749,36 @@ impl S3Records {
         S3Records { remote }
     }
 
+    /// Refuse a server that ignores conditional writes (`If-None-Match: *`, `If-Match`):
+    /// on it, nothing would fence a second writer. Probes with a record of its own.
+    pub fn check_conditional_writes(&self) -> Result<()> {
+        let key = format!("probe-{}.json", std::process::id());
+        let refuse = |what: &str| {
+            Err(Error::Invalid(format!(
+                "{} ignores conditional writes ({what}): ckptfs cannot keep a second writer \
+                 out of a store there, and refuses to write to it",
+                self.remote.url("")
+            )))
+        };
+        let _ = self.delete(&key);
+        self.put(&key, b"1", Put::Create)?;
+        let checked = match self.put(&key, b"2", Put::Create) {
+            Err(Error::Exists(_)) => match self.put(
+                &key,
+                b"3",
+                Put::Update(Some("\"ckptfs-probe-no-such-etag\"".into())),
+            ) {
+                Err(Error::Conflict(_)) => Ok(()),
+                Ok(_) => refuse("If-Match"),
+                Err(e) => Err(e),
+            },
+            Ok(_) => refuse("If-None-Match"),
+            Err(e) => Err(e),
+        };
+        let _ = self.delete(&key);
+        checked
+    }
+
     /// A conditional put the server refused may have been our own, landed before a retry
     /// (a timeout, then "exists" or "changed"): it was ours if the record holds our bytes.
     fn was_ours(&self, key: &str, bytes: &[u8]) -> Option<Option<String>> {
@@ -708,10 +798,12 @@ impl S3Records {
             Err(e) => return Err(remote_error(&what, e)),
         };
         let version = got.meta.e_tag.clone();
+        let modified = Some(SystemTime::from(got.meta.last_modified));
         let bytes = got.bytes().await.map_err(|e| remote_error(&what, e))?;
         Ok(Some(Record {
             bytes: bytes.to_vec(),
             version,
+            modified,
         }))
     }
 }
@@ -796,4 +888,32 @@ impl Records for S3Records {
     fn describe(&self, key: &str) -> String {
         self.remote.url(key)
     }
+
+    fn versioned(&self) -> bool {
+        true
+    }
+
+    /// A small record written and read back: its modification time is the store's now
+    /// (to the second on most servers; callers allow for that).
+    fn store_now(&self) -> Result<Option<SystemTime>> {
+        let key = self.remote.key(CLOCK);
+        let what = format!("read the clock of {}", self.remote.url(""));
+        self.remote.block_on(async {
+            self.remote
+                .client
+                .put(&key, PutPayload::from_static(b"{}"))
+                .await
+                .map_err(|e| remote_error(&what, e))?;
+            let meta = self
+                .remote
+                .client
+                .head(&key)
+                .await
+                .map_err(|e| remote_error(&what, e))?;
+            Ok(Some(SystemTime::from(meta.last_modified)))
+        })
+    }
 }
+
+/// The record [`Records::store_now`] writes to read the store's clock.
+const CLOCK: &str = "clock.json";
