@@ -935,6 +935,40 @@ fn assert_whole(url: &str) {
 
 const SHORT_LEASE: &[&str] = &["--lease-ttl", "3s", "--orphan-grace", "3s"];
 
+/// A writer (backend Op/0, lease 3 s, one key written) that reaches the store through an
+/// HTTP proxy, in a new bucket.
+struct Proxied {
+    url: String,
+    proxy: common::moto::HttpProxy,
+    env: Vec<(&'static str, String)>,
+    /// The writer's mount options, for another daemon of the same store.
+    args: Vec<&'static str>,
+    writer: Mount,
+}
+
+impl Proxied {
+    fn start(dir: &Path) -> Proxied {
+        let moto = moto();
+        let url = moto.store();
+        let proxy = common::moto::HttpProxy::start(moto.port);
+        let env = common::moto::env_for(proxy.port);
+        let mut args = vec!["--backend", "Op/0"];
+        args.extend_from_slice(SHORT_LEASE);
+        let writer = Mount::new(&url, &dir.join("ma"), &dir.join("sa"), &args, &env);
+        ok(ckptfs_with_env(
+            &["put", writer.m(), "Op/0", "k1", "v1"],
+            &env,
+        ));
+        Proxied {
+            url,
+            proxy,
+            env,
+            args,
+            writer,
+        }
+    }
+}
+
 /// A daemon stopped (SIGSTOP) in the middle of its start's sweep of orphans, and continued
 /// after another daemon took the store over and stored some of the same content again,
 /// deletes nothing more: the new writer's checkpoint keeps every object.
@@ -1053,21 +1087,14 @@ fn a_writer_stopped_mid_sweep_deletes_nothing_after_a_takeover() {
 /// the new writer's drops cannot break it because it never appears.
 #[test]
 fn a_manifest_that_lands_after_a_takeover_never_counts() {
-    let moto = moto();
-    let url = moto.store();
-    let proxy = common::moto::HttpProxy::start(moto.port);
-    let env = common::moto::env_for(proxy.port);
     let dir = tempfile::tempdir().unwrap();
-    let mut args = vec!["--backend", "Op/0"];
-    args.extend_from_slice(SHORT_LEASE);
-    let a = Mount::new(
-        &url,
-        &dir.path().join("ma"),
-        &dir.path().join("sa"),
-        &args,
-        &env,
-    );
-    ok(ckptfs_with_env(&["put", a.m(), "Op/0", "k1", "v1"], &env));
+    let Proxied {
+        url,
+        proxy,
+        env,
+        args,
+        writer: a,
+    } = Proxied::start(dir.path());
     ok(ckptfs_with_env(&["checkpoint", a.m()], &env));
     // A's next manifest, and its lease renewals, are held by the network.
     proxy.hold("PUT", "checkpoints/2.json", 1);
@@ -1127,21 +1154,14 @@ fn a_manifest_that_lands_after_a_takeover_never_counts() {
 /// was taken over: it keeps its lease and its checkpoints succeed.
 #[test]
 fn a_lost_renewal_response_keeps_the_lease() {
-    let moto = moto();
-    let url = moto.store();
-    let proxy = common::moto::HttpProxy::start(moto.port);
-    let env = common::moto::env_for(proxy.port);
     let dir = tempfile::tempdir().unwrap();
-    let mut args = vec!["--backend", "Op/0"];
-    args.extend_from_slice(SHORT_LEASE);
-    let a = Mount::new(
-        &url,
-        &dir.path().join("m"),
-        &dir.path().join("s"),
-        &args,
-        &env,
-    );
-    ok(ckptfs_with_env(&["put", a.m(), "Op/0", "k1", "v1"], &env));
+    let Proxied {
+        url,
+        proxy,
+        env,
+        writer: a,
+        ..
+    } = Proxied::start(dir.path());
     ok(ckptfs_with_env(&["checkpoint", a.m()], &env));
     // The responses of a renewal that lands and of every retry of it are lost, so the
     // daemon retries the renewal itself: with its next record, refused (the version
@@ -1519,4 +1539,32 @@ fn a_read_only_view_reports_an_unreadable_manifest() {
     let error = view.status().last_error.unwrap_or_default();
     assert!(error.contains("checkpoint 2"), "{error:?}");
     assert!(!view.refresh_checkpoints().unwrap());
+}
+
+/// The status of a writer's mount answers while a request of a checkpoint's commit is held
+/// in the network: the catalog's requests run without the engine's state lock.
+#[test]
+fn status_answers_while_a_commit_request_is_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let Proxied {
+        proxy,
+        env,
+        writer: a,
+        ..
+    } = Proxied::start(dir.path());
+    proxy.hold("PUT", "checkpoints/1.json", 1);
+    let (m, env2) = (a.m().to_string(), env.clone());
+    let pending = std::thread::spawn(move || ckptfs_with_env(&["checkpoint", &m], &env2));
+    assert!(proxy.wait_held(1, Duration::from_secs(30)));
+    // Read while the manifest's PUT is held: it must come back before it is released.
+    let status_path = a.mnt.join(".ckptfs/status");
+    let (done, answered) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(std::fs::read_to_string(status_path));
+    });
+    let status = answered.recv_timeout(Duration::from_secs(20));
+    proxy.release();
+    let status = status.expect("status waited for the held request").unwrap();
+    assert!(status.contains("\"in_flight\""), "{status}");
+    ok(pending.join().unwrap());
 }
