@@ -1568,3 +1568,50 @@ fn status_answers_while_a_commit_request_is_held() {
     assert!(status.contains("\"in_flight\""), "{status}");
     ok(pending.join().unwrap());
 }
+
+/// A daemon whose lease is taken while it starts does not finish starting: it would serve
+/// a store it no longer writes.
+#[test]
+fn a_daemon_whose_lease_is_taken_during_its_start_fails_to_start() {
+    let url = moto().store();
+    let dir = tempfile::tempdir().unwrap();
+    let (mnt, state) = (dir.path().join("m"), dir.path().join("s"));
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mut args = vec![
+        "mount",
+        url.as_str(),
+        mnt.to_str().unwrap(),
+        "--state",
+        state.to_str().unwrap(),
+        "--backend",
+        "Op/0",
+    ];
+    args.extend_from_slice(SHORT_LEASE);
+    // The start pauses (a failpoint) after taking the lease; meanwhile another holder
+    // writes its own lease record.
+    let starting = Command::new(BIN)
+        .args(&args)
+        .env("FAILPOINTS", "open::before-sweep=sleep(4000)")
+        .spawn()
+        .unwrap();
+    let opened = Opened::open(&Location::parse(&url).unwrap()).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while opened.records.get("ckptfs.json").unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the daemon never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let other = r#"{"holder":"other-host pid 7","token":"z","expires_unix_ms":1,"ttl_ms":60000}"#;
+    opened
+        .records
+        .put("lease.json", other.as_bytes(), Put::Overwrite)
+        .unwrap();
+    let out = starting.wait_with_output().unwrap();
+    assert!(
+        !out.status.success(),
+        "the daemon started without its lease"
+    );
+    assert!(!mnt.join(".ckptfs/status").exists());
+}
