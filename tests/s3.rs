@@ -1388,6 +1388,7 @@ fn two_daemons_alternately_stopped_lose_no_committed_checkpoint() {
     let mut writer = 0usize;
     let mut running = [true, false];
     let mut acked: Vec<u64> = Vec::new();
+    let mut problems = Vec::new();
     let (mut trials, mut takeovers, mut refused) = (0u64, 0u64, 0u64);
     let deadline = std::time::Instant::now() + Duration::from_secs(secs);
     let mut key = 0u64;
@@ -1463,7 +1464,17 @@ fn two_daemons_alternately_stopped_lose_no_committed_checkpoint() {
             if contender.join().unwrap() {
                 running[other] = true;
                 takeovers += 1;
-                // The new writer holds the store: the old one will find out.
+                // The old writer, continued, can no longer commit anything.
+                let old = mnts[writer].to_str().unwrap();
+                let late = ckptfs_with_env(&["checkpoint", old, "--wait", "0"], &[]);
+                if late.status.success() {
+                    problems.push(format!(
+                        "the stopped writer committed {} after a takeover",
+                        String::from_utf8_lossy(&late.stdout).trim()
+                    ));
+                } else {
+                    refused += 1;
+                }
                 stop(writer);
                 running[writer] = false;
                 writer = other;
@@ -1474,7 +1485,6 @@ fn two_daemons_alternately_stopped_lose_no_committed_checkpoint() {
         stop(d);
     }
     // Every reported checkpoint is there and restores to the very bytes copied out.
-    let mut problems = Vec::new();
     for id in &acked {
         let dest = dir.path().join(format!("restored-{id}"));
         if let Err(e) =
@@ -1501,7 +1511,8 @@ fn two_daemons_alternately_stopped_lose_no_committed_checkpoint() {
     }
     println!(
         "torture on object storage: {trials} trials, {} checkpoints reported, {takeovers} \
-         takeovers, {refused} refused writes of a stopped writer, {} problems",
+         takeovers, {refused} checkpoints of a writer that lost the store refused, {} \
+         problems",
         acked.len(),
         problems.len()
     );
