@@ -515,6 +515,9 @@ pub struct Catalog {
 struct MetaVersion {
     version: Option<String>,
     revision: u64,
+    /// A write that failed without an answer and could not be read back: it may have
+    /// landed.
+    unconfirmed: Option<Vec<u8>>,
 }
 
 const META: &str = "ckptfs.json";
@@ -625,6 +628,7 @@ impl Catalog {
         *self.meta_version.lock().unwrap_or_else(|p| p.into_inner()) = MetaVersion {
             version: record.version,
             revision: meta.revision,
+            unconfirmed: None,
         };
         Ok(Some(meta))
     }
@@ -673,42 +677,78 @@ impl Catalog {
         let mut state = self.meta_version.lock().unwrap_or_else(|p| p.into_inner());
         let versioned = self.records.versioned();
         let mut meta = meta.clone();
-        let mode = match (versioned, &state.version) {
-            (false, _) => Put::Overwrite,
-            (true, Some(v)) => Put::Update(Some(v.clone())),
-            // Never read: only a store without metadata yet.
-            (true, None) => Put::Create,
-        };
-        if versioned {
-            meta.revision = state.revision + 1;
-        }
-        let bytes = seal(&meta);
-        match self.records.put(META, &bytes, mode) {
-            Ok(written) => {
-                state.version = written;
-                state.revision = meta.revision;
-                Ok(())
+        loop {
+            let mode = match (versioned, &state.version) {
+                (false, _) => Put::Overwrite,
+                (true, Some(v)) => Put::Update(Some(v.clone())),
+                // Never read: only a store without metadata yet.
+                (true, None) => Put::Create,
+            };
+            if versioned {
+                meta.revision = state.revision + 1;
             }
-            Err(Error::Conflict(_) | Error::Exists(_)) => {
-                Err(Error::Conflict(format!(
-                    "{} was changed by another process: another daemon took over this store,                      and this one no longer writes to it",
-                    self.records.describe(META)
-                )))
-            }
-            Err(e) => {
-                // Perhaps it landed all the same (a lost response): the record tells, by its
-                // bytes, which are unique to this write.
-                if versioned {
-                    if let Ok(Some(record)) = self.records.get(META) {
-                        if record.bytes == bytes {
-                            state.version = record.version;
-                            state.revision = meta.revision;
-                            return Ok(());
+            let bytes = seal(&meta);
+            match self.records.put(META, &bytes, mode) {
+                Ok(written) => {
+                    state.version = written;
+                    state.revision = meta.revision;
+                    state.unconfirmed = None;
+                    return Ok(());
+                }
+                // An earlier write whose answer was lost may have landed: then the record is
+                // still this writer's, and this write goes again on top of it.
+                Err(Error::Conflict(_) | Error::Exists(_))
+                    if self.adopt_unconfirmed(&mut state) => {}
+                Err(Error::Conflict(_) | Error::Exists(_)) => {
+                    return Err(Error::Conflict(format!(
+                        "{} was changed by another process: another daemon took over this \
+                         store, and this one no longer writes to it",
+                        self.records.describe(META)
+                    )))
+                }
+                Err(e) => {
+                    // Perhaps it landed all the same (a lost response): the record tells, by
+                    // its bytes, which are unique to this write; if it cannot be read now,
+                    // the next write finds out.
+                    if versioned {
+                        match self.records.get(META) {
+                            Ok(Some(record)) if record.bytes == bytes => {
+                                state.version = record.version;
+                                state.revision = meta.revision;
+                                state.unconfirmed = None;
+                                return Ok(());
+                            }
+                            Ok(_) => state.unconfirmed = None,
+                            Err(_) => state.unconfirmed = Some(bytes),
                         }
                     }
+                    return Err(e);
                 }
-                Err(e)
             }
+        }
+    }
+
+    /// If the write whose outcome is unknown is what the store holds, take its version:
+    /// it landed. Once only.
+    fn adopt_unconfirmed(&self, state: &mut MetaVersion) -> bool {
+        let Some(earlier) = state.unconfirmed.take() else {
+            return false;
+        };
+        match self.records.get(META) {
+            Ok(Some(record)) if record.bytes == earlier => {
+                match unseal::<StoreMeta>(&earlier, META) {
+                    Ok((landed, _)) => {
+                        log::info!(
+                            "a write of the store metadata whose answer was lost had landed"
+                        );
+                        state.version = record.version;
+                        state.revision = landed.revision;
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
+            _ => false,
         }
     }
 
@@ -1105,6 +1145,108 @@ mod tests {
         let catalog = Catalog::open(dir.path()).unwrap();
         std::fs::write(dir.path().join("checkpoints/3.json"), b"{not json").unwrap();
         assert!(matches!(catalog.load_all(), Err(Error::Corrupt(_))));
+    }
+
+    /// Records in a local directory that behave like object storage (versions, conditional
+    /// writes) and fail on demand: a write that lands and answers with an error (a lost
+    /// response), reads that fail.
+    struct LossyRecords {
+        inner: LocalRecords,
+        lose_next_answer: std::sync::atomic::AtomicBool,
+        fail_reads: std::sync::atomic::AtomicBool,
+    }
+
+    impl LossyRecords {
+        fn version(bytes: &[u8]) -> Option<String> {
+            Some(blake3::hash(bytes).to_hex()[..16].to_string())
+        }
+    }
+
+    impl Records for LossyRecords {
+        fn get(&self, key: &str) -> Result<Option<crate::store::records::Record>> {
+            if self.fail_reads.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(Error::io("read", std::io::Error::other("connection reset")));
+            }
+            Ok(self.inner.get(key)?.map(|mut r| {
+                r.version = Self::version(&r.bytes);
+                r
+            }))
+        }
+        fn put(&self, key: &str, bytes: &[u8], mode: Put) -> Result<Option<String>> {
+            let current = self.inner.get(key)?.map(|r| Self::version(&r.bytes));
+            match (&mode, &current) {
+                (Put::Create, Some(_)) => return Err(Error::Exists(key.into())),
+                (Put::Update(Some(v)), Some(c)) if Some(v) != c.as_ref() => {
+                    return Err(Error::Conflict(key.into()))
+                }
+                _ => {}
+            }
+            self.inner.put(key, bytes, Put::Overwrite)?;
+            if self
+                .lose_next_answer
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
+            {
+                return Err(Error::io(
+                    "write",
+                    std::io::Error::other("connection closed"),
+                ));
+            }
+            Ok(Self::version(bytes))
+        }
+        fn delete(&self, key: &str) -> Result<()> {
+            self.inner.delete(key)
+        }
+        fn list(&self, dir: &str) -> Result<Vec<String>> {
+            self.inner.list(dir)
+        }
+        fn has_dir(&self, dir: &str) -> bool {
+            self.inner.has_dir(dir)
+        }
+        fn create_dir(&self, dir: &str) -> Result<()> {
+            self.inner.create_dir(dir)
+        }
+        fn describe(&self, key: &str) -> String {
+            self.inner.describe(key)
+        }
+        fn versioned(&self) -> bool {
+            true
+        }
+    }
+
+    /// A write of the metadata that landed but whose answer was lost (and could not be read
+    /// back at once) is found to be this writer's at the next write, which then succeeds:
+    /// it never looks like another writer's takeover.
+    #[test]
+    fn a_metadata_write_whose_answer_was_lost_is_adopted() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let dir = tempfile::tempdir().unwrap();
+        let records = Arc::new(LossyRecords {
+            inner: LocalRecords::new(dir.path()),
+            lose_next_answer: false.into(),
+            fail_reads: false.into(),
+        });
+        let objects = Arc::new(LocalStore::open(dir.path()).unwrap());
+        let catalog = Catalog::new(records.clone(), objects);
+        catalog.create_dir().unwrap();
+        let mut meta = StoreMeta::default();
+        catalog.save_meta(&meta).unwrap();
+        meta.next_checkpoint = 2;
+        records.lose_next_answer.store(true, SeqCst);
+        records.fail_reads.store(true, SeqCst);
+        assert!(catalog.save_meta(&meta).is_err());
+        records.fail_reads.store(false, SeqCst);
+        meta.next_checkpoint = 3;
+        catalog.save_meta(&meta).unwrap();
+        let read = catalog.load_meta().unwrap().unwrap();
+        assert_eq!(read.next_checkpoint, 3);
+        assert_eq!(read.revision, 3);
+        // Someone else's write is still a conflict.
+        records
+            .inner
+            .put(META, &seal(&StoreMeta::default()), Put::Overwrite)
+            .unwrap();
+        meta.next_checkpoint = 4;
+        assert!(matches!(catalog.save_meta(&meta), Err(Error::Conflict(_))));
     }
 
     #[test]
