@@ -641,9 +641,13 @@ const GENERIC_MOUNT_OPTIONS: &[&str] = &[
 
 /// Translate `mount.fuse.ckptfs STORE MOUNTPOINT [-o opt,opt=value,...]` (what mount(8)
 /// runs for `mount -t fuse.ckptfs` and fstab lines) into `ckptfs mount ...` arguments.
-/// Options: state=DIR, backend=NAME (repeatable), retain=N, max_concurrent=N,
-/// interval=DURATION, restore=N, log_file=FILE, format_version=V, allow_other, no_verify.
-pub fn mount_helper_args(args: Vec<String>) -> Result<Vec<String>, String> {
+/// Every long option of `mount` (`mount_command`) is an `-o` option, spelled with `_` or
+/// `-`: `key=value` for one that takes a value, `key` for a flag; clap then checks the
+/// values as it does on the command line. Generic options of mount(8) are ignored.
+pub fn mount_helper_args(
+    args: Vec<String>,
+    mount_command: &clap::Command,
+) -> Result<Vec<String>, String> {
     let mut positional = Vec::new();
     let mut options = Vec::new();
     let mut it = args.into_iter();
@@ -670,27 +674,24 @@ pub fn mount_helper_args(args: Vec<String>) -> Result<Vec<String>, String> {
             Some((k, v)) => (k, Some(v)),
             None => (option, None),
         };
-        match (key, value) {
-            ("allow_other", None) => out.push("--allow-other".into()),
-            ("no_verify", None) => out.push("--no-verify".into()),
-            (
-                "state"
-                | "backend"
-                | "retain"
-                | "max_concurrent"
-                | "interval"
-                | "restore"
-                | "log_file"
-                | "format_version"
-                | "rocksdb_options"
-                | "small_file_compaction_interval",
-                Some(v),
-            ) => {
-                out.push(format!("--{}", key.replace('_', "-")));
+        let long = key.replace('_', "-");
+        let arg = mount_command
+            .get_arguments()
+            .find(|a| a.get_long() == Some(long.as_str()) && long != "help");
+        match (arg, value) {
+            (Some(arg), None) if !arg.get_action().takes_values() => {
+                out.push(format!("--{long}"));
+            }
+            (Some(arg), Some(v)) if arg.get_action().takes_values() => {
+                out.push(format!("--{long}"));
                 out.push(v.to_string());
             }
-            (k, None) if GENERIC_MOUNT_OPTIONS.contains(&k) => {}
-            _ => return Err(format!("unknown mount option {option:?}")),
+            (Some(_), None) => {
+                return Err(format!("mount option {key:?} needs a value ({key}=...)"))
+            }
+            (Some(_), Some(_)) => return Err(format!("mount option {key:?} takes no value")),
+            (None, None) if GENERIC_MOUNT_OPTIONS.contains(&key) => {}
+            (None, _) => return Err(format!("unknown mount option {option:?}")),
         }
     }
     Ok(out)

@@ -283,7 +283,11 @@ fn main() -> ExitCode {
         .and_then(|n| n.to_str())
         .unwrap_or("");
     let args: Vec<std::ffi::OsString> = if invoked_as.starts_with("mount.") {
-        match client::mount_helper_args(std::env::args().skip(1).collect()) {
+        let command = <Cli as clap::CommandFactory>::command();
+        let mount = command
+            .find_subcommand("mount")
+            .expect("the mount subcommand");
+        match client::mount_helper_args(std::env::args().skip(1).collect(), mount) {
             Ok(args) => args.into_iter().map(Into::into).collect(),
             Err(e) => {
                 eprintln!("{invoked_as}: {e}");
@@ -723,5 +727,96 @@ fn print_fsck(report: &fsck::FsckReport, repair: bool) {
         );
     } else if !repair && (!report.orphans.is_empty() || report.staged_leftovers > 0) {
         println!("run `ckptfs fsck --repair` to delete orphans and leftovers");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn helper(options: &str) -> Result<Vec<String>, String> {
+        let command = Cli::command();
+        let mount = command.find_subcommand("mount").unwrap();
+        client::mount_helper_args(
+            vec![
+                "s3://bkt/p".into(),
+                "/mnt/x".into(),
+                "-o".into(),
+                options.into(),
+            ],
+            mount,
+        )
+    }
+
+    /// Every long option of `ckptfs mount` has its `-o` twin for fstab and `mount -t
+    /// fuse.ckptfs` (with `_` for `-`), so no option can be left out of the list again.
+    #[test]
+    fn every_mount_option_has_its_fstab_twin() {
+        let command = Cli::command();
+        let mount = command.find_subcommand("mount").unwrap();
+        let mut seen = 0;
+        for arg in mount.get_arguments() {
+            let Some(long) = arg.get_long().filter(|l| *l != "help") else {
+                continue;
+            };
+            let key = long.replace('-', "_");
+            let (option, expected) = if arg.get_action().takes_values() {
+                (
+                    format!("{key}=V"),
+                    vec![format!("--{long}"), "V".to_string()],
+                )
+            } else {
+                (key.clone(), vec![format!("--{long}")])
+            };
+            let out = helper(&option).unwrap_or_else(|e| panic!("-o {option}: {e}"));
+            assert_eq!(out[4..], expected[..], "-o {option}");
+            seen += 1;
+        }
+        assert!(seen > 20, "only {seen} options");
+    }
+
+    /// What the helper makes of an fstab line is a command line clap accepts; generic
+    /// options are ignored, unknown ones and misused ones refused.
+    #[test]
+    fn fstab_options_parse_as_a_mount_command() {
+        let out = helper(
+            "state=/var/lib/ckptfs,backend=Op/0,backend=Op/1,lease_ttl=10s,lease-wait=20s,\
+             orphan_grace=1h,upload_concurrency=4,allow_other,_netdev,noauto,rw",
+        )
+        .unwrap();
+        let cli = Cli::try_parse_from(&out).unwrap_or_else(|e| panic!("{out:?}: {e}"));
+        let Command::Mount {
+            lease_ttl,
+            lease_wait,
+            allow_other,
+            backends,
+            upload_concurrency,
+            ..
+        } = cli.command
+        else {
+            panic!("not a mount: {out:?}");
+        };
+        assert_eq!(lease_ttl, std::time::Duration::from_secs(10));
+        assert_eq!(lease_wait, std::time::Duration::from_secs(20));
+        assert!(allow_other);
+        assert_eq!(backends.len(), 2);
+        assert_eq!(upload_concurrency, 4);
+        // A read-only view from fstab; clap's rules hold (no backends with read_only).
+        let view = helper("read_only,cache_size=1GiB").unwrap();
+        assert!(matches!(
+            Cli::try_parse_from(&view).unwrap().command,
+            Command::Mount {
+                read_only: true,
+                ..
+            }
+        ));
+        let both = helper("read_only,backend=Op/0").unwrap();
+        assert!(Cli::try_parse_from(&both).is_err());
+        assert!(helper("no_such_option=1").unwrap_err().contains("unknown"));
+        assert!(helper("retain").unwrap_err().contains("needs a value"));
+        assert!(helper("read_only=yes")
+            .unwrap_err()
+            .contains("takes no value"));
     }
 }
