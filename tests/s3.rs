@@ -549,12 +549,23 @@ fn the_server_gone_mid_upload_fails_the_checkpoint_and_the_next_succeeds() {
     let ls = std::fs::read_dir(&mount.mnt).unwrap().count();
     assert!(ls >= 1);
     assert!(mount.mnt.join("cp-1/Op/0/CURRENT").exists());
-    // The server returns: the next checkpoint succeeds and holds everything.
+    // The server returns: once the lease is renewed (it could not be while the server was
+    // away, and a daemon whose lease ran out writes nothing until then, within a second),
+    // the next checkpoint succeeds and holds everything.
     proxy.restore();
-    let id: u64 = ok(ckptfs_with_env(&["checkpoint", m], &env))
-        .trim()
-        .parse()
-        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let answer = loop {
+        let answer = ckptfs_with_env(&["checkpoint", m], &env);
+        let why = String::from_utf8_lossy(&answer.stderr).into_owned();
+        if answer.status.success()
+            || !why.contains("renewed in time")
+            || std::time::Instant::now() > deadline
+        {
+            break answer;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let id: u64 = ok(answer).trim().parse().unwrap();
     let out = dir.path().join("out");
     ok(Command::new("cp")
         .arg("-r")
