@@ -135,7 +135,7 @@ struct Shared {
     holder: String,
     token: String,
     ttl: Duration,
-    renewals: Mutex<u64>,
+    renewals: std::sync::atomic::AtomicU64,
     /// The version of the lease record as this holder last wrote it.
     version: Mutex<Option<String>>,
     /// Until when this holder may write, on the boot clock ([`boot_now`]).
@@ -320,7 +320,7 @@ impl Lease {
             holder,
             token,
             ttl,
-            renewals: Mutex::new(0),
+            renewals: std::sync::atomic::AtomicU64::new(0),
             version: Mutex::new(None),
             valid_until: Mutex::new(Duration::ZERO),
             lost: AtomicBool::new(false),
@@ -407,11 +407,7 @@ impl Shared {
     }
 
     fn record_expiring(&self, expires_unix_ms: u64) -> Vec<u8> {
-        let renewal = {
-            let mut n = lock(&self.renewals);
-            *n += 1;
-            *n
-        };
+        let renewal = self.renewals.fetch_add(1, Ordering::SeqCst) + 1;
         serde_json::to_vec_pretty(&LeaseRecord {
             holder: self.holder.clone(),
             token: self.token.clone(),

@@ -1336,6 +1336,27 @@ fn a_prefix_with_special_characters_lists_its_checkpoints() {
     assert_eq!(common::scan(&engine, &a).len(), 10);
 }
 
+/// Mount a daemon of the object-storage torture (it waits up to 8 s for the lease);
+/// returns whether it became the writer.
+fn torture_mount(url: &str, mnt: &Path, state: &Path) -> bool {
+    std::fs::create_dir_all(mnt).unwrap();
+    let mut args = vec![
+        "mount",
+        url,
+        mnt.to_str().unwrap(),
+        "--state",
+        state.to_str().unwrap(),
+        "--backend",
+        "Op/0",
+        "--retain",
+        "1000",
+        "--lease-wait",
+        "8s",
+    ];
+    args.extend_from_slice(SHORT_LEASE);
+    ckptfs_with_env(&args, &[]).status.success()
+}
+
 /// Two daemons on one store, the writer stopped (SIGSTOP) for random times up to 2.5
 /// times the lease time and continued, the other one waiting for the lease, for
 /// `CKPTFS_TORTURE_S3_SECS` seconds (default 40): every checkpoint a daemon reported
@@ -1354,31 +1375,8 @@ fn two_daemons_alternately_stopped_lose_no_committed_checkpoint() {
     std::fs::create_dir_all(&acked_dir).unwrap();
     let mnts = [dir.path().join("m0"), dir.path().join("m1")];
     let states = [dir.path().join("s0"), dir.path().join("s1")];
-    let base = vec![
-        "--backend",
-        "Op/0",
-        "--lease-ttl",
-        "3s",
-        "--orphan-grace",
-        "3s",
-        "--retain",
-        "1000",
-        "--lease-wait",
-        "8s",
-    ];
     // Mount daemon `d` (waits for the lease); returns whether it became the writer.
-    let start = |d: usize| -> bool {
-        std::fs::create_dir_all(&mnts[d]).unwrap();
-        let mut args = vec![
-            "mount",
-            url.as_str(),
-            mnts[d].to_str().unwrap(),
-            "--state",
-            states[d].to_str().unwrap(),
-        ];
-        args.extend_from_slice(&base);
-        ckptfs_with_env(&args, &[]).status.success()
-    };
+    let start = |d: usize| torture_mount(&url, &mnts[d], &states[d]);
     let stop = |d: usize| {
         let _ = Command::new(BIN)
             .args(["umount", mnts[d].to_str().unwrap(), "--timeout", "30"])
@@ -1449,24 +1447,9 @@ fn two_daemons_alternately_stopped_lose_no_committed_checkpoint() {
         let contender = if running[other] {
             None
         } else {
-            let (url, mnt, state, base) = (
-                url.clone(),
-                mnts[other].clone(),
-                states[other].clone(),
-                base.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
-            );
+            let (url, mnt, state) = (url.clone(), mnts[other].clone(), states[other].clone());
             Some(std::thread::spawn(move || {
-                std::fs::create_dir_all(&mnt).unwrap();
-                let mut args = vec![
-                    "mount".to_string(),
-                    url,
-                    mnt.to_str().unwrap().into(),
-                    "--state".into(),
-                    state.to_str().unwrap().into(),
-                ];
-                args.extend(base);
-                let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                ckptfs_with_env(&args, &[]).status.success()
+                torture_mount(&url, &mnt, &state)
             }))
         };
         std::thread::sleep(pause);

@@ -805,15 +805,21 @@ impl Catalog {
         self.records.delete(&Self::manifest_key(id))
     }
 
+    /// The metadata as a reader judges manifests by: `None` where it is missing or cannot
+    /// be read (then every manifest counts, as on a store of an older format).
+    fn meta_for_reading(&self) -> Result<Option<StoreMeta>> {
+        Ok(self
+            .records
+            .get(META)?
+            .and_then(|record| unseal::<StoreMeta>(&record.bytes, META).ok())
+            .map(|(meta, _)| meta))
+    }
+
     /// Load the manifest of checkpoint `id`, if it is committed ([`Error::NoSuchCheckpoint`]
     /// for a pending or void one).
     pub fn load(&self, id: u64) -> Result<Manifest> {
-        if let Some(record) = self.records.get(META)? {
-            if let Ok((meta, _)) = unseal::<StoreMeta>(&record.bytes, META) {
-                if !meta.counts(id) {
-                    return Err(Error::NoSuchCheckpoint(id));
-                }
-            }
+        if self.meta_for_reading()?.is_some_and(|m| !m.counts(id)) {
+            return Err(Error::NoSuchCheckpoint(id));
         }
         self.load_with(id, &mut ListReader::new(self.objects.as_ref()))
     }
@@ -876,21 +882,15 @@ impl Catalog {
     /// What `checkpoints/` holds, judged by the metadata read just before it is listed (a
     /// manifest committed after that read is seen at the next look).
     pub fn list_manifests(&self) -> Result<Listing> {
-        let meta = match self.records.get(META)? {
-            Some(record) => unseal::<StoreMeta>(&record.bytes, META)
-                .ok()
-                .map(|(m, _)| m),
-            None => None,
-        };
+        let meta = self.meta_for_reading()?;
         let mut listing = Listing::default();
         for name in self.records.list(CHECKPOINTS)? {
             match manifest_id(&name) {
                 Some(id) if meta.as_ref().is_none_or(|m| m.counts(id)) => {
                     listing.committed.insert(id);
                 }
-                Some(id) if meta.as_ref().is_some_and(|m| m.pending.contains(&id)) => {
-                    listing.pending.insert(id);
-                }
+                // A writer's checkpoint in flight: neither committed nor void yet.
+                Some(id) if meta.as_ref().is_some_and(|m| m.pending.contains(&id)) => {}
                 Some(id) => {
                     listing.void.insert(id);
                 }
@@ -1031,13 +1031,12 @@ impl Catalog {
 /// A manifest file that cannot be read, and why.
 pub type Unreadable = (String, Error);
 
-/// The manifests in `checkpoints/`, by what they are.
+/// The manifests in `checkpoints/`, by what they are (pending ones, a writer's checkpoints
+/// in flight, are in neither set).
 #[derive(Debug, Default)]
 pub struct Listing {
     /// Checkpoints that count.
     pub committed: BTreeSet<u64>,
-    /// Reserved, not confirmed yet: a writer's checkpoint in flight (object storage).
-    pub pending: BTreeSet<u64>,
     /// Never count: left by a writer that lost the store, or dropped (object storage).
     pub void: BTreeSet<u64>,
     /// Names that are no manifest's.

@@ -844,9 +844,9 @@ impl PendingCheckpoint {
                 Ok(())
             });
             if let Err(e) = confirmed {
-                // Not committed: the id stays pending (void from the next write on), but
-                // its manifest may exist: the objects are left to the orphan sweep.
-                engine.state().meta.make_void(manifest.id);
+                // Not committed: the id stays pending (void from the next write on, see
+                // `release`), but its manifest may exist: the objects are left to the
+                // orphan sweep.
                 self.keep_objects = true;
                 return Err(e);
             }
