@@ -35,7 +35,7 @@ ckptfs_install_rocksdict() {
 }
 
 # moto_server (Python package moto[server]): the S3-compatible server the object-storage
-# tests (tests/s3.rs) start on 127.0.0.1.
+# tests (tests/integration/object_storage.rs, fencing.rs) start on 127.0.0.1.
 ckptfs_install_moto() {
     command -v moto_server >/dev/null 2>&1 && python3 -c 'import moto' 2>/dev/null && return 0
     python3 -m pip install -q 'moto[server]' 2>/dev/null \

@@ -1,5 +1,5 @@
 //! Failpoints for the fault campaign: named steps of a checkpoint, a drop, a restore and
-//! recovery where the test harness (`tests/torture.rs`) can make the process die.
+//! recovery where the test harness (`tests/integration/torture.rs`) can make the process die.
 //!
 //! Compiled in only with the cargo feature `failpoints`; without it [`failpoint!`] expands
 //! to nothing. With it, the `FAILPOINTS` environment variable configures them in the

@@ -9,10 +9,10 @@
 //! `CKPTFS_TORTURE_TRIALS` sets the number of trials (default 40, the CI's short mode: every
 //! failpoint twice);
 //! `scripts/torture` runs the long campaign and prints the summary table.
-#![cfg(feature = "failpoints")]
 
-mod common;
-
+use crate::common::*;
+use ckptfs::workload::{current_round, expected_after};
+use ckptfs::{Engine, EngineConfig};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
@@ -20,13 +20,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ckptfs::workload::{current_round, expected_after};
-use ckptfs::{Engine, EngineConfig};
-use common::*;
-
 const KEYS: u32 = 1500;
+
 const VALUE_SIZE: usize = 64;
+
 const BACKENDS: [&str; 2] = ["A/0", "B/1"];
+
 const RETAIN: u32 = 3;
 
 /// A deterministic generator (no wall-clock randomness: a failing trial can be rerun).

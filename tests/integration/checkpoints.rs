@@ -1,13 +1,14 @@
-//! Integration tests of the engine with real RocksDB instances and a real store directory.
-
-mod common;
+//! Checkpoints through the engine, with real RocksDB instances and a store directory: only
+//! new files are stored, identical files once, ids never reused, retention applied at once,
+//! concurrent checkpoints share uploads, file lists and append-only files stored as deltas.
 
 use std::collections::BTreeSet;
 
 use ckptfs::backend::scan_dir;
 use ckptfs::store::hash_file;
 use ckptfs::{Engine, Error};
-use common::*;
+
+use crate::common::*;
 
 #[test]
 fn a_checkpoint_after_a_small_change_stores_only_the_new_ssts() {
@@ -88,156 +89,6 @@ fn a_checkpoint_after_a_small_change_stores_only_the_new_ssts() {
 }
 
 #[test]
-fn restore_round_trip_gives_exactly_the_checkpointed_data() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let engine = Engine::open(config(&store, &["A/0", "B/3"])).unwrap();
-    let (a, b) = (name("A/0"), name("B/3"));
-    put_range(&engine, &a, 0..3000, "one");
-    put_range(&engine, &b, 100..200, "two");
-    engine.delete(&a, b"k000010").unwrap();
-    engine.put(&b, b"bin\0key", &[0, 255, 10]).unwrap();
-    let expected = snapshot_all(&engine);
-    let cp = engine.checkpoint().unwrap();
-    // Writes after the checkpoint are not in it.
-    put_range(&engine, &a, 0..10, "later");
-    engine.delete(&b, b"bin\0key").unwrap();
-    assert_eq!(restored_contents(&store, cp.id), expected);
-    assert_consistent(&engine);
-}
-
-#[test]
-fn restore_refuses_a_non_empty_destination_and_bad_ids_without_writing() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
-    engine.put(&name("A/0"), b"k", b"v").unwrap();
-    engine.checkpoint().unwrap();
-    let dest = dir.path().join("dest");
-    std::fs::create_dir(&dest).unwrap();
-    std::fs::write(dest.join("keep"), b"mine").unwrap();
-    let err = ckptfs::restore::restore_checkpoint(&store, 1, &dest, |_| {}).unwrap_err();
-    assert!(matches!(err, Error::NotEmpty(_)), "{err}");
-    assert_eq!(std::fs::read(dest.join("keep")).unwrap(), b"mine");
-
-    let fresh = dir.path().join("fresh");
-    let err = ckptfs::restore::restore_checkpoint(&store, 9, &fresh, |_| {}).unwrap_err();
-    assert!(matches!(err, Error::NoSuchCheckpoint(9)), "{err}");
-    assert!(!fresh.exists());
-
-    let err = ckptfs::restore::restore_checkpoint(dir.path().join("nostore"), 1, &fresh, |_| {})
-        .unwrap_err();
-    assert_eq!(err.errno(), libc::ENOENT, "{err}");
-    assert!(!fresh.exists());
-}
-
-#[test]
-fn restore_verifies_checksums_and_cleans_up_on_corruption() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
-    put_range(&engine, &name("A/0"), 0..2000, "v");
-    let cp = engine.checkpoint().unwrap();
-    let victim = cp.backends[0]
-        .files
-        .iter()
-        .find(|f| f.name.ends_with(".sst"))
-        .unwrap();
-    let path = engine.object_store().local_path(&victim.object).unwrap();
-    let mut bytes = std::fs::read(&path).unwrap();
-    bytes[100] ^= 0xff;
-    std::fs::write(&path, &bytes).unwrap();
-    let dest = dir.path().join("out");
-    let err = ckptfs::restore::restore_checkpoint(&store, cp.id, &dest, |_| {}).unwrap_err();
-    assert!(matches!(err, Error::Corrupt(_)), "{err}");
-    assert!(!dest.exists(), "a failed restore left files behind");
-}
-
-/// After a roll-back, the restored RocksDB reuses file numbers that later (abandoned)
-/// checkpoints also used; the next checkpoints must hold the new files, not the old ones.
-#[test]
-fn file_numbers_reused_after_a_restore_do_not_alias_abandoned_files() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let mut cfg = config(&store, &["A/0"]);
-    cfg.retain = Some(20);
-    let engine = Engine::open(cfg).unwrap();
-    let a = name("A/0");
-    put_range(&engine, &a, 0..2000, "base");
-    let cp1 = engine.checkpoint().unwrap();
-    let at_cp1 = snapshot_all(&engine);
-    // Several abandoned checkpoints, so their SSTs cover many file numbers.
-    let mut abandoned = std::collections::BTreeMap::new();
-    for i in 0..16u32 {
-        put_range(&engine, &a, i * 300..(i + 1) * 300, "abandoned");
-        engine.flush(&a).unwrap();
-        if i % 5 == 2 {
-            engine.compact(&a).unwrap();
-        }
-        let cp = engine.checkpoint().unwrap();
-        for f in cp.backends[0]
-            .files
-            .iter()
-            .filter(|f| f.name.ends_with(".sst"))
-        {
-            if !cp1.backends[0].files.iter().any(|g| g.name == f.name) {
-                abandoned
-                    .entry(f.name.clone())
-                    .or_insert_with(BTreeSet::new)
-                    .insert(f.object);
-            }
-        }
-    }
-
-    engine.restore_backends(cp1.id).unwrap();
-    assert_eq!(snapshot_all(&engine), at_cp1);
-    // Write and flush until a live SST carries a number an abandoned checkpoint used.
-    let mut round = 0;
-    while !engine
-        .live_sst_files(&a)
-        .unwrap()
-        .iter()
-        .any(|(n, _)| abandoned.contains_key(n))
-    {
-        assert!(
-            round < 30,
-            "the restored DB never reused a number of {abandoned:?}"
-        );
-        put_range(&engine, &a, round * 100..(round + 1) * 100, "after-restore");
-        engine.flush(&a).unwrap();
-        if round % 3 == 1 {
-            engine.compact(&a).unwrap();
-        }
-        round += 1;
-    }
-    let expected = snapshot_all(&engine);
-    let cp = engine.checkpoint().unwrap();
-    let mut collisions = 0;
-    for f in cp.backends[0].files.iter() {
-        if let Some(old) = abandoned.get(&f.name) {
-            collisions += 1;
-            assert!(
-                !old.contains(&f.object),
-                "{} aliased an abandoned checkpoint's file",
-                f.name
-            );
-        }
-    }
-    assert!(collisions > 0);
-    assert_eq!(restored_contents(&store, cp.id), expected);
-    assert_consistent(&engine);
-
-    // The same holds across a restart: the lineage is durable.
-    drop(engine);
-    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
-    put_range(&engine, &a, 5000..5100, "x");
-    let expected = snapshot_all(&engine);
-    let next = engine.checkpoint().unwrap();
-    assert!(next.stats.files_reused > 0);
-    assert_eq!(restored_contents(&store, next.id), expected);
-}
-
-#[test]
 fn identical_files_are_stored_once_and_the_store_holds_only_referenced_objects() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
@@ -283,23 +134,6 @@ fn identical_files_are_stored_once_and_the_store_holds_only_referenced_objects()
         cp.stats.files_total as usize,
         cp.backends.iter().map(|b| b.files.len()).sum::<usize>()
     );
-}
-
-#[test]
-fn a_second_engine_on_the_same_store_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
-    let mut other = config(&store, &["A/0"]);
-    other.state = Some(dir.path().join("other-state"));
-    let err = Engine::open(other).err().expect("second open succeeded");
-    assert!(matches!(err, Error::Locked { .. }), "{err}");
-    assert!(
-        err.to_string().contains(&std::process::id().to_string()),
-        "{err}"
-    );
-    drop(engine);
-    Engine::open(config(&store, &["A/0"])).unwrap();
 }
 
 #[test]
@@ -397,138 +231,88 @@ fn concurrent_checkpoints_share_uploads_and_aborts_leave_nothing_behind() {
     assert_consistent(&engine);
 }
 
+/// After a roll-back, the restored RocksDB reuses file numbers that later (abandoned)
+/// checkpoints also used; the next checkpoints must hold the new files, not the old ones.
 #[test]
-fn a_crash_mid_upload_leaves_no_trace_after_recovery() {
+fn file_numbers_reused_after_a_restore_do_not_alias_abandoned_files() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
-    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
+    let mut cfg = config(&store, &["A/0"]);
+    cfg.retain = Some(20);
+    let engine = Engine::open(cfg).unwrap();
     let a = name("A/0");
-    put_range(&engine, &a, 0..3000, "one");
+    put_range(&engine, &a, 0..2000, "base");
     let cp1 = engine.checkpoint().unwrap();
-    put_range(&engine, &a, 3000..6000, "two");
-    engine.compact(&a).unwrap();
-    let pending = engine.begin_checkpoint().unwrap();
-    pending.simulate_crash(2);
-    let stored_during_crash = engine.object_store().list().unwrap().len();
-    assert!(
-        stored_during_crash > cp1.objects().len(),
-        "the crash stored nothing"
-    );
-    drop(engine);
-    // fsck sees the orphans of the interrupted checkpoint ...
-    let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
-    assert!(!report.orphans.is_empty());
-    assert!(!report.is_clean());
-    // ... and startup recovery removes them.
-    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
-    assert_consistent(&engine);
-    assert_eq!(engine.checkpoints().len(), 1);
-    let cp = engine.checkpoint().unwrap();
-    assert_eq!(cp.id, 3, "the interrupted checkpoint's id was reused");
-    drop(engine);
-    let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
-    assert!(report.is_clean(), "{report:?}");
-}
+    let at_cp1 = snapshot_all(&engine);
+    // Several abandoned checkpoints, so their SSTs cover many file numbers.
+    let mut abandoned = std::collections::BTreeMap::new();
+    for i in 0..16u32 {
+        put_range(&engine, &a, i * 300..(i + 1) * 300, "abandoned");
+        engine.flush(&a).unwrap();
+        if i % 5 == 2 {
+            engine.compact(&a).unwrap();
+        }
+        let cp = engine.checkpoint().unwrap();
+        for f in cp.backends[0]
+            .files
+            .iter()
+            .filter(|f| f.name.ends_with(".sst"))
+        {
+            if !cp1.backends[0].files.iter().any(|g| g.name == f.name) {
+                abandoned
+                    .entry(f.name.clone())
+                    .or_insert_with(BTreeSet::new)
+                    .insert(f.object);
+            }
+        }
+    }
 
-#[test]
-fn fsck_finds_corruption_missing_objects_and_orphans_and_repairs_what_it_can() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
-    put_range(&engine, &name("A/0"), 0..3000, "v");
-    let cp1 = engine.checkpoint().unwrap();
-    let s = engine.object_store();
-    let files = &cp1.backends[0].files;
-    let corrupt = files
+    engine.restore_backends(cp1.id).unwrap();
+    assert_eq!(snapshot_all(&engine), at_cp1);
+    // Write and flush until a live SST carries a number an abandoned checkpoint used.
+    let mut round = 0;
+    while !engine
+        .live_sst_files(&a)
+        .unwrap()
         .iter()
-        .find(|f| f.name.ends_with(".sst"))
-        .unwrap()
-        .object;
-    // The MANIFEST's first stored object (a chunk: it is stored as chunks).
-    let missing = files
-        .iter()
-        .find(|f| f.name.starts_with("MANIFEST"))
-        .unwrap()
-        .stored()
-        .next()
-        .unwrap()
-        .0;
-    let corrupt_path = s.local_path(&corrupt).unwrap();
-    let missing_path = s.local_path(&missing).unwrap();
-    drop(engine);
-
-    let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
-    assert!(report.is_clean(), "{report:?}");
-    assert_eq!(report.counts.len(), report.objects_referenced);
-
-    // fsck refuses while a daemon holds the store.
-    let engine = Engine::open(config(&store, &["A/0"])).unwrap();
-    assert!(matches!(
-        ckptfs::fsck::fsck(&store, false, |_| {}),
-        Err(Error::Locked { .. })
-    ));
-    drop(engine);
-
-    let mut bytes = std::fs::read(&corrupt_path).unwrap();
-    let last = bytes.len() - 1;
-    bytes[last] ^= 1;
-    std::fs::write(&corrupt_path, bytes).unwrap();
-    std::fs::remove_file(&missing_path).unwrap();
-    let orphan = blake3::hash(b"orphan").to_hex().to_string();
-    let orphan_dir = store.join("objects").join(&orphan[..2]);
-    std::fs::create_dir_all(&orphan_dir).unwrap();
-    std::fs::write(orphan_dir.join(&orphan), b"orphan").unwrap();
-
-    let report = ckptfs::fsck::fsck(&store, true, |_| {}).unwrap();
-    assert_eq!(report.corrupt, vec![corrupt.to_hex()]);
-    assert_eq!(report.missing, vec![missing.to_hex()]);
-    assert_eq!(report.orphans, vec![orphan.clone()]);
-    assert_eq!(report.repaired_orphans, 1);
-    assert_eq!(report.damaged_checkpoints, vec![cp1.id]);
-    assert!(!report.is_clean());
-    assert!(!orphan_dir.join(&orphan).exists());
-}
-
-#[test]
-fn backends_start_from_the_latest_checkpoint_when_local_state_is_lost() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let engine = Engine::open(config(&store, &["A/0", "B/1"])).unwrap();
-    put_range(&engine, &name("A/0"), 0..1000, "kept");
-    put_range(&engine, &name("B/1"), 0..10, "kept");
-    engine.checkpoint().unwrap();
+        .any(|(n, _)| abandoned.contains_key(n))
+    {
+        assert!(
+            round < 30,
+            "the restored DB never reused a number of {abandoned:?}"
+        );
+        put_range(&engine, &a, round * 100..(round + 1) * 100, "after-restore");
+        engine.flush(&a).unwrap();
+        if round % 3 == 1 {
+            engine.compact(&a).unwrap();
+        }
+        round += 1;
+    }
     let expected = snapshot_all(&engine);
-    put_range(&engine, &name("A/0"), 0..1000, "lost");
-    drop(engine);
-    std::fs::remove_dir_all(store.join("state")).unwrap();
-    // No --backend given: the store remembers its backends.
-    let engine = Engine::open(ckptfs::EngineConfig::new(&store)).unwrap();
-    assert_eq!(engine.backend_names(), vec![name("A/0"), name("B/1")]);
-    assert_eq!(snapshot_all(&engine), expected);
-    // And it checkpoints incrementally from there.
-    put_range(&engine, &name("B/1"), 10..20, "more");
     let cp = engine.checkpoint().unwrap();
-    assert!(cp.stats.files_reused > 0);
+    let mut collisions = 0;
+    for f in cp.backends[0].files.iter() {
+        if let Some(old) = abandoned.get(&f.name) {
+            collisions += 1;
+            assert!(
+                !old.contains(&f.object),
+                "{} aliased an abandoned checkpoint's file",
+                f.name
+            );
+        }
+    }
+    assert!(collisions > 0);
+    assert_eq!(restored_contents(&store, cp.id), expected);
     assert_consistent(&engine);
-}
 
-#[test]
-fn a_restored_directory_opens_in_stock_rocksdb_read_only() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
+    // The same holds across a restart: the lineage is durable.
+    drop(engine);
     let engine = Engine::open(config(&store, &["A/0"])).unwrap();
-    put_range(&engine, &name("A/0"), 0..500, "v");
-    let expected = scan(&engine, &name("A/0"));
-    let cp = engine.checkpoint().unwrap();
-    let out = dir.path().join("out");
-    ckptfs::restore::restore_checkpoint(&store, cp.id, &out, |_| {}).unwrap();
-    let got: Kv = scan_dir(&out.join("A/0")).unwrap().into_iter().collect();
-    assert_eq!(got, expected);
-    // scan never creates a database where there is none.
-    let empty = dir.path().join("empty");
-    std::fs::create_dir(&empty).unwrap();
-    assert!(scan_dir(&empty).is_err());
-    assert!(std::fs::read_dir(&empty).unwrap().next().is_none());
+    put_range(&engine, &a, 5000..5100, "x");
+    let expected = snapshot_all(&engine);
+    let next = engine.checkpoint().unwrap();
+    assert!(next.stats.files_reused > 0);
+    assert_eq!(restored_contents(&store, next.id), expected);
 }
 
 /// An object found missing at start is never shared: the next checkpoint stores its bytes
@@ -566,52 +350,7 @@ fn a_missing_object_is_stored_again_not_shared() {
     assert!(report.is_clean(), "{report:?}");
 }
 
-/// Starting from a checkpoint (or rolling back to one) touches no live database unless
-/// every backend's snapshot copies, verifies and opens: one bad object leaves all local
-/// state as it was.
-#[test]
-fn a_restore_that_fails_for_one_backend_changes_no_backend() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let mut cfg = config(&store, &["A/0", "B/0"]);
-    cfg.retain = Some(5);
-    let engine = Engine::open(cfg.clone()).unwrap();
-    put_range(&engine, &name("A/0"), 0..500, "old");
-    put_range(&engine, &name("B/0"), 0..500, "old");
-    let cp1 = engine.checkpoint().unwrap();
-    put_range(&engine, &name("A/0"), 0..500, "new");
-    put_range(&engine, &name("B/0"), 0..500, "new");
-    engine.checkpoint().unwrap();
-    let live = snapshot_all(&engine);
-    // Corrupt an object only checkpoint 1 of B/0 has.
-    let b1 = cp1.backend(&name("B/0")).unwrap();
-    let victim = b1.files.iter().find(|f| f.name.ends_with(".sst")).unwrap();
-    let path = engine.object_store().local_path(&victim.object).unwrap();
-    std::fs::write(&path, b"rot").unwrap();
-
-    // At run time ...
-    assert!(matches!(
-        engine.restore_backends(cp1.id),
-        Err(Error::Corrupt(_))
-    ));
-    assert_eq!(snapshot_all(&engine), live);
-    drop(engine);
-    // ... and at start.
-    let mut restore = cfg.clone();
-    restore.restore_from = Some(cp1.id);
-    assert!(matches!(Engine::open(restore), Err(Error::Corrupt(_))));
-    let engine = Engine::open(cfg).unwrap();
-    assert_eq!(snapshot_all(&engine), live);
-
-    // A restore from a store that does not exist creates nothing.
-    let typo = dir.path().join("typo");
-    let mut bad = config(&typo, &["A/0"]);
-    bad.restore_from = Some(3);
-    assert!(matches!(Engine::open(bad), Err(Error::NoSuchCheckpoint(3))));
-    assert!(!typo.exists());
-}
-
-/// Issue 9: a manifest names one stored file list per backend instead of repeating every
+/// A manifest names one stored file list per backend instead of repeating every
 /// file. A backend that did not change shares its list with the previous checkpoint; one
 /// that changed stores a small delta, so what a checkpoint adds to the store follows what
 /// changed, not how many files the backend has. After a restart every checkpoint reads back
@@ -704,7 +443,7 @@ fn manifests_share_file_lists_and_store_what_changed() {
         .is_clean());
 }
 
-/// Issue 9: RocksDB's MANIFEST only grows between checkpoints. Stored as chunks, a
+/// RocksDB's MANIFEST only grows between checkpoints. Stored as chunks, a
 /// checkpoint stores what was appended since the previous one plus at most one partial
 /// chunk, re-references the rest, and restores byte-identical; its chunks are counted and
 /// deleted like any object.

@@ -210,3 +210,99 @@ impl Ctl {
         serde_json::from_slice(&buf[..n]).unwrap()
     }
 }
+
+/// A size-limited tmpfs that fills like a real disk; unmounted on drop.
+pub struct SmallFs {
+    pub path: PathBuf,
+}
+
+impl SmallFs {
+    pub fn new(path: PathBuf, size: &str) -> SmallFs {
+        std::fs::create_dir_all(&path).unwrap();
+        let status = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(&path)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount tmpfs");
+        SmallFs { path }
+    }
+
+    pub fn resize(&self, size: &str) {
+        let status = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.path)
+            .status()
+            .unwrap();
+        assert!(status.success(), "remount tmpfs");
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}
+
+/// Values that do not compress, so their size on disk is what was written.
+pub fn noise(seed: u64, len: usize) -> String {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b'a' + (x % 26) as u8)
+        })
+        .collect()
+}
+
+pub fn load(
+    m: &Mounted,
+    backend: &str,
+    keys: std::ops::Range<u32>,
+    value_len: usize,
+) -> std::io::Result<()> {
+    let mut ctl = Ctl::open(m);
+    for chunk in keys.collect::<Vec<_>>().chunks(200) {
+        let lines: String = chunk
+            .iter()
+            .map(|k| format!("put {backend} key{k:07} {}\n", noise(*k as u64, value_len)))
+            .collect();
+        ctl.send(&lines)?;
+        for _ in chunk {
+            let answer = ctl.answer();
+            if answer["ok"] != true {
+                return Err(std::io::Error::other(answer.to_string()));
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn store_files(store: &Path, sub: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut pending = vec![store.join(sub)];
+    while let Some(dir) = pending.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                pending.push(p);
+            } else {
+                out.push(p.strip_prefix(store).unwrap().display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+pub fn daemon_pid(m: &Mounted) -> i32 {
+    m.status()["pid"].as_i64().unwrap() as i32
+}

@@ -1,15 +1,12 @@
 //! `wal` checkpoint mode: checkpoints without a flush carry the write-ahead log written
 //! since the backend's last materialization, stored as chunks; stock RocksDB replays it.
 
-mod common;
-
+use crate::common::*;
+use ckptfs::backend::{wal_number, WAL_CHUNK_SIZE};
+use ckptfs::{CheckpointMode, Engine, EngineConfig, MaterializePolicy};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
-
-use ckptfs::backend::{wal_number, WAL_CHUNK_SIZE};
-use ckptfs::{CheckpointMode, Engine, EngineConfig, MaterializePolicy};
-use common::*;
 
 fn wal_config(store: &Path, backends: &[&str]) -> EngineConfig {
     let mut config = config(store, backends);
@@ -276,7 +273,7 @@ fn the_first_checkpoint_after_a_restart_or_a_restore_materializes() {
 /// directory RocksDB opens with every key.
 #[test]
 fn a_large_wal_copies_out_of_the_mount() {
-    use common::mounted::{ckptfs, ok, scan as scan_dir, Mounted};
+    use crate::common::mounted::{ckptfs, ok, scan as scan_dir, Mounted};
     let m = Mounted::new(&["--backend", "A/0", "--checkpoint-mode", "wal"]);
     m.load_keys("A/0", 25_000);
     let first = m.checkpoint();

@@ -1,11 +1,9 @@
-//! Cost that must not grow with history (issue 9): small-file compaction keeps the live
+//! Cost that must not grow with history: small-file compaction keeps the live
 //! SST count bounded when every checkpoint flushes a tiny, non-overlapping file.
 
-mod common;
-
+use crate::common::*;
 use ckptfs::compaction::SmallFilePolicy;
 use ckptfs::{Engine, WriteOp};
-use common::*;
 
 #[test]
 fn small_file_compaction_bounds_the_sst_count_of_time_ordered_state() {
@@ -94,13 +92,13 @@ fn small_file_compaction_bounds_the_sst_count_of_time_ordered_state() {
 /// and reports it in status.
 #[test]
 fn the_daemon_merges_small_files_in_the_background() {
-    let m = common::mounted::Mounted::new(&[
+    let m = crate::common::mounted::Mounted::new(&[
         "--backend",
         "A/0",
         "--small-file-compaction-interval",
         "200ms",
     ]);
-    let mut ctl = common::mounted::Ctl::open(&m);
+    let mut ctl = crate::common::mounted::Ctl::open(&m);
     for i in 0..80 {
         ctl.send(&format!("put A/0 t{i:06} v\nflush A/0\n"))
             .unwrap();
@@ -129,7 +127,7 @@ fn the_daemon_merges_small_files_in_the_background() {
     // Files flushed after the last merge stay until 64 small ones gather again.
     assert!(ssts <= 80 - 64 + 3, "{ssts} SSTs after the merge");
     assert_eq!(
-        common::mounted::scan(&m.mnt.join(format!("cp-{id}/A/0"))).len(),
+        crate::common::mounted::scan(&m.mnt.join(format!("cp-{id}/A/0"))).len(),
         80
     );
 }
@@ -138,13 +136,13 @@ fn the_daemon_merges_small_files_in_the_background() {
 /// checkpoint finds twice the policy's number of them (128), not at the next period.
 #[test]
 fn many_small_files_are_merged_without_waiting_for_the_period() {
-    let m = common::mounted::Mounted::new(&[
+    let m = crate::common::mounted::Mounted::new(&[
         "--backend",
         "A/0",
         "--small-file-compaction-interval",
         "1h",
     ]);
-    let mut ctl = common::mounted::Ctl::open(&m);
+    let mut ctl = crate::common::mounted::Ctl::open(&m);
     for i in 0..130 {
         ctl.send(&format!(
             "put A/0 t{i:06} v
@@ -173,7 +171,7 @@ flush A/0
     }
     let id = m.checkpoint();
     assert_eq!(
-        common::mounted::scan(&m.mnt.join(format!("cp-{id}/A/0"))).len(),
+        crate::common::mounted::scan(&m.mnt.join(format!("cp-{id}/A/0"))).len(),
         130
     );
 }

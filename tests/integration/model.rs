@@ -1,16 +1,13 @@
 //! Reference-model property test: random operations against the real engine and a plain
 //! in-memory model. After every step the store must match the model exactly.
 
-mod common;
-
+use crate::common::*;
+use ckptfs::store::Location;
+use ckptfs::{BackendName, CheckpointMode, Engine, PendingCheckpoint};
+use proptest::prelude::*;
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
-
-use ckptfs::store::Location;
-use ckptfs::{BackendName, CheckpointMode, Engine, PendingCheckpoint};
-use common::*;
-use proptest::prelude::*;
 
 const BACKENDS: [&str; 2] = ["op/0", "op/1"];
 
@@ -370,7 +367,7 @@ proptest! {
     /// orphan sweep after simulated crashes, restores read through the cache.
     #[test]
     fn engine_matches_the_model_on_object_storage(ops in proptest::collection::vec(op(), 1..30)) {
-        let url = common::moto::moto().store();
+        let url = crate::common::moto::moto().store();
         run_at(Location::parse(&url).unwrap(), CheckpointMode::Flush, &ops);
     }
 
@@ -379,7 +376,7 @@ proptest! {
     fn engine_matches_the_model_on_object_storage_in_wal_mode(
         ops in proptest::collection::vec(op(), 1..30)
     ) {
-        let url = common::moto::moto().store();
+        let url = crate::common::moto::moto().store();
         run_at(Location::parse(&url).unwrap(), CheckpointMode::Wal, &ops);
     }
 }

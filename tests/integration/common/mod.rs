@@ -1,10 +1,15 @@
+//! Helpers the subjects share: engines on a store directory, what a store holds, readers of
+//! restored directories in other RocksDB releases.
+
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod moto;
 pub mod mounted;
+pub mod s3;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ckptfs::backend::BackendOptions;
@@ -196,4 +201,33 @@ for k, v in db.items():\n    print(k.hex(), v.hex())\ndb.close()\n";
             (k.to_string(), v.to_string())
         })
         .collect()
+}
+
+/// Every object file of a store.
+pub fn objects(store: &Path) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    for shard in std::fs::read_dir(store.join("objects")).unwrap() {
+        for entry in std::fs::read_dir(shard.unwrap().path()).unwrap() {
+            out.insert(entry.unwrap().path());
+        }
+    }
+    out
+}
+
+pub fn six_checkpoints(store: &Path) -> Vec<u64> {
+    let mut cfg = config(store, &["A/0"]);
+    cfg.retain = Some(10);
+    let engine = Engine::open(cfg).unwrap();
+    let a = name("A/0");
+    let mut ids = Vec::new();
+    for i in 0..6u32 {
+        put_range(&engine, &a, i * 200..(i + 1) * 200, &format!("r{i}"));
+        engine.flush(&a).unwrap();
+        ids.push(engine.checkpoint().unwrap().id);
+    }
+    ids
+}
+
+pub fn retained_ids(engine: &Engine) -> Vec<u64> {
+    engine.checkpoints().iter().map(|m| m.id).collect()
 }

@@ -1,0 +1,769 @@
+//! The store on S3-compatible object storage, against a real server (moto_server) on
+//! 127.0.0.1: incremental uploads, shared uploads, orphans and their grace period,
+//! corruption, the mount, a server gone mid-upload, read-only views, prefixes with special
+//! characters; and the HTTP proxy the fault tests use.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+use std::time::Duration;
+
+use ckptfs::error::Error;
+use ckptfs::store::records::Put;
+use ckptfs::store::{Location, ObjectId, Opened};
+use ckptfs::Engine;
+
+use crate::common::moto::{create_bucket, moto, HttpProxy, Proxy};
+use crate::common::mounted::{ok, scan};
+use crate::common::s3::*;
+use crate::common::{assert_consistent, name, put_range, snapshot_all};
+
+#[test]
+fn checkpoints_upload_what_changed_retain_drop_and_restore_on_object_storage() {
+    let url = moto().store();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = s3_config(&url, dir.path(), &["A/0", "B/1"]);
+    config.retain = Some(2);
+    let engine = Engine::open(config.clone()).unwrap();
+    let (a, b) = (name("A/0"), name("B/1"));
+    let mut expected = BTreeMap::new();
+    let mut uploaded = Vec::new();
+    for round in 0..4u32 {
+        put_range(
+            &engine,
+            &a,
+            round * 300..(round + 1) * 300,
+            &format!("a{round}"),
+        );
+        put_range(&engine, &b, 0..50, &format!("b{round}"));
+        let manifest = engine.checkpoint().unwrap();
+        uploaded.push((manifest.stats.bytes_uploaded, manifest.stats.bytes_total));
+        expected.insert(manifest.id, snapshot_all(&engine));
+        assert_consistent(&engine);
+    }
+    // Incremental: later checkpoints upload a fraction of what they reference.
+    for (up, total) in &uploaded[1..] {
+        assert!(up < total, "uploaded {up} of {total}");
+    }
+    // Nothing changed (and no compaction pending): no SST is uploaded again.
+    engine.compact(&a).unwrap();
+    engine.compact(&b).unwrap();
+    let compacted = engine.checkpoint().unwrap();
+    expected.insert(compacted.id, snapshot_all(&engine));
+    let before = stored(&url).len();
+    let same = engine.checkpoint().unwrap();
+    assert_eq!(same.stats.bytes_new_sst, 0, "{:?}", same.stats);
+    assert!(same.stats.files_reused > 0);
+    expected.insert(same.id, snapshot_all(&engine));
+    assert!(
+        stored(&url).len() <= before + 4,
+        "an unchanged checkpoint stored objects"
+    );
+    // Retention dropped checkpoints 1 to 4 and deleted their objects from the bucket.
+    let retained: Vec<u64> = engine.checkpoints().iter().map(|m| m.id).collect();
+    assert_eq!(retained, vec![5, 6]);
+    assert_eq!(stored(&url), referenced(&url));
+    for id in [5, 6] {
+        assert_eq!(restored(&url, id), expected[&id], "checkpoint {id}");
+    }
+    // A restart finds the same checkpoints and goes on from them.
+    drop(engine);
+    let engine = Engine::open(config).unwrap();
+    assert_eq!(
+        engine
+            .checkpoints()
+            .iter()
+            .map(|m| m.id)
+            .collect::<Vec<_>>(),
+        vec![5, 6]
+    );
+    put_range(&engine, &a, 0..10, "again");
+    let seventh = engine.checkpoint().unwrap();
+    assert_eq!(seventh.id, 7);
+    assert!(seventh.stats.files_reused > 0);
+    assert_consistent(&engine);
+    assert_eq!(restored(&url, 7), snapshot_all(&engine));
+}
+
+#[test]
+fn concurrent_checkpoints_share_their_uploads() {
+    let url = moto().store();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = s3_config(&url, dir.path(), &["A/0"]);
+    config.max_concurrent = 2;
+    config.retain = Some(5);
+    let engine = Engine::open(config).unwrap();
+    let a = name("A/0");
+    put_range(&engine, &a, 0..500, "one");
+    let first = engine.begin_checkpoint().unwrap();
+    let first_view = snapshot_all(&engine);
+    put_range(&engine, &a, 500..900, "two");
+    let second = engine.begin_checkpoint().unwrap();
+    let second_view = snapshot_all(&engine);
+    let (m2, m1) = std::thread::scope(|s| {
+        let t2 = s.spawn(|| second.complete().unwrap());
+        let t1 = s.spawn(|| first.complete().unwrap());
+        (t2.join().unwrap(), t1.join().unwrap())
+    });
+    assert_consistent(&engine);
+    assert_eq!(restored(&url, m1.id), first_view);
+    assert_eq!(restored(&url, m2.id), second_view);
+    assert_eq!(stored(&url), referenced(&url));
+}
+
+#[test]
+fn an_interrupted_upload_leaves_orphans_that_only_the_grace_period_lets_go() {
+    let url = moto().store();
+    let dir = tempfile::tempdir().unwrap();
+    let config = s3_config(&url, dir.path(), &["A/0"]);
+    let engine = Engine::open(config.clone()).unwrap();
+    let a = name("A/0");
+    put_range(&engine, &a, 0..500, "kept");
+    engine.checkpoint().unwrap();
+    put_range(&engine, &a, 500..1500, "lost");
+    // Objects land, then the daemon "dies" before the manifest.
+    engine.begin_checkpoint().unwrap().simulate_crash(3);
+    drop(engine);
+    let orphans: BTreeSet<ObjectId> = stored(&url)
+        .difference(&referenced(&url))
+        .copied()
+        .collect();
+    assert!(!orphans.is_empty(), "the crash left no uploaded object");
+    // fsck reports them young, and even --repair keeps them.
+    let location = Location::parse(&url).unwrap();
+    let report = ckptfs::fsck::fsck(&location, true, |_| {}).unwrap();
+    assert_eq!(report.orphans_young.len(), orphans.len(), "{report:?}");
+    assert_eq!(report.repaired_orphans, 0);
+    assert!(stored(&url).is_superset(&orphans));
+    // Younger than the grace period: possibly a live upload of another daemon; kept.
+    let engine = Engine::open(config.clone()).unwrap();
+    assert_eq!(engine.sweep_orphans().unwrap(), 0);
+    drop(engine);
+    assert!(stored(&url).is_superset(&orphans));
+    // Past it, the start sweeps them, and the checkpoint is still whole.
+    let mut short = config;
+    short.orphan_grace = Duration::ZERO;
+    let engine = Engine::open(short).unwrap();
+    assert_eq!(stored(&url), referenced(&url));
+    assert_consistent(&engine);
+    let view = snapshot_all(&engine);
+    let next = engine.checkpoint().unwrap();
+    assert_eq!(restored(&url, next.id), view);
+}
+
+#[test]
+fn a_corrupt_object_is_detected_on_read_and_by_fsck() {
+    let url = moto().store();
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(s3_config(&url, dir.path(), &["A/0"])).unwrap();
+    put_range(&engine, &name("A/0"), 0..300, "v");
+    let manifest = engine.checkpoint().unwrap();
+    drop(engine);
+    let sst = manifest.backends[0]
+        .files
+        .iter()
+        .find(|f| f.name.ends_with(".sst"))
+        .unwrap()
+        .clone();
+    let opened = Opened::open(&Location::parse(&url).unwrap()).unwrap();
+    let mut bytes = vec![0u8; sst.size as usize];
+    bytes[0] = 1;
+    opened
+        .records
+        .put(&format!("objects/{}", sst.object), &bytes, Put::Overwrite)
+        .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let location = Location::parse(&url).unwrap();
+    let err =
+        ckptfs::restore::restore_checkpoint(&location, manifest.id, &out.path().join("x"), |_| {})
+            .unwrap_err();
+    assert!(matches!(err, Error::Corrupt(_)), "{err}");
+    assert!(
+        !out.path().join("x").exists(),
+        "a failed restore left files"
+    );
+    let report = ckptfs::fsck::fsck(&location, false, |_| {}).unwrap();
+    assert_eq!(report.corrupt, vec![sst.object.to_hex()], "{report:?}");
+    assert_eq!(report.damaged_checkpoints, vec![manifest.id]);
+    // Read through a mount: EIO, never the wrong bytes; the other files still read.
+    let mnt = dir.path().join("ro");
+    std::fs::create_dir(&mnt).unwrap();
+    ok(ckptfs_with_env(
+        &[
+            "mount",
+            "--read-only",
+            &url,
+            mnt.to_str().unwrap(),
+            "--state",
+            dir.path().join("ro-state").to_str().unwrap(),
+        ],
+        &[],
+    ));
+    let view = Mount { mnt };
+    let backend = view.mnt.join(format!("cp-{}/A/0", manifest.id));
+    let read = std::fs::read(backend.join(&sst.name)).unwrap_err();
+    assert_eq!(read.raw_os_error(), Some(libc::EIO));
+    let current = std::fs::read(backend.join("CURRENT")).unwrap();
+    assert!(current.starts_with(b"MANIFEST-"), "{current:?}");
+}
+
+#[test]
+fn a_mount_on_object_storage_serves_copies_and_drops_checkpoints() {
+    let url = moto().store();
+    let dir = tempfile::tempdir().unwrap();
+    let mount = Mount::new(
+        &url,
+        &dir.path().join("mnt"),
+        &dir.path().join("state"),
+        &["--backend", "Op/0", "--cache-size", "1MiB"],
+        &[],
+    );
+    let m = mount.m();
+    ok(ckptfs_with_env(&["put", m, "Op/0", "k1", "v1"], &[]));
+    ok(ckptfs_with_env(&["checkpoint", m], &[]));
+    ok(ckptfs_with_env(&["put", m, "Op/0", "k2", "v2"], &[]));
+    ok(ckptfs_with_env(&["checkpoint", m], &[]));
+    // cp -r of a checkpoint opens in stock RocksDB, read through the (tiny) cache.
+    for (id, keys) in [(1, vec!["k1"]), (2, vec!["k1", "k2"])] {
+        let out = dir.path().join(format!("out{id}"));
+        let copied = Command::new("cp")
+            .arg("-r")
+            .arg(mount.mnt.join(format!("cp-{id}")))
+            .arg(&out)
+            .status()
+            .unwrap();
+        assert!(copied.success());
+        let got: Vec<String> = scan(&out.join("Op/0"))
+            .into_keys()
+            .map(|k| String::from_utf8(k).unwrap())
+            .collect();
+        assert_eq!(got, keys);
+    }
+    // A second daemon on the same URL is refused, naming the holder.
+    std::fs::create_dir(dir.path().join("mnt2")).unwrap();
+    let refused = ckptfs_with_env(
+        &[
+            "mount",
+            &url,
+            dir.path().join("mnt2").to_str().unwrap(),
+            "--state",
+            dir.path().join("state2").to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("lease held by"), "{stderr}");
+    // ls, status and graph read the store by its URL, without the daemon.
+    let listed: serde_json::Value =
+        serde_json::from_str(&ok(ckptfs_with_env(&["ls", &url, "--json"], &[]))).unwrap();
+    let ids: Vec<u64> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, vec![1, 2]);
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(ckptfs_with_env(&["status", &url, "--json"], &[]))).unwrap();
+    assert_eq!(status["checkpoints_total"], 2);
+    assert_eq!(status["backends"][0], "Op/0");
+    let daemon: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(mount.mnt.join(".ckptfs/status")).unwrap())
+            .unwrap();
+    let holder = status["lease"]["holder"].as_str().unwrap();
+    assert!(
+        holder.ends_with(&format!("pid {}", daemon["pid"])),
+        "{holder}"
+    );
+    let text = ok(ckptfs_with_env(&["status", &url], &[]));
+    assert!(
+        text.contains("writer:") && text.contains("lease until"),
+        "{text}"
+    );
+    let dot = ok(ckptfs_with_env(&["graph", &url, "--format", "dot"], &[]));
+    assert!(dot.contains("cp-2"), "{dot}");
+    // rmdir drops a checkpoint and its objects leave the bucket.
+    std::fs::remove_dir(mount.mnt.join("cp-1")).unwrap();
+    assert_eq!(stored(&url), referenced(&url));
+    let status: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(mount.mnt.join(".ckptfs/status")).unwrap())
+            .unwrap();
+    assert_eq!(status["store"], url.as_str());
+}
+
+#[test]
+fn the_server_gone_mid_upload_fails_the_checkpoint_and_the_next_succeeds() {
+    let moto = moto();
+    let url = moto.store();
+    let proxy = Proxy::start(moto.port);
+    let env = crate::common::moto::env_for(proxy.port);
+    let dir = tempfile::tempdir().unwrap();
+    let mount = Mount::new(
+        &url,
+        &dir.path().join("mnt"),
+        &dir.path().join("state"),
+        &[
+            "--backend",
+            "Op/0",
+            "--orphan-grace",
+            "3s",
+            "--lease-ttl",
+            "3s",
+        ],
+        &env,
+    );
+    let m = mount.m();
+    ok(ckptfs_with_env(&["put", m, "Op/0", "first", "1"], &env));
+    ok(ckptfs_with_env(&["checkpoint", m], &env));
+    // About 6 MiB of new, incompressible SST data; the server goes away after 2 MiB.
+    let mut data = String::new();
+    let mut x: u64 = 0x9e3779b97f4a7c15;
+    for i in 0..3000 {
+        let value: String = (0..1000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                char::from(b'a' + (x % 26) as u8)
+            })
+            .collect();
+        data.push_str(&format!("key{i:05}\t{value}\n"));
+    }
+    let file = dir.path().join("load.tsv");
+    std::fs::write(&file, data).unwrap();
+    ok(ckptfs_with_env(
+        &["load", m, "Op/0", file.to_str().unwrap()],
+        &env,
+    ));
+    proxy.cut_after(2 << 20);
+    let failed = ckptfs_with_env(&["checkpoint", m, "--wait", "0"], &env);
+    assert!(
+        !failed.status.success(),
+        "the checkpoint succeeded without the server"
+    );
+    let why = String::from_utf8_lossy(&failed.stderr);
+    assert!(
+        why.contains("object storage") || why.contains("upload"),
+        "{why}"
+    );
+    // The daemon keeps serving what it has.
+    let ls = std::fs::read_dir(&mount.mnt).unwrap().count();
+    assert!(ls >= 1);
+    assert!(mount.mnt.join("cp-1/Op/0/CURRENT").exists());
+    // The server returns: once the lease is renewed (it could not be while the server was
+    // away, and a daemon whose lease ran out writes nothing until then, within a second),
+    // the next checkpoint succeeds and holds everything.
+    proxy.restore();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let answer = loop {
+        let answer = ckptfs_with_env(&["checkpoint", m], &env);
+        let why = String::from_utf8_lossy(&answer.stderr).into_owned();
+        if answer.status.success()
+            || !why.contains("renewed in time")
+            || std::time::Instant::now() > deadline
+        {
+            break answer;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let id: u64 = ok(answer).trim().parse().unwrap();
+    let out = dir.path().join("out");
+    ok(Command::new("cp")
+        .arg("-r")
+        .arg(mount.mnt.join(format!("cp-{id}")))
+        .arg(&out)
+        .output()
+        .unwrap());
+    assert_eq!(scan(&out.join("Op/0")).len(), 3001);
+    // What the failed checkpoint uploaded is swept once older than the grace period.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let orphans = stored(&url).difference(&referenced(&url)).count();
+        if orphans == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{orphans} orphans remain after the grace period"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[test]
+fn a_read_only_mount_elsewhere_follows_the_writer_and_refuses_changes() {
+    let url = moto().store();
+    let dir = tempfile::tempdir().unwrap();
+    let writer = Mount::new(
+        &url,
+        &dir.path().join("mnt"),
+        &dir.path().join("state"),
+        &["--backend", "Op/0"],
+        &[],
+    );
+    ok(ckptfs_with_env(
+        &["put", writer.m(), "Op/0", "k1", "v1"],
+        &[],
+    ));
+    ok(ckptfs_with_env(&["checkpoint", writer.m()], &[]));
+    // A second host's view: no --state (its own cache), no lease taken.
+    let ro_mnt = dir.path().join("ro");
+    std::fs::create_dir(&ro_mnt).unwrap();
+    ok(ckptfs_with_env(
+        &["mount", "--read-only", &url, ro_mnt.to_str().unwrap()],
+        &[],
+    ));
+    let reader = Mount { mnt: ro_mnt };
+    let names = |m: &Mount| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&m.mnt)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with("cp-"))
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(names(&reader), vec!["cp-1"]);
+    // The writer goes on: its new checkpoint shows up in the view within seconds.
+    ok(ckptfs_with_env(
+        &["put", writer.m(), "Op/0", "k2", "v2"],
+        &[],
+    ));
+    ok(ckptfs_with_env(&["checkpoint", writer.m()], &[]));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while names(&reader) != vec!["cp-1", "cp-2"] {
+        assert!(std::time::Instant::now() < deadline, "{:?}", names(&reader));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = dir.path().join("out");
+    ok(Command::new("cp")
+        .arg("-r")
+        .arg(reader.mnt.join("cp-2"))
+        .arg(&out)
+        .output()
+        .unwrap());
+    assert_eq!(scan(&out.join("Op/0")).len(), 2);
+    // Changes are refused with EROFS; the checkpoint stays.
+    let rmdir = std::fs::remove_dir(reader.mnt.join("cp-1")).unwrap_err();
+    assert_eq!(rmdir.raw_os_error(), Some(libc::EROFS));
+    let ctl = std::fs::OpenOptions::new()
+        .write(true)
+        .open(reader.mnt.join(".ckptfs/ctl"))
+        .unwrap_err();
+    assert_eq!(ctl.raw_os_error(), Some(libc::EROFS));
+    let refused = ckptfs_with_env(&["checkpoint", reader.m(), "--wait", "0"], &[]);
+    assert!(!refused.status.success());
+    let status: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(reader.mnt.join(".ckptfs/status")).unwrap())
+            .unwrap();
+    assert_eq!(status["read_only"], true);
+    // The writer drops a checkpoint: the view follows.
+    std::fs::remove_dir(writer.mnt.join("cp-1")).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while names(&reader) != vec!["cp-2"] {
+        assert!(std::time::Instant::now() < deadline, "{:?}", names(&reader));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A read-only view reports a manifest it cannot read (in status, naming the checkpoint),
+/// shows the others, and does not read it again at every refresh.
+#[test]
+fn a_read_only_view_reports_an_unreadable_manifest() {
+    let url = moto().store();
+    let dir = tempfile::tempdir().unwrap();
+    let a = name("A/0");
+    {
+        let engine = Engine::open(s3_config(&url, &dir.path().join("w"), &["A/0"])).unwrap();
+        for round in 0..2 {
+            put_range(&engine, &a, round * 10..round * 10 + 10, "x");
+            engine.checkpoint().unwrap();
+        }
+    }
+    let opened = Opened::open(&Location::parse(&url).unwrap()).unwrap();
+    opened
+        .records
+        .put("checkpoints/2.json", b"{not a manifest", Put::Overwrite)
+        .unwrap();
+    let mut config = s3_config(&url, &dir.path().join("r"), &[]);
+    config.backends.clear();
+    let view = Engine::open_read_only(config).unwrap();
+    let ids: Vec<u64> = view.checkpoints().iter().map(|m| m.id).collect();
+    assert_eq!(ids, vec![1]);
+    let error = view.status().last_error.unwrap_or_default();
+    assert!(error.contains("checkpoint 2"), "{error:?}");
+    assert!(!view.refresh_checkpoints().unwrap());
+}
+
+#[test]
+fn a_missing_bucket_is_a_clear_error() {
+    moto();
+    let dir = tempfile::tempdir().unwrap();
+    let url = "s3://ckptfs-no-such-bucket/store";
+    let err = Engine::open(s3_config(url, dir.path(), &["A/0"]))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("does not exist"), "{err}");
+    let out = ckptfs_with_env(&["ls", url], &[]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("bucket ckptfs-no-such-bucket does not exist"),
+        "{stderr}"
+    );
+}
+
+/// A store under a prefix with characters that keys spell percent-encoded (`~`, `#`, `%`,
+/// non-ASCII letters) lists its checkpoints and objects like any other.
+#[test]
+fn a_prefix_with_special_characters_lists_its_checkpoints() {
+    let url = moto().store().replace("/store", "/caf\u{e9}~#%x/store");
+    let dir = tempfile::tempdir().unwrap();
+    let a = name("A/0");
+    {
+        let engine = Engine::open(s3_config(&url, dir.path(), &["A/0"])).unwrap();
+        put_range(&engine, &a, 0..10, "x");
+        engine.checkpoint().unwrap();
+    }
+    assert!(!stored(&url).is_empty());
+    let listed = ok(ckptfs_with_env(&["ls", &url], &[]));
+    assert!(listed.contains('1'), "{listed}");
+    let engine = Engine::open(s3_config(&url, dir.path(), &["A/0"])).unwrap();
+    assert_eq!(engine.checkpoints().len(), 1);
+    assert_eq!(crate::common::scan(&engine, &a).len(), 10);
+}
+
+/// A plain HTTP/1.1 client connection (moto takes any signature) for the proxy's test.
+struct RawHttp {
+    reader: std::io::BufReader<std::net::TcpStream>,
+    stream: std::net::TcpStream,
+}
+
+/// A response: status, headers (names in lower case) and body.
+type Reply = (u16, Vec<(String, String)>, Vec<u8>);
+
+impl RawHttp {
+    fn connect(port: u16) -> RawHttp {
+        let stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        RawHttp {
+            reader: std::io::BufReader::new(stream.try_clone().unwrap()),
+            stream,
+        }
+    }
+
+    /// Send a request: its head with `headers` (whole lines) added, then `body` as given.
+    fn send(&mut self, method: &str, path: &str, headers: &str, body: &[u8]) {
+        use std::io::Write;
+        let auth = "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/s3/aws4_request, \
+                    SignedHeaders=host, Signature=00";
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {auth}\r\n{headers}\r\n"
+        );
+        self.stream.write_all(head.as_bytes()).unwrap();
+        self.stream.write_all(body).unwrap();
+    }
+
+    /// The next response head; None when the connection closes before it.
+    fn head(&mut self) -> Option<(u16, Vec<(String, String)>)> {
+        use std::io::BufRead;
+        let mut line = String::new();
+        if self.reader.read_line(&mut line).unwrap() == 0 {
+            return None;
+        }
+        let status = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let mut headers = Vec::new();
+        loop {
+            line.clear();
+            assert!(self.reader.read_line(&mut line).unwrap() > 0, "cut head");
+            let line = line.trim_end();
+            if line.is_empty() {
+                return Some((status, headers));
+            }
+            let (name, value) = line.split_once(':').unwrap();
+            headers.push((name.to_lowercase(), value.trim().to_string()));
+        }
+    }
+
+    /// The final response to a request (interim ones skipped); None when the connection
+    /// closes before it.
+    fn response(&mut self, method: &str) -> Option<Reply> {
+        use std::io::Read;
+        loop {
+            let (status, headers) = self.head()?;
+            if status < 200 {
+                continue;
+            }
+            let length = match method {
+                "HEAD" => 0,
+                _ => headers
+                    .iter()
+                    .find(|(name, _)| name == "content-length")
+                    .map(|(_, value)| value.parse().unwrap())
+                    .expect("moto sends Content-Length"),
+            };
+            let mut body = vec![0; length];
+            self.reader.read_exact(&mut body).unwrap();
+            return Some((status, headers, body));
+        }
+    }
+
+    fn request(&mut self, method: &str, path: &str, body: &[u8]) -> Option<Reply> {
+        let headers = format!(
+            "Content-Length: {}\r\nContent-Type: application/octet-stream\r\n",
+            body.len()
+        );
+        self.send(method, path, &headers, body);
+        self.response(method)
+    }
+}
+
+#[test]
+fn the_test_proxy_holds_and_drops_requests() {
+    use std::io::{BufRead, Read, Write};
+    let moto = moto();
+    let bucket = format!("ckptfs-proxy-{}", std::process::id());
+    create_bucket(moto.port, &bucket);
+    let proxy = HttpProxy::start(moto.port);
+    let path = |key: &str| format!("/{bucket}/{key}");
+    // What moto holds, asked directly.
+    let direct = |key: &str| {
+        let (status, _, body) = RawHttp::connect(moto.port)
+            .request("GET", &path(key), b"")
+            .unwrap();
+        (status, body)
+    };
+    let answered = |reply: Option<Reply>| {
+        let (status, headers, body) = reply.expect("a response");
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        (headers, body)
+    };
+
+    // Keep-alive through the proxy, though moto closes its connection after every
+    // response: a PUT, a chunked PUT with `Expect: 100-continue` (moto's interim responses
+    // pass), and a GET, on one connection.
+    let mut client = RawHttp::connect(proxy.port);
+    let (headers, _) = answered(client.request("PUT", &path("plain"), b"plain"));
+    assert!(
+        !headers.iter().any(|(name, _)| name == "connection"),
+        "{headers:?}"
+    );
+    client.send(
+        "PUT",
+        &path("chunked"),
+        "Transfer-Encoding: chunked\r\nExpect: 100-continue\r\n\
+         Content-Type: application/octet-stream\r\n",
+        b"",
+    );
+    assert_eq!(client.head().unwrap().0, 100);
+    client
+        .stream
+        .write_all(b"4\r\nchun\r\n6\r\nked-pu\r\n1\r\nt\r\n0\r\n\r\n")
+        .unwrap();
+    answered(client.response("PUT"));
+    assert_eq!(
+        answered(client.request("GET", &path("plain"), b"")).1,
+        b"plain"
+    );
+    assert_eq!(direct("chunked"), (200, b"chunked-put".to_vec()));
+
+    // A held PUT, the second request of its connection: read whole (8 MiB, more than the
+    // sockets buffer if it were not read), not forwarded until `release`, while other
+    // connections go on.
+    proxy.hold("PUT", "/held", 1);
+    let port = proxy.port;
+    let (plain_path, held_path) = (path("plain"), path("held"));
+    let held_body: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (body, sent2) = (held_body.clone(), sent.clone());
+    let held = std::thread::spawn(move || {
+        let mut client = RawHttp::connect(port);
+        answered(client.request("GET", &plain_path, b""));
+        let length = format!("Content-Length: {}\r\n", body.len());
+        client.send("PUT", &held_path, &length, &body);
+        sent2.store(true, std::sync::atomic::Ordering::SeqCst);
+        client.response("PUT")
+    });
+    assert!(proxy.wait_held(1, Duration::from_secs(10)));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !sent.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "held, but not read whole"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(direct("held").0, 404);
+    assert_eq!(
+        answered(client.request("GET", &path("plain"), b"")).1,
+        b"plain"
+    );
+    answered(RawHttp::connect(proxy.port).request("PUT", &path("other"), b"other"));
+    assert!(!held.is_finished());
+    assert_eq!(proxy.seen("PUT", "/held"), 1);
+    proxy.release();
+    answered(held.join().unwrap());
+    assert!(
+        direct("held") == (200, held_body),
+        "the held PUT landed whole"
+    );
+    // The rule is used up: the next one goes straight through.
+    answered(client.request("PUT", &path("held"), b"not held"));
+    assert_eq!(direct("held"), (200, b"not held".to_vec()));
+
+    // A lost response on a kept-alive connection: the PUT lands, the client sees its
+    // connection closed without an answer; the next matching request is answered.
+    proxy.drop_response("PUT", "/dropped", 1);
+    assert_eq!(client.request("PUT", &path("dropped"), b"dropped"), None);
+    assert_eq!(direct("dropped"), (200, b"dropped".to_vec()));
+    let mut again = RawHttp::connect(proxy.port);
+    answered(again.request("PUT", &path("dropped"), b"again"));
+    assert_eq!(direct("dropped"), (200, b"again".to_vec()));
+
+    assert_eq!(proxy.seen("PUT", "/held"), 2);
+    assert_eq!(proxy.seen("PUT", "/dropped"), 2);
+    assert_eq!(proxy.seen("GET", "/plain"), 3);
+    assert_eq!(proxy.seen("PUT", ""), 7);
+    assert_eq!(proxy.seen("HEAD", ""), 0);
+
+    // Framing moto never sends, from a server that keeps one connection alive: a chunked
+    // body with extensions and trailers, a HEAD, a 204, and a body until close.
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let server_port = server.local_addr().unwrap().port();
+    let answers: [&[u8]; 4] = [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+          5;ext=1\r\nhello\r\n0\r\nX-Trailer: t\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n",
+        b"HTTP/1.1 204 No Content\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n\r\nuntil close",
+    ];
+    std::thread::spawn(move || {
+        let (stream, _) = server.accept().unwrap();
+        let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+        for answer in answers {
+            let mut line = String::new();
+            while line != "\r\n" {
+                line.clear();
+                assert!(reader.read_line(&mut line).unwrap() > 0, "request cut");
+            }
+            (&stream).write_all(answer).unwrap();
+        }
+    });
+    let proxy = HttpProxy::start(server_port);
+    let mut client = RawHttp::connect(proxy.port);
+    for (method, answer) in ["GET", "HEAD", "GET", "GET"].into_iter().zip(answers) {
+        client.send(method, "/", "", b"");
+        let mut got = vec![0; answer.len()];
+        client.reader.read_exact(&mut got).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            String::from_utf8_lossy(answer)
+        );
+    }
+    let mut rest = Vec::new();
+    client.reader.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+}
