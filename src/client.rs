@@ -12,6 +12,7 @@ use ckptfs::error::{Error, IoContext};
 use ckptfs::names::BackendName;
 use ckptfs::percent;
 use ckptfs::store::Location;
+use ckptfs::views::{CheckpointRow, Status, StoreStatus};
 
 const NOTIFY_ENV: &str = "CKPTFS_NOTIFY_READY";
 
@@ -223,7 +224,7 @@ fn read_meta_file(mountpoint: &Path, name: &str) -> Result<String, Error> {
     Ok(text)
 }
 
-fn read_status(mountpoint: &Path) -> Result<serde_json::Value, Error> {
+fn read_status(mountpoint: &Path) -> Result<Status, Error> {
     serde_json::from_str(&read_meta_file(mountpoint, "status")?)
         .map_err(|e| Error::Corrupt(format!("unreadable status: {e}")))
 }
@@ -233,7 +234,7 @@ fn when(ms: u64) -> String {
 }
 
 /// Every retained checkpoint, from `.ckptfs/checkpoints` (one JSON line each).
-fn read_checkpoints(mountpoint: &Path) -> Result<Vec<serde_json::Value>, Error> {
+fn read_checkpoints(mountpoint: &Path) -> Result<Vec<CheckpointRow>, Error> {
     read_meta_file(mountpoint, "checkpoints")?
         .lines()
         .map(|l| {
@@ -293,11 +294,13 @@ pub fn ls(path: &Path, json: bool) -> Result<ExitCode, Error> {
         Target::Store(location) => store_checkpoints(&location)?
             .2
             .iter()
-            .map(ckptfs::fs::CkptFs::checkpoint_row)
+            .map(CheckpointRow::of)
             .collect(),
     };
     if json {
-        println!("{}", serde_json::Value::Array(checkpoints));
+        let text = serde_json::to_string(&checkpoints)
+            .map_err(|e| Error::Invalid(format!("cannot write the list as JSON: {e}")))?;
+        println!("{text}");
         return Ok(ExitCode::SUCCESS);
     }
     println!(
@@ -305,16 +308,15 @@ pub fn ls(path: &Path, json: bool) -> Result<ExitCode, Error> {
         "ID", "COMPLETED", "FILES", "BYTES", "UPLOADED", "SYNC_MS", "ASYNC_MS"
     );
     for c in checkpoints {
-        let n = |field: &str| c[field].as_u64().unwrap_or(0);
         println!(
             "{:>6}  {:<20}  {:>6}  {:>12}  {:>12}  {:>9.1}  {:>9.1}",
-            n("id"),
-            when(n("completed_unix_ms")),
-            n("files"),
-            n("bytes"),
-            n("bytes_uploaded"),
-            c["sync_ms"].as_f64().unwrap_or(0.0),
-            c["async_ms"].as_f64().unwrap_or(0.0),
+            c.id,
+            when(c.completed_unix_ms),
+            c.files,
+            c.bytes,
+            c.bytes_uploaded,
+            c.sync_ms,
+            c.async_ms,
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -322,110 +324,110 @@ pub fn ls(path: &Path, json: bool) -> Result<ExitCode, Error> {
 
 /// `status` of a store without a daemon: its settings, checkpoints, size and, on object
 /// storage, who holds its lease.
-fn store_status(location: &Location) -> Result<serde_json::Value, Error> {
+fn store_status(location: &Location) -> Result<StoreStatus, Error> {
     let (catalog, opened, manifests) = store_checkpoints(location)?;
     let meta = catalog.load_meta()?;
-    let mut runs: Vec<[u64; 2]> = Vec::new();
-    for m in &manifests {
-        match runs.last_mut() {
-            Some(run) if run[1] + 1 == m.id => run[1] = m.id,
-            _ => runs.push([m.id, m.id]),
-        }
-    }
-    let mut sizes = std::collections::BTreeMap::new();
-    for m in &manifests {
-        sizes.extend(m.stored_sizes());
-    }
-    let newest = manifests.len().saturating_sub(10);
     let lease = ckptfs::lease::holder(opened.records.as_ref())?;
-    Ok(serde_json::json!({
-        "store": location.to_string(),
-        "format": meta.as_ref().map(|m| m.format),
-        "retain": meta.as_ref().map(|m| m.retain),
-        "next_checkpoint": meta.as_ref().map(|m| m.next_checkpoint),
-        "backends": meta.as_ref().map(|m| m.backends.iter().map(|b| b.to_string()).collect::<Vec<_>>()),
-        "checkpoints_total": manifests.len(),
-        "checkpoint_runs": runs,
-        "checkpoints": manifests[newest..].iter().map(ckptfs::fs::CkptFs::checkpoint_row).collect::<Vec<_>>(),
-        "objects": sizes.len(),
-        "store_bytes": sizes.values().sum::<u64>(),
-        "lease": lease.map(|(holder, expires)| serde_json::json!({
-            "holder": holder,
-            "expires_unix_ms": expires,
-        })),
-    }))
+    Ok(StoreStatus::build(
+        location,
+        meta.as_ref(),
+        &manifests,
+        lease,
+    ))
+}
+
+/// Runs of consecutive ids as text: "1-9999 10001".
+fn runs_text(runs: &[[u64; 2]]) -> String {
+    runs.iter()
+        .map(|[a, b]| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 pub fn status(path: &Path, json: bool) -> Result<ExitCode, Error> {
-    let status = match target(path)? {
-        Target::Mount(mountpoint) => read_status(&mountpoint)?,
-        Target::Store(location) => store_status(&location)?,
-    };
-    if json {
-        println!("{}", serde_json::to_string_pretty(&status).expect("json"));
-        return Ok(ExitCode::SUCCESS);
-    }
-    // Runs of consecutive ids: "1-9999 10001".
-    let ids: Vec<String> = status["checkpoint_runs"]
-        .as_array()
-        .map(|runs| {
-            runs.iter()
-                .map(|r| match (r[0].as_u64(), r[1].as_u64()) {
-                    (Some(a), Some(b)) if a == b => a.to_string(),
-                    (Some(a), Some(b)) => format!("{a}-{b}"),
-                    _ => "?".into(),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    println!("store:       {}", status["store"].as_str().unwrap_or("?"));
-    if !status["pid"].is_null() {
-        println!("daemon pid:  {}", status["pid"]);
-    } else {
-        let now = std::time::SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        match status["lease"]["expires_unix_ms"].as_u64() {
-            Some(expires) if expires > now => println!(
-                "writer:      {} (lease until {})",
-                status["lease"]["holder"].as_str().unwrap_or("?"),
-                when(expires)
-            ),
-            _ => println!("writer:      none (read directly from the store)"),
+    match target(path)? {
+        Target::Mount(mountpoint) => {
+            let status = read_status(&mountpoint)?;
+            if json {
+                print!("{}", ckptfs::views::to_pretty_text(&status));
+            } else {
+                print_daemon_status(&status);
+            }
         }
-    }
-    println!(
-        "backends:    {}",
-        status["backends"]
-            .as_array()
-            .map(|a| a
-                .iter()
-                .filter_map(|b| b.as_str())
-                .collect::<Vec<_>>()
-                .join(", "))
-            .unwrap_or_default()
-    );
-    println!(
-        "checkpoints: {} ({} retained, retain {})",
-        ids.join(" "),
-        status["checkpoints_total"],
-        status["retain"]
-    );
-    if !status["in_flight"].is_null() {
-        println!("in flight:   {}", status["in_flight"]);
-    }
-    println!(
-        "store size:  {} bytes in {} objects",
-        status["store_bytes"], status["objects"]
-    );
-    if let Some(e) = status["last_error"].as_str() {
-        println!("last error:  {e}");
+        Target::Store(location) => {
+            let status = store_status(&location)?;
+            if json {
+                print!("{}", ckptfs::views::to_pretty_text(&status));
+            } else {
+                print_store_status(&status);
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
 
+fn print_daemon_status(status: &Status) {
+    println!("store:       {}", status.store);
+    println!("daemon pid:  {}", status.pid);
+    println!("backends:    {}", status.backends.join(", "));
+    println!(
+        "checkpoints: {} ({} retained, retain {})",
+        runs_text(&status.checkpoint_runs),
+        status.checkpoints_total,
+        status.retain
+    );
+    println!(
+        "in flight:   {}",
+        serde_json::to_string(&status.in_flight).unwrap_or_default()
+    );
+    println!(
+        "store size:  {} bytes in {} objects",
+        status.store_bytes, status.objects
+    );
+    if let Some(e) = &status.last_error {
+        println!("last error:  {e}");
+    }
+}
+
+fn print_store_status(status: &StoreStatus) {
+    println!("store:       {}", status.store);
+    let now = std::time::SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    match &status.lease {
+        Some(lease) if lease.expires_unix_ms > now => println!(
+            "writer:      {} (lease until {})",
+            lease.holder,
+            when(lease.expires_unix_ms)
+        ),
+        _ => println!("writer:      none (read directly from the store)"),
+    }
+    println!(
+        "backends:    {}",
+        status.backends.as_deref().unwrap_or_default().join(", ")
+    );
+    println!(
+        "checkpoints: {} ({} retained, retain {})",
+        runs_text(&status.checkpoint_runs),
+        status.checkpoints_total,
+        status
+            .retain
+            .map_or_else(|| "unknown".to_string(), |r| r.to_string())
+    );
+    println!(
+        "store size:  {} bytes in {} objects",
+        status.store_bytes, status.objects
+    );
+}
+
 pub fn umount(mountpoint: &Path, timeout: u64) -> Result<ExitCode, Error> {
-    let pid = read_status(mountpoint)?["pid"].as_i64();
+    let pid = nix::unistd::Pid::from_raw(read_status(mountpoint)?.pid as i32);
     let out = std::process::Command::new("fusermount3")
         .arg("-u")
         .arg(mountpoint)
@@ -448,17 +450,14 @@ pub fn umount(mountpoint: &Path, timeout: u64) -> Result<ExitCode, Error> {
             mountpoint.display()
         )));
     }
-    if let Some(pid) = pid {
-        let pid = nix::unistd::Pid::from_raw(pid as i32);
-        let deadline = Instant::now() + Duration::from_secs(timeout);
-        while nix::sys::signal::kill(pid, None).is_ok() {
-            if Instant::now() > deadline {
-                return Err(Error::Busy(format!(
-                    "unmounted, but daemon pid {pid} is still finishing after {timeout}s"
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(50));
+    let deadline = Instant::now() + Duration::from_secs(timeout);
+    while nix::sys::signal::kill(pid, None).is_ok() {
+        if Instant::now() > deadline {
+            return Err(Error::Busy(format!(
+                "unmounted, but daemon pid {pid} is still finishing after {timeout}s"
+            )));
         }
+        std::thread::sleep(Duration::from_millis(50));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -575,17 +574,10 @@ pub fn store_bytes(store: &Path) -> u64 {
     sizes.values().sum()
 }
 
-/// The store behind a mountpoint (from its status), or the path itself.
 /// The store behind a mountpoint (from its status), or the store `path` names.
 fn resolve_store(path: &Path) -> Result<Location, Error> {
     match target(path)? {
-        Target::Mount(mountpoint) => {
-            let status = read_status(&mountpoint)?;
-            let store = status["store"]
-                .as_str()
-                .ok_or_else(|| Error::Corrupt("status names no store".into()))?;
-            Location::parse(store)
-        }
+        Target::Mount(mountpoint) => Location::parse(&read_status(&mountpoint)?.store),
         Target::Store(location) => Ok(location),
     }
 }

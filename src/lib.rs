@@ -3,6 +3,7 @@
 //! The layers, top to bottom: [`coordinator`] runs checkpoints across the hosted
 //! [`backend`]s, records them in the [`catalog`], counts references in the [`registry`] and
 //! keeps bytes in the [`store`]. [`restore`] and [`fsck`] work on a store without a daemon.
+//! [`views`] are the typed JSON pictures the mount shows and the command line reads.
 
 pub mod backend;
 pub mod catalog;
@@ -23,6 +24,7 @@ pub mod percent;
 pub mod registry;
 pub mod restore;
 pub mod store;
+pub mod views;
 pub mod workload;
 
 pub use backend::{BackendOptions, CheckpointMode, WriteOp};

@@ -1,13 +1,14 @@
 //! The mounted tree as plain Rust: inodes, lookup, readdir, getattr, read, rmdir and the
 //! control-file handles. No fuser types here (see `fuse.rs`), so everything is testable
-//! without a mount.
+//! without a mount. The generated files' content is typed in [`crate::views`].
 //!
 //! ```text
 //! /                       root (ino 1)
 //! ├── .ckptfs/            ino 2
 //! │   ├── ctl             ino 3, 0600: control commands in, JSON answers out
 //! │   ├── status          ino 4, 0444: JSON picture of the daemon
-//! │   └── registry        ino 5, 0444: JSON lines, one per stored object
+//! │   ├── registry        ino 5, 0444: JSON lines, one per stored object
+//! │   └── checkpoints     ino 7, 0444: JSON lines, one per retained checkpoint
 //! ├── latest -> cp-N      ino 6
 //! └── cp-N/               ino N<<32, one per retained checkpoint (see tree.rs)
 //! ```
@@ -24,13 +25,12 @@ use std::sync::{Arc, Mutex};
 use crate::fsutil::lock;
 use std::time::{Duration, SystemTime};
 
-use serde_json::json;
-
 use crate::catalog::history::{object_histories, ObjectHistory};
 use crate::control::{self, Controller};
 use crate::error::{Error, Result};
 use crate::store::chunks::{Chunks, MAX_ASSEMBLED};
 use crate::store::ObjectId;
+use crate::views;
 use tree::{CheckpointTree, NodeKind, TreeCache};
 
 pub const ROOT: u64 = 1;
@@ -40,9 +40,6 @@ pub const STATUS: u64 = 4;
 pub const REGISTRY: u64 = 5;
 pub const LATEST: u64 = 6;
 pub const CHECKPOINTS: u64 = 7;
-
-/// Checkpoints `status` describes one by one (the newest); `.ckptfs/checkpoints` lists all.
-pub const STATUS_CHECKPOINTS: usize = 100;
 
 const META_DIR_NAME: &str = ".ckptfs";
 
@@ -679,9 +676,10 @@ impl CkptFs {
                 seekable: true,
             }),
             STATUS | CHECKPOINTS if !write => {
+                let engine = self.controller.engine();
                 let bytes = match ino {
-                    STATUS => self.status_json(),
-                    _ => self.checkpoints_json(),
+                    STATUS => views::to_pretty_text(&views::Status::of(engine)),
+                    _ => views::checkpoint_lines(engine.checkpoints().iter().map(|m| &**m)),
                 };
                 crate::fsutil::release_free_memory();
                 Ok(Opened::Stream {
@@ -1097,84 +1095,6 @@ impl CkptFs {
         }
     }
 
-    /// One checkpoint as `status` and `.ckptfs/checkpoints` describe it.
-    /// One checkpoint as `.ckptfs/checkpoints` and `ckptfs ls` show it.
-    pub fn checkpoint_row(m: &crate::catalog::Manifest) -> serde_json::Value {
-        let s = &m.stats;
-        json!({
-            "id": m.id,
-            "completed_unix_ms": m.completed_unix_ms,
-            "files": s.files_total,
-            "files_new": s.files_new,
-            "files_reused": s.files_reused,
-            "bytes": s.bytes_total,
-            "bytes_uploaded": s.bytes_uploaded,
-            "bytes_uploaded_append_only": s.bytes_uploaded_append_only,
-            "bytes_wal": s.bytes_wal,
-            "bytes_uploaded_wal": s.bytes_uploaded_wal,
-            "backends_materialized": s.backends_materialized,
-            "bytes_uploaded_materialization": s.bytes_uploaded_materialization,
-            "sync_ms": s.sync_micros as f64 / 1000.0,
-            "async_ms": s.async_micros as f64 / 1000.0,
-        })
-    }
-
-    /// `.ckptfs/status`: a summary whose cost does not follow the number of checkpoints:
-    /// the newest [`STATUS_CHECKPOINTS`] one by one, all of them as runs of ids.
-    pub fn status_json(&self) -> String {
-        let engine = self.controller.engine();
-        let status = engine.status();
-        let ids: Vec<u64> = status.checkpoints.iter().map(|m| m.id).collect();
-        let mut runs: Vec<[u64; 2]> = Vec::new();
-        for id in &ids {
-            match runs.last_mut() {
-                Some(run) if run[1] + 1 == *id => run[1] = *id,
-                _ => runs.push([*id, *id]),
-            }
-        }
-        let newest = status.checkpoints.len().saturating_sub(STATUS_CHECKPOINTS);
-        let checkpoints: Vec<_> = status.checkpoints[newest..]
-            .iter()
-            .map(|m| Self::checkpoint_row(m))
-            .collect();
-        let value = json!({
-            "pid": std::process::id(),
-            "store": engine.location().to_string(),
-            "read_only": engine.is_read_only(),
-            "backends": status.backends.iter().map(|b| b.to_string()).collect::<Vec<_>>(),
-            "checkpoints_total": ids.len(),
-            "checkpoint_runs": runs,
-            "checkpoints": checkpoints,
-            "in_flight": status.in_flight,
-            "retain": status.retain,
-            "max_concurrent": status.max_concurrent,
-            "checkpoint_mode": status.checkpoint_mode.to_string(),
-            "materializations": status.materializations.iter()
-                .map(|(b, id)| (b.to_string(), *id))
-                .collect::<std::collections::BTreeMap<_, _>>(),
-            "last_error": status.last_error,
-            "small_file_compactions": {
-                "files": status.small_file_compactions.0,
-                "bytes": status.small_file_compactions.1,
-            },
-            "objects": status.objects,
-            "store_bytes": status.referenced_bytes,
-        });
-        let mut text = serde_json::to_string_pretty(&value).expect("json");
-        text.push('\n');
-        text
-    }
-
-    /// `.ckptfs/checkpoints`: every retained checkpoint, oldest first, one JSON line each.
-    pub fn checkpoints_json(&self) -> String {
-        let mut out = String::new();
-        for m in self.controller.engine().checkpoints() {
-            out.push_str(&Self::checkpoint_row(&m).to_string());
-            out.push('\n');
-        }
-        out
-    }
-
     fn registry_stream(&self) -> RegistryStream {
         let engine = self.controller.engine();
         let counts = engine.reference_counts();
@@ -1218,19 +1138,17 @@ impl CkptFs {
         stream.window[from..to].to_vec()
     }
 
-    /// One row of the registry view, written directly (one row per stored object: 100,000
-    /// and more), strings escaped by serde_json.
+    /// One row of the registry view (one row per stored object: 100,000 and more, so
+    /// written as the reader gets to them).
     fn registry_row(
         &self,
         out: &mut Vec<u8>,
         id: &ObjectId,
-        row: &ObjectHistory,
+        history: &ObjectHistory,
         counts: &std::collections::BTreeMap<ObjectId, u32>,
     ) {
-        use std::io::Write;
-        let text = |s: &str| serde_json::to_string(s).expect("string");
         // File lists are not sized in the manifests: the store knows.
-        let size = row.size.unwrap_or_else(|| {
+        let size = history.size.unwrap_or_else(|| {
             self.controller
                 .engine()
                 .object_store()
@@ -1239,30 +1157,10 @@ impl CkptFs {
                 .map_or(0, |m| m.len())
         });
         let refcount = counts.get(id).copied().unwrap_or(0);
-        let _ = write!(
-            out,
-            "{{\"id\":\"{id}\",\"size\":{size},\"refcount\":{refcount},\"checkpoint_runs\":["
-        );
-        for (i, (a, b)) in row.runs.iter().enumerate() {
-            let sep = if i == 0 { "" } else { "," };
-            let _ = write!(out, "{sep}[{a},{b}]");
-        }
-        out.extend_from_slice(b"],\"files\":[");
-        for (i, (backend, name)) in row.files.iter().enumerate() {
-            let sep = if i == 0 { "" } else { "," };
-            let _ = write!(
-                out,
-                "{sep}{{\"backend\":{},\"name\":{}}}",
-                text(backend),
-                text(name)
-            );
-        }
-        out.push(b']');
-        if !row.list_of.is_empty() {
-            let backends: Vec<String> = row.list_of.iter().map(|b| text(b)).collect();
-            let _ = write!(out, ",\"file_list_of\":[{}]", backends.join(","));
-        }
-        out.extend_from_slice(b"}\n");
+        let row = views::RegistryRow::of(*id, history, size, refcount);
+        // Into a vector, a row of strings and numbers cannot fail to serialise.
+        let _ = serde_json::to_writer(&mut *out, &row);
+        out.push(b'\n');
     }
 
     /// The answers the kernel may cache: immutable entries for an hour, the rest a second.
