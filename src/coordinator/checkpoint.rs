@@ -60,6 +60,7 @@ impl Engine {
             if let Err(e) = saved {
                 st.in_flight.remove(&id);
                 self.inner.slot_freed.notify_all();
+                self.inner.counters.checkpoint_failed();
                 return Err(e);
             }
             st.meta = meta;
@@ -124,6 +125,7 @@ impl Engine {
             sync_micros: clock.elapsed().as_micros() as u64,
             pins,
             stats,
+            list_bytes: 0,
             finished: false,
             keep_objects: false,
         };
@@ -734,6 +736,9 @@ pub struct PendingCheckpoint {
     pins: Vec<ObjectId>,
     /// Figures gathered in the synchronous phase (a background materialization adopted).
     stats: CheckpointStats,
+    /// Bytes of file lists stored (in `bytes_uploaded`, not in `bytes_total`): the
+    /// engine's counters tell file bytes uploaded from reused ones with it.
+    list_bytes: u64,
     finished: bool,
     /// The manifest may exist on disk after a failed commit: delete nothing, let the next
     /// start decide from what is durable.
@@ -815,7 +820,9 @@ impl PendingCheckpoint {
                 &mut stats,
                 &mut upload_budget,
             )?;
+            let before = stats.bytes_uploaded;
             let list = store_list(&self.engine, &mut self.pins, part, entries, &mut stats)?;
+            self.list_bytes += stats.bytes_uploaded - before;
             snapshots.push(BackendSnapshot {
                 name: part.name.clone(),
                 lineage: part.lineage.clone(),
@@ -896,6 +903,9 @@ impl PendingCheckpoint {
         }
         let manifest = Arc::new(manifest);
         st.manifests.insert(id, manifest.clone());
+        inner
+            .counters
+            .checkpoint_completed(&manifest.stats, self.list_bytes);
         log::info!(
             "checkpoint {id} complete: {} files ({} reused), {} bytes uploaded",
             manifest.stats.files_total,
@@ -947,9 +957,11 @@ impl PendingCheckpoint {
             st.meta.make_void(self.id);
         }
         engine.inner.slot_freed.notify_all();
+        // Not committed, whatever the reason (an error, an abort, a drop).
+        engine.inner.counters.checkpoint_failed();
         if let Some(e) = error {
             log::warn!("checkpoint {} failed: {e}", self.id);
-            st.last_error = Some(format!("checkpoint {} failed: {e}", self.id));
+            engine.note_error(&mut st, format!("checkpoint {} failed: {e}", self.id));
         }
         drop(st);
         let _ = remove_tree(&self.staging);

@@ -13,6 +13,7 @@
 //! what the parts share (retention, drops, deleting garbage).
 
 mod checkpoint;
+pub mod counters;
 mod materialize;
 mod open;
 mod restore;
@@ -186,6 +187,8 @@ struct Inner {
     deletes_frozen: bool,
     /// When memory was last given back to the system (see [`Engine::trim_memory`]).
     last_trim: Mutex<std::time::Instant>,
+    /// What happened since the engine opened, for metrics.
+    counters: counters::Counters,
     _state_lock: DirLock,
     /// The lock or lease that makes this process the writer (held, never read): the last
     /// field, so it is released only after everything else is closed.
@@ -463,7 +466,7 @@ impl Engine {
         for (id, e) in broken {
             let msg = format!("checkpoint {id} cannot be read and is not shown: {e}");
             log::error!("{msg}");
-            st.last_error = Some(msg);
+            self.note_error(&mut st, msg);
             st.unreadable.insert(id);
         }
         if added.is_empty() && gone.is_empty() {
@@ -547,7 +550,19 @@ impl Engine {
 
     /// Remember an error for `status` (the control file reports failures this way too).
     pub fn record_error(&self, message: String) {
-        self.state().last_error = Some(message);
+        self.note_error(&mut self.state(), message);
+    }
+
+    /// [`Engine::record_error`] with the state lock held.
+    fn note_error(&self, st: &mut State, message: String) {
+        st.last_error = Some(message);
+        self.inner.counters.error_recorded();
+    }
+
+    /// What the engine counted since it opened (checkpoints completed and failed, bytes,
+    /// durations, errors).
+    pub fn counters(&self) -> &counters::Counters {
+        &self.inner.counters
     }
 
     /// Drop the oldest checkpoints beyond the retention (never the target of an unfinished
@@ -776,6 +791,54 @@ mod tests {
             crate::backend::scan_dir(&out.join("A/0")).unwrap(),
             expected
         );
+    }
+
+    /// The counters follow the checkpoints: each commit counts once with its bytes, each
+    /// checkpoint that got an id and did not commit counts as failed (an upload that
+    /// failed, an abort), a refused one (busy) not at all.
+    #[test]
+    fn counters_follow_commits_and_failures() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        let engine = Engine::open(config(&store)).unwrap();
+        let counters = engine.counters();
+        fill(&engine, "one", 0..500);
+        let first = engine.checkpoint().unwrap();
+        let second = engine.checkpoint().unwrap();
+        assert_eq!(counters.checkpoints_completed.get(), 2);
+        let uploaded = first.stats.bytes_uploaded + second.stats.bytes_uploaded;
+        assert_eq!(counters.bytes_uploaded.get(), uploaded);
+        // Everything named and not uploaded was reused; file lists are uploaded but not
+        // named, so the sum is at least what the checkpoints name.
+        let named = first.stats.bytes_total + second.stats.bytes_total;
+        assert!(counters.bytes_reused.get() <= named);
+        assert!(counters.bytes_reused.get() + uploaded >= named);
+        assert!(
+            counters.bytes_reused.get() >= second.stats.bytes_total - second.stats.bytes_uploaded
+        );
+        assert_eq!(counters.checkpoints_failed.get(), 0);
+        assert_eq!(counters.last_error_unix_ms(), None);
+
+        let pending = engine.begin_checkpoint().unwrap();
+        assert!(matches!(engine.begin_checkpoint(), Err(Error::Busy(_))));
+        pending.abort();
+        assert_eq!(counters.checkpoints_failed.get(), 1);
+
+        // The store's staging directory replaced by a file: the upload fails.
+        fill(&engine, "two", 500..900);
+        let tmp = store.join("tmp");
+        std::fs::rename(&tmp, store.join("tmp.away")).unwrap();
+        std::fs::write(&tmp, b"not a directory").unwrap();
+        assert!(engine.checkpoint().is_err());
+        assert_eq!(counters.checkpoints_failed.get(), 2);
+        assert_eq!(counters.checkpoints_completed.get(), 2);
+        assert_eq!(counters.bytes_uploaded.get(), uploaded);
+        assert!(counters.last_error_unix_ms().is_some());
+        assert!(counters.errors.get() >= 2);
+        std::fs::remove_file(&tmp).unwrap();
+        std::fs::rename(store.join("tmp.away"), &tmp).unwrap();
+        engine.checkpoint().unwrap();
+        assert_eq!(counters.checkpoints_completed.get(), 3);
     }
 
     /// A closed backend fails a checkpoint at once and leaves no slot taken.

@@ -107,7 +107,7 @@ impl Engine {
         self.inner.slot_freed.notify_all();
         self.release_pins(&mut st, manifest.objects());
         if let Err(e) = &result {
-            st.last_error = Some(format!("restore from checkpoint {id} failed: {e}"));
+            self.note_error(&mut st, format!("restore from checkpoint {id} failed: {e}"));
         }
         result
     }

@@ -1,0 +1,129 @@
+//! What the engine counts from the moment it opened, for the daemon's metrics
+//! (`.ckptfs/metrics`, see [`crate::metrics`]): checkpoints completed and failed, the
+//! bytes they uploaded and re-referenced, how long their phases took, errors.
+//!
+//! Each counter is an atomic (prometheus-client's `Counter` and `Histogram` are), bumped
+//! where the event happens: a checkpoint's commit, its release without a commit, an error
+//! recorded for `status`. Reading them takes no engine lock. What the engine's state
+//! already holds (retained checkpoints, objects, small-file compactions) is read from
+//! [`super::Engine::status`] at scrape time instead of being counted twice.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
+
+use crate::catalog::CheckpointStats;
+
+/// Bucket bounds of the checkpoint phase durations, in seconds: a sync phase of a few
+/// milliseconds (hard links) up to an upload of minutes.
+pub const DURATION_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
+];
+
+/// The engine's counters since it opened.
+#[derive(Debug)]
+pub struct Counters {
+    /// Checkpoints committed.
+    pub checkpoints_completed: Counter,
+    /// Checkpoints that got an id and did not commit (an upload or the commit failed, the
+    /// sync phase failed, it was aborted). Refused requests (busy, read-only) are not
+    /// checkpoints and are not counted.
+    pub checkpoints_failed: Counter,
+    /// Bytes the committed checkpoints stored: new files, chunks and file lists, and what a
+    /// background materialization they adopted stored before them.
+    pub bytes_uploaded: Counter,
+    /// Bytes of the committed checkpoints' files that were stored already (re-referenced):
+    /// each checkpoint's `bytes` less the file bytes it (or its materialization) stored.
+    pub bytes_reused: Counter,
+    /// Duration of the synchronous phase (flush, hard links) of committed checkpoints.
+    pub sync_seconds: Histogram,
+    /// Duration of the asynchronous phase (upload, commit) of committed checkpoints.
+    pub async_seconds: Histogram,
+    /// Errors recorded for `status` (its `last_error`), failed checkpoints included.
+    pub errors: Counter,
+    /// When the last of them was recorded, unix ms; 0 if none since start.
+    last_error_unix_ms: AtomicU64,
+    // Imports (to come) keep their counters here too, bumped where an import commits or
+    // fails, and exposed next to the checkpoint ones in `crate::metrics`.
+}
+
+impl Counters {
+    /// Counters of an engine; `error_at_open`: it found a problem to report while opening.
+    pub fn new(error_at_open: bool) -> Counters {
+        let counters = Counters {
+            checkpoints_completed: Counter::default(),
+            checkpoints_failed: Counter::default(),
+            bytes_uploaded: Counter::default(),
+            bytes_reused: Counter::default(),
+            sync_seconds: Histogram::new(DURATION_BUCKETS),
+            async_seconds: Histogram::new(DURATION_BUCKETS),
+            errors: Counter::default(),
+            last_error_unix_ms: AtomicU64::new(0),
+        };
+        if error_at_open {
+            counters.error_recorded();
+        }
+        counters
+    }
+
+    /// A checkpoint committed with these figures; `list_bytes` of its `bytes_uploaded`
+    /// were file lists (which `bytes_total` does not count).
+    pub fn checkpoint_completed(&self, stats: &CheckpointStats, list_bytes: u64) {
+        self.checkpoints_completed.inc();
+        self.bytes_uploaded
+            .inc_by(stats.bytes_uploaded + stats.bytes_uploaded_materialization);
+        let file_bytes_stored =
+            stats.bytes_uploaded.saturating_sub(list_bytes) + stats.bytes_uploaded_materialization;
+        self.bytes_reused
+            .inc_by(stats.bytes_total.saturating_sub(file_bytes_stored));
+        self.sync_seconds.observe(stats.sync_micros as f64 / 1e6);
+        self.async_seconds.observe(stats.async_micros as f64 / 1e6);
+    }
+
+    /// A checkpoint that got an id ended without a commit.
+    pub fn checkpoint_failed(&self) {
+        self.checkpoints_failed.inc();
+    }
+
+    /// An error was recorded for `status`.
+    pub fn error_recorded(&self) {
+        self.errors.inc();
+        self.last_error_unix_ms
+            .store(crate::fsutil::now_unix_ms(), Ordering::Relaxed);
+    }
+
+    /// When the last error was recorded (unix ms), if any was since the engine opened.
+    pub fn last_error_unix_ms(&self) -> Option<u64> {
+        Some(self.last_error_unix_ms.load(Ordering::Relaxed)).filter(|ms| *ms > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_commit_splits_its_bytes_into_uploaded_and_reused() {
+        let counters = Counters::new(false);
+        let stats = CheckpointStats {
+            bytes_total: 10_000,
+            bytes_uploaded: 3_100,
+            bytes_uploaded_materialization: 500,
+            sync_micros: 2_000,
+            async_micros: 1_500_000,
+            ..CheckpointStats::default()
+        };
+        counters.checkpoint_completed(&stats, 100);
+        assert_eq!(counters.checkpoints_completed.get(), 1);
+        assert_eq!(counters.bytes_uploaded.get(), 3_600);
+        // 3,000 file bytes uploaded, 500 by the materialization: the rest was reused.
+        assert_eq!(counters.bytes_reused.get(), 6_500);
+        assert_eq!(counters.last_error_unix_ms(), None);
+        counters.checkpoint_failed();
+        counters.error_recorded();
+        assert_eq!(counters.checkpoints_failed.get(), 1);
+        assert!(counters.last_error_unix_ms().is_some());
+        assert!(Counters::new(true).last_error_unix_ms().is_some());
+    }
+}
