@@ -19,6 +19,7 @@ pub mod fsutil;
 pub mod graph;
 pub mod lease;
 pub mod lock;
+pub mod metrics;
 pub mod names;
 pub mod percent;
 pub mod registry;

@@ -10,7 +10,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 
 use crate::catalog::CheckpointStats;
@@ -20,6 +22,19 @@ use crate::catalog::CheckpointStats;
 pub const DURATION_BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
 ];
+
+/// The label of the checkpoint duration histogram: which phase.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabel {
+    /// `sync` (flush, hard links: writers wait) or `async` (upload and commit).
+    pub phase: &'static str,
+}
+
+/// Checkpoint phase durations, one histogram per phase.
+pub type PhaseHistograms = Family<PhaseLabel, Histogram, fn() -> Histogram>;
+
+const SYNC: PhaseLabel = PhaseLabel { phase: "sync" };
+const ASYNC: PhaseLabel = PhaseLabel { phase: "async" };
 
 /// The engine's counters since it opened.
 #[derive(Debug)]
@@ -36,10 +51,9 @@ pub struct Counters {
     /// Bytes of the committed checkpoints' files that were stored already (re-referenced):
     /// each checkpoint's `bytes` less the file bytes it (or its materialization) stored.
     pub bytes_reused: Counter,
-    /// Duration of the synchronous phase (flush, hard links) of committed checkpoints.
-    pub sync_seconds: Histogram,
-    /// Duration of the asynchronous phase (upload, commit) of committed checkpoints.
-    pub async_seconds: Histogram,
+    /// Duration of the phases of committed checkpoints: `sync` (flush, hard links) and
+    /// `async` (upload, commit), both present from the start.
+    pub checkpoint_seconds: PhaseHistograms,
     /// Errors recorded for `status` (its `last_error`), failed checkpoints included.
     pub errors: Counter,
     /// When the last of them was recorded, unix ms; 0 if none since start.
@@ -56,11 +70,13 @@ impl Counters {
             checkpoints_failed: Counter::default(),
             bytes_uploaded: Counter::default(),
             bytes_reused: Counter::default(),
-            sync_seconds: Histogram::new(DURATION_BUCKETS),
-            async_seconds: Histogram::new(DURATION_BUCKETS),
+            checkpoint_seconds: Family::new_with_constructor(|| Histogram::new(DURATION_BUCKETS)),
             errors: Counter::default(),
             last_error_unix_ms: AtomicU64::new(0),
         };
+        for phase in [SYNC, ASYNC] {
+            drop(counters.checkpoint_seconds.get_or_create(&phase));
+        }
         if error_at_open {
             counters.error_recorded();
         }
@@ -77,8 +93,13 @@ impl Counters {
             stats.bytes_uploaded.saturating_sub(list_bytes) + stats.bytes_uploaded_materialization;
         self.bytes_reused
             .inc_by(stats.bytes_total.saturating_sub(file_bytes_stored));
-        self.sync_seconds.observe(stats.sync_micros as f64 / 1e6);
-        self.async_seconds.observe(stats.async_micros as f64 / 1e6);
+        let seconds = |micros: u64| micros as f64 / 1e6;
+        self.checkpoint_seconds
+            .get_or_create(&SYNC)
+            .observe(seconds(stats.sync_micros));
+        self.checkpoint_seconds
+            .get_or_create(&ASYNC)
+            .observe(seconds(stats.async_micros));
     }
 
     /// A checkpoint that got an id ended without a commit.

@@ -8,7 +8,8 @@
 //! │   ├── ctl             ino 3, 0600: control commands in, JSON answers out
 //! │   ├── status          ino 4, 0444: JSON picture of the daemon
 //! │   ├── registry        ino 5, 0444: JSON lines, one per stored object
-//! │   └── checkpoints     ino 7, 0444: JSON lines, one per retained checkpoint
+//! │   ├── checkpoints     ino 7, 0444: JSON lines, one per retained checkpoint
+//! │   └── metrics         ino 8, 0444: the daemon's metrics for Prometheus (metrics.rs)
 //! ├── latest -> cp-N      ino 6
 //! └── cp-N/               ino N<<32, one per retained checkpoint (see tree.rs)
 //! ```
@@ -40,6 +41,7 @@ pub const STATUS: u64 = 4;
 pub const REGISTRY: u64 = 5;
 pub const LATEST: u64 = 6;
 pub const CHECKPOINTS: u64 = 7;
+pub const METRICS: u64 = 8;
 
 const META_DIR_NAME: &str = ".ckptfs";
 
@@ -403,7 +405,7 @@ impl CkptFs {
             }
             META_DIR => Ok(self.attr(META_DIR, Kind::Dir, 0, 0o755, 2, self.mounted_at)),
             CTL => Ok(self.attr(CTL, Kind::File, 0, 0o600, 1, self.mounted_at)),
-            STATUS | REGISTRY | CHECKPOINTS => {
+            STATUS | REGISTRY | CHECKPOINTS | METRICS => {
                 Ok(self.attr(ino, Kind::File, 0, 0o444, 1, SystemTime::now()))
             }
             LATEST => {
@@ -480,6 +482,7 @@ impl CkptFs {
                 "status" => self.getattr(STATUS),
                 "registry" => self.getattr(REGISTRY),
                 "checkpoints" => self.getattr(CHECKPOINTS),
+                "metrics" => self.getattr(METRICS),
                 _ => Err(missing()),
             },
             _ => {
@@ -516,6 +519,7 @@ impl CkptFs {
             META_DIR => Ok(vec![
                 entry("ctl", CTL)?,
                 entry("checkpoints", CHECKPOINTS)?,
+                entry("metrics", METRICS)?,
                 entry("registry", REGISTRY)?,
                 entry("status", STATUS)?,
             ]),
@@ -675,10 +679,11 @@ impl CkptFs {
                 )))),
                 seekable: true,
             }),
-            STATUS | CHECKPOINTS if !write => {
+            STATUS | CHECKPOINTS | METRICS if !write => {
                 let engine = self.controller.engine();
                 let bytes = match ino {
                     STATUS => views::to_pretty_text(&views::Status::of(engine)),
+                    METRICS => crate::metrics::render(engine),
                     _ => views::checkpoint_lines(engine.checkpoints().iter().map(|m| &**m)),
                 };
                 crate::fsutil::release_free_memory();
@@ -688,7 +693,7 @@ impl CkptFs {
                 })
             }
             META_DIR | ROOT | LATEST => Err(Error::Invalid("not a regular file".into())),
-            STATUS | REGISTRY | CHECKPOINTS => {
+            STATUS | REGISTRY | CHECKPOINTS | METRICS => {
                 Err(Error::ReadOnly(".ckptfs status files are read-only".into()))
             }
             _ => {
@@ -1365,6 +1370,42 @@ mod tests {
         fs.rmdir(ROOT, "cp-2").unwrap();
         assert_eq!(fs.lookup(ROOT, "cp-2").unwrap_err().errno(), libc::ENOENT);
         assert_eq!(fs.readlink(LATEST).unwrap(), "cp-1");
+        let meta: Vec<(String, u64)> = fs
+            .readdir(META_DIR)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.name, e.attr.ino))
+            .collect();
+        let expected = [
+            ("ctl", CTL),
+            ("checkpoints", CHECKPOINTS),
+            ("metrics", METRICS),
+            ("registry", REGISTRY),
+            ("status", STATUS),
+        ];
+        assert_eq!(meta, expected.map(|(n, i)| (n.to_string(), i)));
+        for (name, ino) in expected {
+            assert_eq!(fs.lookup(META_DIR, name).unwrap().ino, ino);
+        }
+    }
+
+    /// `.ckptfs/metrics` is a picture taken at open, read-only like status.
+    #[test]
+    fn the_metrics_file_is_a_read_only_picture() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = fs_with_checkpoints(dir.path(), 2);
+        let fh = match fs.open(METRICS, false).unwrap() {
+            Opened::Stream { fh, seekable: true } => fh,
+            _ => panic!("not a seekable stream"),
+        };
+        let text = String::from_utf8(read_at(&fs, fh, 0, 1 << 20)).unwrap();
+        assert!(
+            text.contains("\nckptfs_checkpoints_completed_total 2\n"),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
+        fs.release(fh);
+        assert_eq!(fs.open(METRICS, true).err().unwrap().errno(), libc::EROFS);
     }
 
     /// Read answers until `n` lines have arrived.
