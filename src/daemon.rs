@@ -12,6 +12,7 @@ use crate::coordinator::{Engine, EngineConfig};
 use crate::error::{Error, IoContext, Result};
 use crate::fs::fuse::{FuseAdapter, NotifierInvalidator};
 use crate::fs::CkptFs;
+use crate::metrics::http::MetricsServer;
 
 #[derive(Debug, Clone)]
 pub struct MountConfig {
@@ -27,6 +28,8 @@ pub struct MountConfig {
     pub verify: bool,
     /// Show a store another daemon writes: no backends, nothing written (EROFS).
     pub read_only: bool,
+    /// Serve the metrics over HTTP at this address (`/metrics`).
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// How often a read-only mount looks for the writer's new checkpoints.
@@ -147,12 +150,20 @@ pub fn serve(config: MountConfig, ready: impl FnOnce(Result<()>)) -> Result<()> 
         nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
         std::env::set_current_dir("/").map_err(|e| Error::io("chdir /", e))?;
         check_mountpoint(&config.mountpoint)?;
+        // Bound before the engine opens: a busy address fails the mount, not the scrape.
+        let metrics_listener = config
+            .metrics_listen
+            .map(crate::metrics::http::bind)
+            .transpose()?;
         install_signal_handlers()?;
         let engine = if config.read_only {
             Engine::open_read_only(config.engine.clone())?
         } else {
             Engine::open(config.engine.clone())?
         };
+        let metrics_server = metrics_listener
+            .map(|listener| MetricsServer::start(listener, engine.clone()))
+            .transpose()?;
         let controller = Arc::new(Controller::new(engine.clone()));
         let fs = CkptFs::with_verification(controller.clone(), config.verify);
         let mut options = vec![
@@ -199,9 +210,9 @@ pub fn serve(config: MountConfig, ready: impl FnOnce(Result<()>)) -> Result<()> 
         if let Some(period) = config.small_file_compaction.filter(|_| !config.read_only) {
             controller.start_small_file_compaction(period, Default::default());
         }
-        Ok((engine, controller, background))
+        Ok((engine, controller, background, metrics_server))
     })();
-    let (engine, controller, background) = match started {
+    let (engine, controller, background, metrics_server) = match started {
         Ok(parts) => {
             ready(Ok(()));
             parts
@@ -238,6 +249,8 @@ pub fn serve(config: MountConfig, ready: impl FnOnce(Result<()>)) -> Result<()> 
     }
     // Let in-flight checkpoints finish, then close the databases.
     controller.shutdown();
+    // It holds the engine too: stopped before the engine closes.
+    drop(metrics_server);
     drop(controller);
     drop(engine);
     log::info!("stopped");

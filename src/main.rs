@@ -22,6 +22,8 @@ struct Cli {
     command: Command,
 }
 
+// One value per process: the size of the largest variant (mount's options) costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Host the backends, checkpoint them into STORE and show the checkpoints at MOUNTPOINT.
@@ -123,6 +125,11 @@ enum Command {
         /// materialization reached this many MiB (what opening a checkpoint replays).
         #[arg(long, default_value_t = 256)]
         materialize_wal_mib: u64,
+        /// Serve the metrics (the text of .ckptfs/metrics, for Prometheus) over HTTP at
+        /// http://ADDR/metrics, ADDR being IP:PORT, e.g. 127.0.0.1:9100 (default: off;
+        /// the file is always there).
+        #[arg(long, value_name = "ADDR")]
+        metrics_listen: Option<std::net::SocketAddr>,
     },
     /// Unmount MOUNTPOINT and wait until its daemon has stopped.
     Umount {
@@ -383,6 +390,7 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             checkpoint_mode,
             materialize_interval,
             materialize_wal_mib,
+            metrics_listen,
         } => {
             let backend_options = BackendOptions {
                 format_version,
@@ -401,6 +409,11 @@ fn run(command: Command) -> Result<ExitCode, Error> {
                     humantime::format_duration(orphan_grace),
                     humantime::format_duration(lease_ttl)
                 )));
+            }
+            if let Some(addr) = metrics_listen {
+                // Free to bind? Asked here, before the daemon creates anything (the daemon
+                // binds it again before it opens the store).
+                drop(ckptfs::metrics::http::bind(addr)?);
             }
             let state = match state {
                 None if read_only => Some(read_only_state(&store, &mountpoint)?),
@@ -459,6 +472,7 @@ fn run(command: Command) -> Result<ExitCode, Error> {
                 threads: 4,
                 verify: !no_verify,
                 read_only,
+                metrics_listen,
             };
             ckptfs::lease::on_wait(client::notify_note);
             ckptfs::daemon::serve(config, client::notify_ready)?;

@@ -5,7 +5,10 @@
 //! exposition format; Prometheus scrapes it as is), encoded by prometheus-client. Every
 //! scrape builds a fresh registry from the engine: the counters it keeps since it opened
 //! ([`crate::coordinator::counters`]) and gauges read from its status at that instant, so
-//! nothing here holds state of its own and nothing runs between scrapes.
+//! nothing here holds state of its own and nothing runs between scrapes. [`http`] serves
+//! the same text over HTTP.
+
+pub mod http;
 
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;

@@ -1,0 +1,159 @@
+//! `ckptfs mount --metrics-listen ADDR`: the text of `.ckptfs/metrics` over HTTP at
+//! `GET /metrics`, for a Prometheus server that scrapes it (off unless asked for).
+//!
+//! hyper's HTTP/1 server on a current-thread tokio runtime in one thread of its own:
+//! hyper and tokio are in the dependency tree already (object storage's HTTP client), and
+//! a scrape endpoint needs nothing more. The address is bound before the engine opens and
+//! before the mount (see [`bind`]), so a bad or busy address fails the mount cleanly.
+
+use std::convert::Infallible;
+use std::net::{SocketAddr, TcpListener};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+
+use crate::coordinator::Engine;
+use crate::error::{Error, Result};
+
+/// A client that has not sent its request headers after this long is dropped.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Bind `addr` for the metrics endpoint (its error names the option and the address).
+pub fn bind(addr: SocketAddr) -> Result<TcpListener> {
+    TcpListener::bind(addr).map_err(|e| Error::io(format!("--metrics-listen {addr}"), e))
+}
+
+/// The endpoint, serving until dropped.
+pub struct MetricsServer {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MetricsServer {
+    /// Serve `engine`'s metrics on `listener` (from [`bind`]) in a thread of its own.
+    pub fn start(listener: TcpListener, engine: Engine) -> Result<MetricsServer> {
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::io("metrics endpoint address", e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io(format!("--metrics-listen {addr}"), e))?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|e| Error::io("start the metrics endpoint", e))?;
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name("metrics-http".into())
+            .spawn(move || runtime.block_on(serve(listener, engine, stopped)))
+            .map_err(|e| Error::io("start the metrics endpoint", e))?;
+        log::info!("metrics at http://{addr}/metrics");
+        Ok(MetricsServer {
+            addr,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// The address it listens on (the port chosen, for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                log::error!("the metrics endpoint's thread panicked");
+            }
+        }
+    }
+}
+
+/// Accept connections until `stopped`; each is served by a task of its own. Dropping the
+/// runtime afterwards ends the connections still open.
+async fn serve(
+    listener: TcpListener,
+    engine: Engine,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(listener) => listener,
+        Err(e) => {
+            log::error!("metrics endpoint: {e}");
+            return;
+        }
+    };
+    loop {
+        let stream = tokio::select! {
+            _ = &mut stopped => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors, say: wait a moment rather than spin.
+                    log::warn!("metrics endpoint: accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let response = answer(&request, &engine);
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let served = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+            if let Err(e) = served {
+                log::debug!("metrics endpoint: connection: {e}");
+            }
+        });
+    }
+}
+
+/// `GET /metrics` (or `HEAD`): the metrics; anything else: 404 or 405 with a hint.
+fn answer(request: &Request<Incoming>, engine: &Engine) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = match (request.method(), request.uri().path()) {
+        (&Method::GET | &Method::HEAD, "/metrics") => {
+            (StatusCode::OK, super::CONTENT_TYPE, super::render(engine))
+        }
+        (_, "/metrics") => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            "only GET and HEAD are answered here\n".to_string(),
+        ),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "ckptfs serves its metrics at /metrics\n".to_string(),
+        ),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
+    );
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        headers.insert(
+            hyper::header::ALLOW,
+            hyper::header::HeaderValue::from_static("GET, HEAD"),
+        );
+    }
+    response
+}
