@@ -43,3 +43,11 @@ ckptfs_install_moto() {
     # pyenv keeps console scripts behind shims that need a rehash.
     command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
 }
+
+# prometheus_client (Python): its reference OpenMetrics parser reads the daemon's metrics
+# in tests/integration/metrics.rs.
+ckptfs_install_prometheus_client() {
+    python3 -c 'import prometheus_client.openmetrics.parser' 2>/dev/null && return 0
+    python3 -m pip install -q prometheus_client 2>/dev/null \
+        || python3 -m pip install -q --break-system-packages prometheus_client
+}
