@@ -260,7 +260,7 @@ fn target(arg: &Path) -> Result<Target, Error> {
         .ok_or_else(|| Error::Invalid(format!("{} is not valid UTF-8", arg.display())))?;
     let location = Location::parse(text)?;
     if let Location::Local(dir) = &location {
-        if ckptfs::restore::check_is_store(dir).is_err() {
+        if ckptfs::catalog::check_is_store(dir).is_err() {
             return Err(Error::NotFound(format!(
                 "{} is not a ckptfs mount (no .ckptfs/ctl), nor a ckptfs store (no ckptfs.json, \
                  no checkpoints/); mount a store there with `ckptfs mount STORE {}`",
@@ -283,7 +283,7 @@ fn store_checkpoints(
     ),
     Error,
 > {
-    let (opened, catalog) = ckptfs::restore::open_store(location)?;
+    let (opened, catalog) = ckptfs::catalog::open_store(location)?;
     let manifests = catalog.load_all()?.into_values().collect();
     Ok((catalog, opened, manifests))
 }

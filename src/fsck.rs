@@ -5,11 +5,11 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::catalog::open_store;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::lock::StoreLock;
 use crate::registry::Registry;
-use crate::restore::open_store;
 use crate::store::{hash_file, Location, ObjectId};
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -145,7 +145,7 @@ pub fn fsck_with_copies(
     let young: BTreeSet<ObjectId> = listed
         .iter()
         .filter(|(_, modified)| {
-            crate::store::is_young(*modified, crate::coordinator::DEFAULT_ORPHAN_GRACE)
+            crate::store::is_young(*modified, crate::store::DEFAULT_ORPHAN_GRACE)
         })
         .map(|(id, _)| *id)
         .collect();

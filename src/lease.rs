@@ -181,6 +181,12 @@ impl Fence {
     }
 }
 
+impl crate::store::WriteFence for Fence {
+    fn check(&self) -> Result<()> {
+        Fence::check(self)
+    }
+}
+
 /// Where a daemon that waits for a lease says so, besides its log (the `ckptfs mount`
 /// that started it prints it): set once by the program.
 static WAIT_NOTICE: std::sync::OnceLock<fn(&str)> = std::sync::OnceLock::new();

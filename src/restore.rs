@@ -2,11 +2,11 @@
 
 use std::path::Path;
 
-use crate::catalog::Catalog;
+use crate::catalog::open_store;
 use crate::coordinator::materialize;
 use crate::error::{Error, Result};
 use crate::fsutil::{is_empty_or_missing, remove_tree};
-use crate::store::{Location, Opened};
+use crate::store::Location;
 
 /// What a restore wrote.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -14,36 +14,6 @@ pub struct RestoreReport {
     pub backends: usize,
     pub files: usize,
     pub bytes: u64,
-}
-
-/// Refuse paths that are not a ckptfs store, before creating anything in them. A store
-/// whose `ckptfs.json` was lost still counts (its manifests are the source of truth).
-pub fn check_is_store(store: &Path) -> Result<()> {
-    if !store.join("ckptfs.json").is_file() && !store.join("checkpoints").is_dir() {
-        return Err(Error::NotFound(format!(
-            "{} is not a ckptfs store (no ckptfs.json, no checkpoints/)",
-            store.display()
-        )));
-    }
-    Ok(())
-}
-
-/// Open an existing store for reading, refusing what is not a store (a directory or a
-/// bucket prefix without `ckptfs.json` or manifests).
-pub fn open_store(location: &Location) -> Result<(Opened, Catalog)> {
-    if let Location::Local(root) = location {
-        check_is_store(root)?;
-    }
-    let opened = Opened::open(location)?;
-    let catalog = Catalog::new(opened.records.clone(), opened.objects.clone());
-    if let Location::S3 { .. } = location {
-        if opened.records.get("ckptfs.json")?.is_none() && !catalog.has_manifests()? {
-            return Err(Error::NotFound(format!(
-                "{location} is not a ckptfs store (no ckptfs.json, no checkpoints/)"
-            )));
-        }
-    }
-    Ok((opened, catalog))
 }
 
 /// Write checkpoint `id` of `store` to `dest/<operator>/<subtask>/`, verifying every object.

@@ -19,7 +19,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::names::BackendName;
 use crate::store::chunks::Chunks;
 use crate::store::records::{LocalRecords, Put, Records};
-use crate::store::{LocalStore, ObjectId, ObjectStore};
+use crate::store::{LocalStore, Location, ObjectId, ObjectStore, Opened};
 
 pub mod history;
 pub mod lists;
@@ -525,6 +525,36 @@ const META: &str = "ckptfs.json";
 const LOAD_BATCH: usize = 256;
 const CHECKPOINTS: &str = "checkpoints";
 const QUARANTINE: &str = "quarantine";
+
+/// Refuse paths that are not a ckptfs store, before creating anything in them. A store
+/// whose `ckptfs.json` was lost still counts (its manifests are the source of truth).
+pub fn check_is_store(store: &Path) -> Result<()> {
+    if !store.join("ckptfs.json").is_file() && !store.join("checkpoints").is_dir() {
+        return Err(Error::NotFound(format!(
+            "{} is not a ckptfs store (no ckptfs.json, no checkpoints/)",
+            store.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Open an existing store for reading, refusing what is not a store (a directory or a
+/// bucket prefix without `ckptfs.json` or manifests).
+pub fn open_store(location: &Location) -> Result<(Opened, Catalog)> {
+    if let Location::Local(root) = location {
+        check_is_store(root)?;
+    }
+    let opened = Opened::open(location)?;
+    let catalog = Catalog::new(opened.records.clone(), opened.objects.clone());
+    if let Location::S3 { .. } = location {
+        if opened.records.get("ckptfs.json")?.is_none() && !catalog.has_manifests()? {
+            return Err(Error::NotFound(format!(
+                "{location} is not a ckptfs store (no ckptfs.json, no checkpoints/)"
+            )));
+        }
+    }
+    Ok((opened, catalog))
+}
 
 impl Catalog {
     /// The catalog kept in `records`, its file lists in `objects`. Creates nothing.

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::checkpoint::{store_files, PendingBackend};
+use super::ingest::{Ingest, PendingBackend};
 use super::Engine;
 use crate::backend::{wal_number, CheckpointMode, StagedFile};
 use crate::catalog::{BackendSnapshot, CheckpointStats, FileEntry};
@@ -300,8 +300,8 @@ impl Engine {
                 .collect();
             let part = PendingBackend::new(name.clone(), lineage.clone(), files, base);
             let mut stats = CheckpointStats::default();
-            let mut budget = usize::MAX;
-            let files = store_files(self, &part, pins, &mut stats, &mut budget)?;
+            let files =
+                Ingest::new(self, self.inner.store.as_ref(), pins, &mut stats).backend(&part)?;
             Ok(Prepared {
                 mat: Materialization {
                     checkpoint: 0,

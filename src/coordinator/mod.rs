@@ -14,6 +14,7 @@
 
 mod checkpoint;
 pub mod counters;
+mod ingest;
 mod materialize;
 mod open;
 mod restore;
@@ -29,7 +30,7 @@ use crate::lock::DirLock;
 use crate::names::BackendName;
 use crate::registry::Registry;
 use crate::store::s3::S3Options;
-use crate::store::{Location, ObjectId, ObjectStore};
+use crate::store::{Location, ObjectId, ObjectStore, DEFAULT_ORPHAN_GRACE};
 
 pub use checkpoint::PendingCheckpoint;
 pub use materialize::MaterializePolicy;
@@ -120,7 +121,7 @@ struct State {
     prepared: HashMap<BackendName, materialize::Prepared>,
     /// Per backend (and its lineage): how far each of its WAL files was cut into chunks by
     /// the newest checkpoint that stored it.
-    wal_prefixes: HashMap<BackendName, (String, HashMap<String, Arc<checkpoint::ChunkedPrefix>>)>,
+    wal_prefixes: HashMap<BackendName, (String, HashMap<String, Arc<ingest::ChunkedPrefix>>)>,
 }
 
 impl State {
@@ -156,10 +157,6 @@ impl State {
         self.registry.is_live(id) && !self.missing.contains(id)
     }
 }
-
-/// The default grace period of unreferenced objects on object storage: well beyond the
-/// life of any upload (a stage, then its checkpoint's commit).
-pub const DEFAULT_ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_secs(3600);
 
 struct Inner {
     location: Location,

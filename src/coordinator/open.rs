@@ -350,7 +350,7 @@ impl Engine {
         let (state_dir, state_lock) = lock_state_dir(state)?;
         let (store, records): (Arc<dyn ObjectStore>, Arc<dyn Records>) = match &config.store {
             Location::Local(root) => {
-                crate::restore::check_is_store(root)?;
+                crate::catalog::check_is_store(root)?;
                 (
                     Arc::new(LocalStore::open_existing(root)?),
                     Arc::new(LocalRecords::new(root)),
@@ -484,7 +484,7 @@ fn open_for_writing(config: &EngineConfig) -> Result<ForWriting> {
             let records: Arc<dyn Records> = Arc::new(s3_records);
             let lease = Lease::acquire(records.clone(), config.lease_ttl, config.lease_wait)?;
             let objects = S3Objects::new(remote, config.s3.clone(), &state_dir.join("cache"))?
-                .with_fence(lease.fence());
+                .with_fence(Arc::new(lease.fence()));
             let had_objects = objects.has_objects()?;
             let store: Arc<dyn ObjectStore> = Arc::new(objects);
             let catalog = Catalog::new(records, store.clone()).with_fence(lease.fence());

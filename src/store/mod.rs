@@ -8,6 +8,7 @@
 
 mod cache;
 pub mod chunks;
+pub(crate) mod crash;
 mod local;
 pub mod records;
 pub mod s3;
@@ -226,6 +227,18 @@ pub fn is_young(modified: Option<std::time::SystemTime>, grace: std::time::Durat
     modified.is_some_and(|m| now.duration_since(m).unwrap_or_default() < grace)
 }
 
+/// The default grace period of unreferenced objects on object storage: well beyond the
+/// life of any upload (a stage, then its checkpoint's commit).
+pub const DEFAULT_ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// What a writer checks before every request that changes the store: that it still is the
+/// writer (the lease's fence, in lease.rs). A trait here, so the stores need not know how
+/// the writer was chosen.
+pub trait WriteFence: Send + Sync {
+    /// Fails (Conflict) once this process may no longer write to the store.
+    fn check(&self) -> Result<()>;
+}
+
 /// A copy that [`ObjectStore::stage`] made durable under a private name.
 #[derive(Debug)]
 pub struct Staged {
@@ -234,8 +247,8 @@ pub struct Staged {
     pub(crate) tmp: PathBuf,
 }
 
-/// Where the bytes live. The local directory is the only implementation today; an object
-/// store (S3, HDFS) implements the same calls.
+/// Where the bytes live: a local directory (`local.rs`) or S3-compatible object storage
+/// (`s3.rs`), both behind the same calls.
 pub trait ObjectStore: Send + Sync {
     /// Copy `src` into a durable private temporary object, hashing it on the way.
     fn stage(&self, src: &Path) -> Result<Staged>;

@@ -32,7 +32,7 @@ use object_store::{
 
 use super::cache::Cache;
 use super::records::{Put, Record, Records};
-use super::{hash_file, ObjectId, ObjectStore, Staged};
+use super::{hash_file, ObjectId, ObjectStore, Staged, WriteFence};
 use crate::error::{Error, IoContext, Result};
 use crate::fsutil::{create_new_private, create_private_dir_all, lock, remove_tree};
 
@@ -195,7 +195,7 @@ pub struct S3Objects {
     part_buffers: Arc<tokio::sync::Semaphore>,
     /// The writer's lease, checked before every delete request: a writer that lost the
     /// store deletes nothing (the next writer may have stored the same content again).
-    fence: Option<crate::lease::Fence>,
+    fence: Option<Arc<dyn WriteFence>>,
 }
 
 #[derive(Default)]
@@ -226,7 +226,7 @@ impl S3Objects {
     }
 
     /// Delete only while `fence` says this process is the writer.
-    pub fn with_fence(mut self, fence: crate::lease::Fence) -> Self {
+    pub fn with_fence(mut self, fence: Arc<dyn WriteFence>) -> Self {
         self.fence = Some(fence);
         self
     }

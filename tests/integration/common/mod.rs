@@ -58,7 +58,7 @@ pub fn restored_contents(
     let dest = tempfile::tempdir().unwrap();
     let out = dest.path().join("out");
     ckptfs::restore::restore_checkpoint(&store, id, &out, |_| {}).unwrap();
-    let manifest = ckptfs::restore::open_store(&store)
+    let manifest = ckptfs::catalog::open_store(&store)
         .unwrap()
         .1
         .load(id)
