@@ -1,0 +1,410 @@
+//! The inode side of the tree: inode numbers (`cp-N`'s nodes are N<<32 | index), `stat`,
+//! lookup, directory listings as pictures taken at `opendir` (with the kernel's readdir
+//! cache for the root), readlink, and `rmdir cp-N`, which drops a checkpoint.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use super::handles::Handle;
+use super::tree::NodeKind;
+use super::{
+    Attr, CkptFs, DirEntry, Kind, CHECKPOINTS, CTL, LATEST, META_DIR, META_DIR_NAME, METRICS,
+    REGISTRY, ROOT, STATUS,
+};
+use crate::error::{Error, Result};
+use crate::fsutil::lock;
+
+pub(super) enum DirOf {
+    Root,
+    /// The top directory of this checkpoint.
+    Top(u64),
+    Other,
+}
+
+/// What the kernel's cached listing of the root (FUSE's readdir cache) holds. The kernel
+/// fills it from whichever handle opened with the cache on reads the directory from its
+/// start, whatever picture that handle has; so only a root handle opened while no other
+/// root handle is open uses the cache, and a later one keeps the cache only if the set of
+/// checkpoints is still the one that handle pictured.
+#[derive(Default)]
+pub(super) struct RootCache {
+    /// The generation of the picture of the last root handle that used the cache.
+    pub(super) holds: Option<u64>,
+    /// Open root handles.
+    pub(super) open: usize,
+}
+
+/// How the kernel may cache an opened directory's listing (see [`CkptFs::opendir`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirCache {
+    /// Not cached: this handle reads from the daemon.
+    Off,
+    /// Cached, after dropping what the kernel cached before.
+    Refill,
+    /// Cached, keeping what the kernel cached at an earlier open.
+    Keep,
+}
+
+/// `cp-N` with N in canonical decimal.
+pub fn parse_checkpoint_dir(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("cp-")?;
+    if digits.is_empty() || (digits.len() > 1 && digits.starts_with('0')) {
+        return None;
+    }
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok().filter(|n| *n < (1 << 31))
+}
+
+pub(super) fn split_ino(ino: u64) -> Option<(u64, usize)> {
+    let cp = ino >> 32;
+    (cp > 0).then_some((cp, (ino & 0xffff_ffff) as usize))
+}
+
+pub(super) fn make_ino(cp: u64, index: usize) -> u64 {
+    (cp << 32) | index as u64
+}
+
+impl CkptFs {
+    pub(super) fn attr(
+        &self,
+        ino: u64,
+        kind: Kind,
+        size: u64,
+        perm: u16,
+        nlink: u32,
+        mtime: SystemTime,
+    ) -> Attr {
+        Attr {
+            ino,
+            kind,
+            size,
+            perm,
+            nlink,
+            mtime,
+            uid: self.uid,
+            gid: self.gid,
+            immutable: false,
+        }
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        match ino {
+            ROOT => {
+                let n = self.controller.engine().checkpoints().len() as u32;
+                Ok(self.attr(ROOT, Kind::Dir, 0, 0o755, 3 + n, self.mounted_at))
+            }
+            META_DIR => Ok(self.attr(META_DIR, Kind::Dir, 0, 0o755, 2, self.mounted_at)),
+            CTL => Ok(self.attr(CTL, Kind::File, 0, 0o600, 1, self.mounted_at)),
+            STATUS | REGISTRY | CHECKPOINTS | METRICS => {
+                Ok(self.attr(ino, Kind::File, 0, 0o444, 1, SystemTime::now()))
+            }
+            LATEST => {
+                let target = self
+                    .latest()
+                    .ok_or(Error::NotFound("no checkpoint yet".into()))?;
+                let len = format!("cp-{target}").len() as u64;
+                Ok(self.attr(LATEST, Kind::Symlink, len, 0o777, 1, self.mounted_at))
+            }
+            // cp-N itself: from its manifest, without building its tree (listing the root
+            // of thousands of checkpoints must not churn the tree cache).
+            _ if split_ino(ino).is_some_and(|(_, index)| index == 0) => {
+                let cp = ino >> 32;
+                let manifest = self
+                    .controller
+                    .engine()
+                    .manifest(cp)
+                    .ok_or(Error::NoSuchCheckpoint(cp))?;
+                // The kernel may cache this entry now: invalidate it when cp-N is dropped
+                // (and if that already happened meanwhile, do not hand it out).
+                lock(&self.shown).insert(cp);
+                if self.controller.engine().manifest(cp).is_none() {
+                    return Err(Error::NoSuchCheckpoint(cp));
+                }
+                let operators: BTreeSet<&str> = manifest
+                    .backends
+                    .iter()
+                    .map(|b| b.name.operator())
+                    .collect();
+                let mtime =
+                    std::time::UNIX_EPOCH + Duration::from_millis(manifest.completed_unix_ms);
+                let mut attr =
+                    self.attr(ino, Kind::Dir, 0, 0o555, 2 + operators.len() as u32, mtime);
+                attr.immutable = true;
+                Ok(attr)
+            }
+            _ => {
+                let (_, index, tree) = self.resolve(ino)?;
+                let node = &tree.nodes[index];
+                let mut attr = match &node.kind {
+                    NodeKind::Dir(children) => {
+                        let subdirs = children
+                            .iter()
+                            .filter(|c| matches!(tree.nodes[**c].kind, NodeKind::Dir(_)))
+                            .count() as u32;
+                        self.attr(ino, Kind::Dir, 0, 0o555, 2 + subdirs, tree.mtime)
+                    }
+                    NodeKind::File { size, .. } => {
+                        self.attr(ino, Kind::File, *size, 0o444, 1, tree.mtime)
+                    }
+                };
+                attr.immutable = true;
+                Ok(attr)
+            }
+        }
+    }
+
+    pub fn lookup(&self, parent: u64, name: &str) -> Result<Attr> {
+        let missing = || Error::NotFound(name.to_string());
+        match parent {
+            ROOT => match name {
+                META_DIR_NAME => self.getattr(META_DIR),
+                "latest" => self.getattr(LATEST),
+                _ => {
+                    let cp = parse_checkpoint_dir(name).ok_or_else(missing)?;
+                    if self.controller.engine().manifest(cp).is_none() {
+                        return Err(missing());
+                    }
+                    self.getattr(make_ino(cp, 0))
+                }
+            },
+            META_DIR => match name {
+                "ctl" => self.getattr(CTL),
+                "status" => self.getattr(STATUS),
+                "registry" => self.getattr(REGISTRY),
+                "checkpoints" => self.getattr(CHECKPOINTS),
+                "metrics" => self.getattr(METRICS),
+                _ => Err(missing()),
+            },
+            _ => {
+                let (cp, index) = split_ino(parent).ok_or_else(missing)?;
+                let tree = self.tree(cp)?;
+                let child = tree.child(index, name).ok_or_else(missing)?;
+                self.getattr(make_ino(cp, child))
+            }
+        }
+    }
+
+    /// The entries of a directory, without `.` and `..`.
+    pub fn readdir(&self, ino: u64) -> Result<Vec<DirEntry>> {
+        let entry = |name: &str, ino: u64| -> Result<DirEntry> {
+            Ok(DirEntry {
+                name: name.to_string(),
+                attr: self.getattr(ino)?,
+            })
+        };
+        match ino {
+            ROOT => {
+                let mut out = vec![entry(META_DIR_NAME, META_DIR)?];
+                let checkpoints = self.controller.engine().checkpoints();
+                if !checkpoints.is_empty() {
+                    out.push(entry("latest", LATEST)?);
+                }
+                for m in checkpoints {
+                    if let Ok(e) = entry(&format!("cp-{}", m.id), make_ino(m.id, 0)) {
+                        out.push(e);
+                    }
+                }
+                Ok(out)
+            }
+            META_DIR => Ok(vec![
+                entry("ctl", CTL)?,
+                entry("checkpoints", CHECKPOINTS)?,
+                entry("metrics", METRICS)?,
+                entry("registry", REGISTRY)?,
+                entry("status", STATUS)?,
+            ]),
+            _ => {
+                let (cp, index, tree) = self.resolve(ino)?;
+                match &tree.nodes.get(index).map(|n| &n.kind) {
+                    Some(NodeKind::Dir(children)) => children
+                        .iter()
+                        .map(|c| entry(&tree.nodes[*c].name, make_ino(cp, *c)))
+                        .collect(),
+                    Some(NodeKind::File { .. }) => Err(Error::io(
+                        "readdir",
+                        std::io::Error::from_raw_os_error(libc::ENOTDIR),
+                    )),
+                    None => Err(Error::NotFound(format!("inode {ino}"))),
+                }
+            }
+        }
+    }
+
+    /// Open a directory: its entries, `.` and `..` included, are taken now and served by
+    /// [`CkptFs::readdir_handle`] until [`CkptFs::releasedir`]. A checkpoint dropped while
+    /// `cp -r` walks it then fails the walk loudly (at the next lookup or opendir) instead of
+    /// showing a directory as empty: glibc reads ENOENT from getdents as end of directory.
+    /// Open a directory: its handle, and how the kernel may cache its listing (so that a
+    /// warm `ls -l` of 10,000 checkpoints asks nothing of the daemon). A checkpoint's
+    /// directories and `.ckptfs` never change; the root's cache is used only as
+    /// [`RootCache`] tells.
+    pub fn opendir(&self, ino: u64) -> Result<(u64, DirCache)> {
+        // Read before the picture is taken: the picture is at least this new.
+        let generation = self.root_generation.load(Ordering::SeqCst);
+        // The top directory of a checkpoint is counted while open: `rmdir` waits for no one
+        // and the kernel marks a removed directory dead, after which a listing on an open
+        // handle ends early *without an error* (getdents' ENOENT is end-of-directory to
+        // glibc). So rmdir refuses while it is open (see `rmdir`).
+        let top = split_ino(ino)
+            .filter(|(_, index)| *index == 0)
+            .map(|(cp, _)| cp);
+        let mut listing = top.map(|_| lock(&self.listing));
+        if let Some(cp) = top {
+            if self.controller.engine().manifest(cp).is_none() {
+                return Err(Error::NoSuchCheckpoint(cp));
+            }
+        }
+        let entries = self.dir_snapshot(ino)?;
+        if let (Some(cp), Some(listing)) = (top, listing.as_mut()) {
+            *listing.entry(cp).or_default() += 1;
+        }
+        let (of, cache) = match top {
+            Some(cp) => (DirOf::Top(cp), DirCache::Keep),
+            None if ino == ROOT => {
+                let mut root = lock(&self.root_cache);
+                let cache = if root.open > 0 {
+                    DirCache::Off
+                } else if root.holds.replace(generation) == Some(generation) {
+                    DirCache::Keep
+                } else {
+                    DirCache::Refill
+                };
+                root.open += 1;
+                (DirOf::Root, cache)
+            }
+            None => (DirOf::Other, DirCache::Keep),
+        };
+        Ok((self.new_handle(Handle::Dir(Arc::new(entries), of)), cache))
+    }
+
+    pub(super) fn dir_snapshot(&self, ino: u64) -> Result<Vec<DirEntry>> {
+        let mut entries = vec![
+            DirEntry {
+                name: ".".into(),
+                attr: self.getattr(ino)?,
+            },
+            DirEntry {
+                name: "..".into(),
+                attr: self.getattr(self.parent_of(ino))?,
+            },
+        ];
+        entries.extend(self.readdir(ino)?);
+        Ok(entries)
+    }
+
+    /// The entries of a directory opened with [`CkptFs::opendir`].
+    pub fn readdir_handle(&self, fh: u64) -> Result<Arc<Vec<DirEntry>>> {
+        match lock(&self.handles).get(&fh) {
+            Some(Handle::Dir(entries, _)) => Ok(entries.clone()),
+            Some(_) => Err(Error::io(
+                "readdir",
+                std::io::Error::from_raw_os_error(libc::ENOTDIR),
+            )),
+            None => Err(Error::io(
+                "readdir",
+                std::io::Error::from_raw_os_error(libc::EBADF),
+            )),
+        }
+    }
+
+    pub fn releasedir(&self, fh: u64) {
+        let handle = lock(&self.handles).remove(&fh);
+        if let Some(Handle::Dir(_, DirOf::Root)) = handle {
+            lock(&self.root_cache).open -= 1;
+        } else if let Some(Handle::Dir(_, DirOf::Top(cp))) = handle {
+            let mut listing = lock(&self.listing);
+            if let Some(n) = listing.get_mut(&cp) {
+                *n -= 1;
+                if *n == 0 {
+                    listing.remove(&cp);
+                }
+            }
+            self.listing_released.notify_all();
+        }
+    }
+
+    /// The parent inode of a directory (for `..`).
+    pub fn parent_of(&self, ino: u64) -> u64 {
+        match self.resolve(ino) {
+            Ok((cp, index, tree)) if index > 0 => make_ino(cp, tree.nodes[index].parent),
+            _ => ROOT,
+        }
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<String> {
+        if ino != LATEST {
+            return Err(Error::Invalid("not a symbolic link".into()));
+        }
+        let target = self
+            .latest()
+            .ok_or(Error::NotFound("no checkpoint yet".into()))?;
+        Ok(format!("cp-{target}"))
+    }
+
+    /// `rmdir cp-N` drops checkpoint N; anything else is refused. Refused with EBUSY while
+    /// cp-N itself is open (a listing in progress): the kernel marks a removed directory
+    /// dead and a listing on it then ends early without error, so a `cp -r` racing the
+    /// drop could succeed with part of the checkpoint. Directories below cp-N keep their
+    /// listings (see [`CkptFs::opendir`]); files below it fail to open once it is gone.
+    pub fn rmdir(&self, parent: u64, name: &str) -> Result<()> {
+        if parent != ROOT {
+            return Err(if split_ino(parent).is_some() {
+                Error::ReadOnly(format!("{name} is part of a checkpoint"))
+            } else {
+                Error::io("rmdir", std::io::Error::from_raw_os_error(libc::EPERM))
+            });
+        }
+        let Some(cp) = parse_checkpoint_dir(name) else {
+            return Err(if name == META_DIR_NAME {
+                Error::io("rmdir", std::io::Error::from_raw_os_error(libc::EPERM))
+            } else if name == "latest" {
+                Error::io("rmdir", std::io::Error::from_raw_os_error(libc::ENOTDIR))
+            } else {
+                Error::NotFound(name.to_string())
+            });
+        };
+        // Held through the drop, so no opendir of cp-N slips in between check and drop.
+        // The kernel releases a closed directory asynchronously (`ls cp-N && rmdir cp-N`
+        // may arrive first): wait a moment for that before calling it busy.
+        let mut listing = lock(&self.listing);
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while listing.get(&cp).is_some_and(|n| *n > 0) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            listing = self
+                .listing_released
+                .wait_timeout(listing, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        if listing.get(&cp).is_some_and(|n| *n > 0) {
+            return Err(Error::Busy(format!(
+                "cp-{cp} is open (being listed, e.g. by a copy); try again when it is closed"
+            )));
+        }
+        self.controller.engine().delete_checkpoint(cp)?;
+        self.root_generation.fetch_add(1, Ordering::SeqCst);
+        lock(&self.trees).remove(&cp);
+        drop(listing);
+        lock(&self.shown).remove(&cp);
+        if let Some(inv) = lock(&self.invalidator).clone() {
+            inv.inode(LATEST);
+        }
+        Ok(())
+    }
+
+    /// The error for any other change (create, unlink, rename, mkdir, setattr...).
+    pub fn refuse_change(&self, parent_or_ino: u64) -> Error {
+        if split_ino(parent_or_ino).is_some() {
+            Error::ReadOnly("checkpoints are read-only".into())
+        } else {
+            Error::io("change", std::io::Error::from_raw_os_error(libc::EPERM))
+        }
+    }
+}

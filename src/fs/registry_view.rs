@@ -1,0 +1,96 @@
+//! `.ckptfs/registry` as it is read: the objects' histories are worked out at open, their
+//! rows ([`crate::views::RegistryRow`]) written as the reader gets to them.
+
+use super::CkptFs;
+use crate::catalog::history::{object_histories, ObjectHistory};
+use crate::store::ObjectId;
+use crate::views;
+
+/// `.ckptfs/registry` as it is read: the objects' histories are worked out at open, their
+/// rows written as the reader gets to them (122,883 rows were 1 s of a release daemon's
+/// time before the first byte; a reader of the head now waits only for the histories).
+#[derive(Default)]
+pub(super) struct RegistryStream {
+    pub(super) rows: Vec<(ObjectId, ObjectHistory)>,
+    pub(super) counts: std::collections::BTreeMap<ObjectId, u32>,
+    /// The next row to write.
+    pub(super) next: usize,
+    /// Text written and not yet read past, starting at byte `start` of the view.
+    pub(super) window: Vec<u8>,
+    pub(super) start: u64,
+}
+
+impl CkptFs {
+    pub(super) fn registry_stream(&self) -> RegistryStream {
+        let engine = self.controller.engine();
+        let counts = engine.reference_counts();
+        // Each object's referencing checkpoints as runs of consecutive retained ones: with
+        // thousands of checkpoints, a list of every one would be millions of numbers.
+        let checkpoints = engine.checkpoints();
+        let rows = object_histories(checkpoints.iter().map(|m| &**m))
+            .into_iter()
+            .collect();
+        RegistryStream {
+            rows,
+            counts,
+            next: 0,
+            window: Vec::new(),
+            start: 0,
+        }
+    }
+
+    /// Bytes `offset..offset + size` of the registry view, writing rows as far as needed
+    /// (from the first row again if the reader went back before the text still held).
+    pub(super) fn read_registry(
+        &self,
+        stream: &mut RegistryStream,
+        offset: u64,
+        size: u64,
+    ) -> Vec<u8> {
+        if offset < stream.start {
+            stream.next = 0;
+            stream.window.clear();
+            stream.start = 0;
+        }
+        loop {
+            let end = stream.start + stream.window.len() as u64;
+            let skip = (offset.min(end) - stream.start) as usize;
+            stream.window.drain(..skip);
+            stream.start += skip as u64;
+            if end >= offset + size || stream.next == stream.rows.len() {
+                break;
+            }
+            let (id, row) = &stream.rows[stream.next];
+            self.registry_row(&mut stream.window, id, row, &stream.counts);
+            stream.next += 1;
+        }
+        let from = ((offset - stream.start) as usize).min(stream.window.len());
+        let to = (from + size as usize).min(stream.window.len());
+        stream.window[from..to].to_vec()
+    }
+
+    /// One row of the registry view (one row per stored object: 100,000 and more, so
+    /// written as the reader gets to them).
+    pub(super) fn registry_row(
+        &self,
+        out: &mut Vec<u8>,
+        id: &ObjectId,
+        history: &ObjectHistory,
+        counts: &std::collections::BTreeMap<ObjectId, u32>,
+    ) {
+        // File lists are not sized in the manifests: the store knows.
+        let size = history.size.unwrap_or_else(|| {
+            self.controller
+                .engine()
+                .object_store()
+                .local_path(id)
+                .and_then(|p| std::fs::symlink_metadata(p).ok())
+                .map_or(0, |m| m.len())
+        });
+        let refcount = counts.get(id).copied().unwrap_or(0);
+        let row = views::RegistryRow::of(*id, history, size, refcount);
+        // Into a vector, a row of strings and numbers cannot fail to serialise.
+        let _ = serde_json::to_writer(&mut *out, &row);
+        out.push(b'\n');
+    }
+}
