@@ -35,9 +35,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ckptfs::catalog::Manifest;
-use ckptfs::store::ObjectId;
-use ckptfs::{BackendName, Engine, EngineConfig, WriteOp};
+use ckptfs_core::catalog::Manifest;
+use ckptfs_core::store::ObjectId;
+use ckptfs_core::{BackendName, Engine, EngineConfig, WriteOp};
 use serde_json::{json, Value};
 
 mod common;
@@ -134,7 +134,7 @@ fn write_keys(
     names: &[BackendName],
     indices: &[u64],
     round: u64,
-) -> ckptfs::Result<u64> {
+) -> ckptfs_core::Result<u64> {
     let mut bytes = 0;
     for chunk in indices.chunks(BATCH as usize) {
         for (b, name) in names.iter().enumerate() {

@@ -31,8 +31,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ckptfs::backend::BackendOptions;
-use ckptfs::{BackendName, CheckpointMode, Engine, EngineConfig, WriteOp};
+use ckptfs_core::backend::BackendOptions;
+use ckptfs_core::{BackendName, CheckpointMode, Engine, EngineConfig, WriteOp};
 use common::{key, mix, percentile, tree_bytes, value, KEY_SIZE, VALUE_SIZE};
 use rocksdb::backup::{BackupEngine, BackupEngineOptions, RestoreOptions};
 use serde_json::json;
@@ -122,7 +122,7 @@ impl Target for Ckptfs {
     }
 
     fn restore(&mut self, dest: &Path) -> Vec<PathBuf> {
-        ckptfs::restore::restore_checkpoint(&self.store, self.last, dest, |_| {}).unwrap();
+        ckptfs_core::restore::restore_checkpoint(&self.store, self.last, dest, |_| {}).unwrap();
         self.names.iter().map(|n| dest.join(n.rel_path())).collect()
     }
 

@@ -26,8 +26,8 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use ckptfs::compaction::SmallFilePolicy;
-use ckptfs::{BackendName, Engine, EngineConfig, WriteOp};
+use ckptfs_core::compaction::SmallFilePolicy;
+use ckptfs_core::{BackendName, Engine, EngineConfig, WriteOp};
 use serde_json::json;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {

@@ -8,27 +8,27 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
-use ckptfs::error::{Error, IoContext};
-use ckptfs::names::BackendName;
-use ckptfs::percent;
-use ckptfs::store::Location;
-use ckptfs::views::{CheckpointRow, Status, StoreStatus};
+use ckptfs_core::error::{Error, IoContext};
+use ckptfs_core::names::BackendName;
+use ckptfs_core::percent;
+use ckptfs_core::store::Location;
+use ckptfs_core::views::{CheckpointRow, Status, StoreStatus};
 
 const NOTIFY_ENV: &str = "CKPTFS_NOTIFY_READY";
 
 /// Re-run this command with `--foreground` as a detached daemon, and return once it says
 /// the mount is ready (exit 0) or why it is not (exit 1).
 pub fn daemonize(
-    store: &ckptfs::store::Location,
+    store: &ckptfs_core::store::Location,
     state: Option<&Path>,
     read_only: bool,
     log_file: Option<&Path>,
     args: &[std::ffi::OsString],
 ) -> Result<ExitCode, Error> {
     let default_dir = match (store.local(), state) {
-        (Some(root), _) if !read_only => ckptfs::coordinator::ensure_store_dir(root)?,
+        (Some(root), _) if !read_only => ckptfs_core::coordinator::ensure_store_dir(root)?,
         (_, Some(state)) => {
-            ckptfs::fsutil::create_private_dir_all(state)?;
+            ckptfs_core::fsutil::create_private_dir_all(state)?;
             state.to_path_buf()
         }
         (_, None) => {
@@ -41,7 +41,7 @@ pub fn daemonize(
     let log_path = log_file
         .map(Path::to_path_buf)
         .unwrap_or_else(|| default_dir.join("ckptfs.log"));
-    let log = ckptfs::fsutil::open_private()
+    let log = ckptfs_core::fsutil::open_private()
         .create(true)
         .append(true)
         .open(&log_path)
@@ -113,7 +113,7 @@ pub fn notify_note(note: &str) {
 
 /// Tell a waiting `ckptfs mount` (our parent) whether the mount is ready, then stop
 /// writing to the pipe so the parent can exit.
-pub fn notify_ready(result: ckptfs::Result<()>) {
+pub fn notify_ready(result: ckptfs_core::Result<()>) {
     if std::env::var_os(NOTIFY_ENV).is_none() {
         return;
     }
@@ -260,7 +260,7 @@ fn target(arg: &Path) -> Result<Target, Error> {
         .ok_or_else(|| Error::Invalid(format!("{} is not valid UTF-8", arg.display())))?;
     let location = Location::parse(text)?;
     if let Location::Local(dir) = &location {
-        if ckptfs::catalog::check_is_store(dir).is_err() {
+        if ckptfs_core::catalog::check_is_store(dir).is_err() {
             return Err(Error::NotFound(format!(
                 "{} is not a ckptfs mount (no .ckptfs/ctl), nor a ckptfs store (no ckptfs.json, \
                  no checkpoints/); mount a store there with `ckptfs mount STORE {}`",
@@ -277,13 +277,13 @@ fn store_checkpoints(
     location: &Location,
 ) -> Result<
     (
-        ckptfs::catalog::Catalog,
-        ckptfs::store::Opened,
-        Vec<ckptfs::catalog::Manifest>,
+        ckptfs_core::catalog::Catalog,
+        ckptfs_core::store::Opened,
+        Vec<ckptfs_core::catalog::Manifest>,
     ),
     Error,
 > {
-    let (opened, catalog) = ckptfs::catalog::open_store(location)?;
+    let (opened, catalog) = ckptfs_core::catalog::open_store(location)?;
     let manifests = catalog.load_all()?.into_values().collect();
     Ok((catalog, opened, manifests))
 }
@@ -327,7 +327,7 @@ pub fn ls(path: &Path, json: bool) -> Result<ExitCode, Error> {
 fn store_status(location: &Location) -> Result<StoreStatus, Error> {
     let (catalog, opened, manifests) = store_checkpoints(location)?;
     let meta = catalog.load_meta()?;
-    let lease = ckptfs::lease::holder(opened.records.as_ref())?;
+    let lease = ckptfs_core::lease::holder(opened.records.as_ref())?;
     Ok(StoreStatus::build(
         location,
         meta.as_ref(),
@@ -355,7 +355,7 @@ pub fn status(path: &Path, json: bool) -> Result<ExitCode, Error> {
         Target::Mount(mountpoint) => {
             let status = read_status(&mountpoint)?;
             if json {
-                print!("{}", ckptfs::views::to_pretty_text(&status));
+                print!("{}", ckptfs_core::views::to_pretty_text(&status));
             } else {
                 print_daemon_status(&status);
             }
@@ -363,7 +363,7 @@ pub fn status(path: &Path, json: bool) -> Result<ExitCode, Error> {
         Target::Store(location) => {
             let status = store_status(&location)?;
             if json {
-                print!("{}", ckptfs::views::to_pretty_text(&status));
+                print!("{}", ckptfs_core::views::to_pretty_text(&status));
             } else {
                 print_store_status(&status);
             }
@@ -560,7 +560,7 @@ pub fn spinner(what: &str) -> indicatif::ProgressBar {
 
 /// Bytes referenced by a store's manifests (for fsck's progress bar); 0 if unreadable.
 pub fn store_bytes(store: &Path) -> u64 {
-    let Ok(catalog) = ckptfs::catalog::Catalog::open_existing(store) else {
+    let Ok(catalog) = ckptfs_core::catalog::Catalog::open_existing(store) else {
         return 0;
     };
     let mut sizes = std::collections::BTreeMap::new();
@@ -585,7 +585,7 @@ fn resolve_store(path: &Path) -> Result<Location, Error> {
 pub fn graph(path: &Path, format: Option<&str>) -> Result<ExitCode, Error> {
     let store = resolve_store(path)?;
     let manifests = store_checkpoints(&store)?.2;
-    let dot = ckptfs::graph::dot(&manifests);
+    let dot = ckptfs_core::graph::dot(&manifests);
     let have_dot = std::process::Command::new("dot")
         .arg("-V")
         .stdout(Stdio::null())

@@ -2,9 +2,9 @@
 //! keys and values percent-encoded. Parsing is separate from running so that a write with
 //! any invalid line can be refused as a whole before anything changes.
 
-use crate::error::{Error, Result};
-use crate::names::BackendName;
-use crate::percent;
+use ckptfs_core::error::{Error, Result};
+use ckptfs_core::names::BackendName;
+use ckptfs_core::percent;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
@@ -135,7 +135,7 @@ pub fn parse_write(data: &[u8]) -> Result<Vec<Command>> {
 /// Runs control commands against an engine. Checkpoint uploads run on their own threads,
 /// never on the caller's (a FUSE thread): answers are delivered through a callback.
 pub struct Controller {
-    engine: crate::Engine,
+    engine: ckptfs_core::Engine,
     workers: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>,
     stopping: std::sync::Arc<std::sync::atomic::AtomicBool>,
     interval: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -144,7 +144,7 @@ pub struct Controller {
     refresher: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     on_change: std::sync::Mutex<Option<ChangeHook>>,
     /// The small-file compaction's policy, once it runs.
-    small_files: std::sync::Mutex<Option<crate::compaction::SmallFilePolicy>>,
+    small_files: std::sync::Mutex<Option<ckptfs_core::compaction::SmallFilePolicy>>,
     /// Set after a checkpoint that found a backend with twice the policy's number of small
     /// SSTs: the compaction runs now instead of at its next period.
     compaction_due: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -178,7 +178,7 @@ pub fn error_json(error: &Error) -> String {
     )
 }
 
-pub fn checkpoint_json(manifest: &crate::catalog::Manifest) -> String {
+pub fn checkpoint_json(manifest: &ckptfs_core::catalog::Manifest) -> String {
     let s = &manifest.stats;
     let mut m = serde_json::Map::new();
     m.insert("id".into(), manifest.id.into());
@@ -193,7 +193,7 @@ pub fn checkpoint_json(manifest: &crate::catalog::Manifest) -> String {
 }
 
 impl Controller {
-    pub fn new(engine: crate::Engine) -> Self {
+    pub fn new(engine: ckptfs_core::Engine) -> Self {
         Controller {
             engine,
             workers: Default::default(),
@@ -208,7 +208,7 @@ impl Controller {
         }
     }
 
-    pub fn engine(&self) -> &crate::Engine {
+    pub fn engine(&self) -> &ckptfs_core::Engine {
         &self.engine
     }
 
@@ -318,7 +318,7 @@ impl Controller {
     /// Apply a run of data lines (starting at index `first` of the write) as one atomic
     /// batch per backend.
     fn apply_data(&self, first: usize, commands: &[Command], answer: &AnswerSink) {
-        let mut batches: std::collections::BTreeMap<&BackendName, Vec<crate::WriteOp>> =
+        let mut batches: std::collections::BTreeMap<&BackendName, Vec<ckptfs_core::WriteOp>> =
             Default::default();
         for command in commands {
             match command {
@@ -329,11 +329,11 @@ impl Controller {
                 } => batches
                     .entry(backend)
                     .or_default()
-                    .push(crate::WriteOp::Put(key.clone(), value.clone())),
+                    .push(ckptfs_core::WriteOp::Put(key.clone(), value.clone())),
                 Command::Del { backend, key } => batches
                     .entry(backend)
                     .or_default()
-                    .push(crate::WriteOp::Delete(key.clone())),
+                    .push(ckptfs_core::WriteOp::Delete(key.clone())),
                 _ => {}
             }
         }
@@ -446,11 +446,11 @@ impl Controller {
     }
 
     /// Merge small SSTs of every backend every `period`, and as soon as a checkpoint finds
-    /// many (see [`crate::compaction`] and [`Controller::check_small_files`]).
+    /// many (see [`ckptfs_core::compaction`] and [`Controller::check_small_files`]).
     pub fn start_small_file_compaction(
         self: &std::sync::Arc<Self>,
         period: std::time::Duration,
-        policy: crate::compaction::SmallFilePolicy,
+        policy: ckptfs_core::compaction::SmallFilePolicy,
     ) {
         *self.small_files.lock().unwrap_or_else(|p| p.into_inner()) = Some(policy);
         let due = self.compaction_due.clone();

@@ -8,11 +8,11 @@ use std::time::Duration;
 use fuser::{Config, MountOption, SessionACL};
 
 use crate::control::Controller;
-use crate::coordinator::{Engine, EngineConfig};
-use crate::error::{Error, IoContext, Result};
 use crate::fs::fuse::{FuseAdapter, NotifierInvalidator};
 use crate::fs::CkptFs;
-use crate::metrics::http::MetricsServer;
+use crate::metrics_http::MetricsServer;
+use ckptfs_core::coordinator::{Engine, EngineConfig};
+use ckptfs_core::error::{Error, IoContext, Result};
 
 #[derive(Debug, Clone)]
 pub struct MountConfig {
@@ -153,7 +153,7 @@ pub fn serve(config: MountConfig, ready: impl FnOnce(Result<()>)) -> Result<()> 
         // Bound before the engine opens: a busy address fails the mount, not the scrape.
         let metrics_listener = config
             .metrics_listen
-            .map(crate::metrics::http::bind)
+            .map(crate::metrics_http::bind)
             .transpose()?;
         install_signal_handlers()?;
         let engine = if config.read_only {

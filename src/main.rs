@@ -6,11 +6,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use ckptfs::backend::{scan_dir, BackendOptions, CheckpointMode, DEFAULT_FORMAT_VERSION};
-use ckptfs::error::Error;
-use ckptfs::names::BackendName;
-use ckptfs::store::Location;
-use ckptfs::{fsck, percent, restore, workload, Engine, EngineConfig};
+use ckptfs_core::backend::{scan_dir, BackendOptions, CheckpointMode, DEFAULT_FORMAT_VERSION};
+use ckptfs_core::error::Error;
+use ckptfs_core::names::BackendName;
+use ckptfs_core::store::Location;
+use ckptfs_core::{fsck, percent, restore, workload, Engine, EngineConfig};
 
 /// Incremental RocksDB checkpoints in a deduplicated, reference-counted store.
 ///
@@ -282,7 +282,7 @@ static ARGS: std::sync::OnceLock<Vec<std::ffi::OsString>> = std::sync::OnceLock:
 
 fn main() -> ExitCode {
     #[cfg(feature = "failpoints")]
-    let _failpoints = ckptfs::failpoint::setup();
+    let _failpoints = ckptfs_core::failpoint::setup();
     // Invoked by mount(8) as mount.fuse.ckptfs (or mount.ckptfs): translate its arguments.
     let argv0 = std::env::args_os().next().unwrap_or_default();
     let invoked_as = Path::new(&argv0)
@@ -400,7 +400,7 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             };
             // Refuse bad options before anything is created or started.
             backend_options.validate()?;
-            ckptfs::lease::validate_ttl(lease_ttl)
+            ckptfs_core::lease::validate_ttl(lease_ttl)
                 .map_err(|e| Error::Invalid(format!("--lease-ttl: {e}")))?;
             if orphan_grace < lease_ttl {
                 return Err(Error::Invalid(format!(
@@ -413,7 +413,7 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             if let Some(addr) = metrics_listen {
                 // Free to bind? Asked here, before the daemon creates anything (the daemon
                 // binds it again before it opens the store).
-                drop(ckptfs::metrics::http::bind(addr)?);
+                drop(ckptfs::metrics_http::bind(addr)?);
             }
             let state = match state {
                 None if read_only => Some(read_only_state(&store, &mountpoint)?),
@@ -445,7 +445,7 @@ fn run(command: Command) -> Result<ExitCode, Error> {
                 .map_err(|e| Error::io("resolve state path", e))?;
             let mut engine = EngineConfig::new(store);
             engine.state = state;
-            engine.s3 = ckptfs::store::s3::S3Options {
+            engine.s3 = ckptfs_core::store::s3::S3Options {
                 upload_concurrency: upload_concurrency.max(1),
                 cache_size,
             };
@@ -457,10 +457,10 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             engine.max_concurrent = max_concurrent;
             engine.restore_from = restore;
             engine.backend_options = backend_options;
-            engine.materialize = ckptfs::MaterializePolicy {
+            engine.materialize = ckptfs_core::MaterializePolicy {
                 interval: materialize_interval,
                 wal_bytes: materialize_wal_mib.saturating_mul(1 << 20),
-                ..ckptfs::MaterializePolicy::default()
+                ..ckptfs_core::MaterializePolicy::default()
             };
             let config = ckptfs::daemon::MountConfig {
                 engine,
@@ -474,7 +474,7 @@ fn run(command: Command) -> Result<ExitCode, Error> {
                 read_only,
                 metrics_listen,
             };
-            ckptfs::lease::on_wait(client::notify_note);
+            ckptfs_core::lease::on_wait(client::notify_note);
             ckptfs::daemon::serve(config, client::notify_ready)?;
             Ok(ExitCode::SUCCESS)
         }

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use super::handles::Handle;
 use super::{CkptFs, MAX_LINE, MAX_UNREAD_ANSWERS};
 use crate::control::{self};
-use crate::error::{Error, Result};
-use crate::fsutil::lock;
+use ckptfs_core::error::{Error, Result};
+use ckptfs_core::fsutil::lock;
 
 /// Answers of one open control handle, in command order.
 #[derive(Default)]

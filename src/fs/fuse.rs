@@ -14,8 +14,8 @@ use fuser::{
 };
 
 use super::{Attr, CkptFs, DirCache, Invalidator, Kind, Opened};
-use crate::error::Error;
-use crate::store::ObjectId;
+use ckptfs_core::error::Error;
+use ckptfs_core::store::ObjectId;
 
 /// The fuser `Filesystem` over a [`CkptFs`].
 pub struct FuseAdapter {

@@ -14,11 +14,11 @@ use super::tree::{CheckpointTree, NodeKind};
 use super::{
     CkptFs, DirEntry, Opened, CHECKPOINTS, CTL, LATEST, META_DIR, METRICS, REGISTRY, ROOT, STATUS,
 };
-use crate::error::{Error, Result};
-use crate::fsutil::lock;
-use crate::store::chunks::{Chunks, MAX_ASSEMBLED};
-use crate::store::ObjectId;
-use crate::views;
+use ckptfs_core::error::{Error, Result};
+use ckptfs_core::fsutil::lock;
+use ckptfs_core::store::chunks::{Chunks, MAX_ASSEMBLED};
+use ckptfs_core::store::ObjectId;
+use ckptfs_core::views;
 
 /// What an open handle reads.
 pub(super) enum Handle {
@@ -79,10 +79,10 @@ impl CkptFs {
                 let engine = self.controller.engine();
                 let bytes = match ino {
                     STATUS => views::to_pretty_text(&views::Status::of(engine)),
-                    METRICS => crate::metrics::render(engine),
+                    METRICS => ckptfs_core::metrics::render(engine),
                     _ => views::checkpoint_lines(engine.checkpoints().iter().map(|m| &**m)),
                 };
-                crate::fsutil::release_free_memory();
+                ckptfs_core::fsutil::release_free_memory();
                 Ok(Opened::Stream {
                     fh: self.new_handle(Handle::Snapshot(bytes.into_bytes())),
                     seekable: true,
@@ -288,7 +288,7 @@ impl CkptFs {
         if let Some(Handle::Registry(stream)) = handle {
             // Freed here, whoever still holds the stream (a read that just replied).
             drop(std::mem::take(&mut *lock(&stream)));
-            crate::fsutil::release_free_memory();
+            ckptfs_core::fsutil::release_free_memory();
         } else if let Some(Handle::Control(stream)) = handle {
             // A last line without a newline (`echo -n checkpoint > ctl`) runs at close.
             let rest = std::mem::take(&mut lock(&stream.state).unfinished);

@@ -13,8 +13,8 @@ use super::{
     Attr, CkptFs, DirEntry, Kind, CHECKPOINTS, CTL, LATEST, META_DIR, META_DIR_NAME, METRICS,
     REGISTRY, ROOT, STATUS,
 };
-use crate::error::{Error, Result};
-use crate::fsutil::lock;
+use ckptfs_core::error::{Error, Result};
+use ckptfs_core::fsutil::lock;
 
 pub(super) enum DirOf {
     Root,

@@ -2,7 +2,7 @@
 //! files (`handles.rs`), the control stream (`control_stream.rs`), the registry view
 //! (`registry_view.rs`), checkpoint trees (`tree.rs`). No fuser types here (see `fuse.rs`),
 //! so everything is testable without a mount. The generated files' content is typed in
-//! [`crate::views`].
+//! [`ckptfs_core::views`].
 //!
 //! ```text
 //! /                       root (ino 1)
@@ -28,12 +28,12 @@ use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::fsutil::lock;
+use ckptfs_core::fsutil::lock;
 use std::time::{Duration, SystemTime};
 
 use crate::control::Controller;
-use crate::error::{Error, Result};
-use crate::store::ObjectId;
+use ckptfs_core::error::{Error, Result};
+use ckptfs_core::store::ObjectId;
 use tree::{CheckpointTree, TreeCache};
 
 pub use control_stream::ReadCallback;
@@ -257,7 +257,7 @@ impl CkptFs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coordinator::{Engine, EngineConfig};
+    use ckptfs_core::coordinator::{Engine, EngineConfig};
 
     fn fs_with_checkpoints(dir: &std::path::Path, n: usize) -> Arc<CkptFs> {
         fs_with(dir, n, 1)
@@ -469,8 +469,8 @@ mod tests {
     fn value_in(store: &std::path::Path, id: u64, key: &[u8]) -> Option<Vec<u8>> {
         let out = tempfile::tempdir().unwrap();
         let dest = out.path().join("r");
-        crate::restore::restore_checkpoint(store, id, &dest, |_| {}).unwrap();
-        crate::backend::scan_dir(&dest.join("A/0"))
+        ckptfs_core::restore::restore_checkpoint(store, id, &dest, |_| {}).unwrap();
+        ckptfs_core::backend::scan_dir(&dest.join("A/0"))
             .unwrap()
             .into_iter()
             .find(|(k, _)| k == key)

@@ -1,10 +1,10 @@
 //! `.ckptfs/registry` as it is read: the objects' histories are worked out at open, their
-//! rows ([`crate::views::RegistryRow`]) written as the reader gets to them.
+//! rows ([`ckptfs_core::views::RegistryRow`]) written as the reader gets to them.
 
 use super::CkptFs;
-use crate::catalog::history::{object_histories, ObjectHistory};
-use crate::store::ObjectId;
-use crate::views;
+use ckptfs_core::catalog::history::{object_histories, ObjectHistory};
+use ckptfs_core::store::ObjectId;
+use ckptfs_core::views;
 
 /// `.ckptfs/registry` as it is read: the objects' histories are worked out at open, their
 /// rows written as the reader gets to them (122,883 rows were 1 s of a release daemon's

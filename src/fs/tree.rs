@@ -3,9 +3,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::catalog::Manifest;
-use crate::store::chunks::Chunks;
-use crate::store::ObjectId;
+use ckptfs_core::catalog::Manifest;
+use ckptfs_core::store::chunks::Chunks;
+use ckptfs_core::store::ObjectId;
 
 #[derive(Debug)]
 pub enum NodeKind {

@@ -4,9 +4,9 @@
 
 use std::collections::BTreeSet;
 
-use ckptfs::backend::scan_dir;
-use ckptfs::store::hash_file;
-use ckptfs::{Engine, Error};
+use ckptfs_core::backend::scan_dir;
+use ckptfs_core::store::hash_file;
+use ckptfs_core::{Engine, Error};
 
 use crate::common::*;
 
@@ -99,7 +99,7 @@ fn identical_files_are_stored_once_and_the_store_holds_only_referenced_objects()
     let cp = engine.checkpoint().unwrap();
     // Files with equal bytes (e.g. CURRENT, OPTIONS across backends) share one object.
     let staged = dir.path().join("check");
-    ckptfs::restore::restore_checkpoint(&store, cp.id, &staged, |_| {}).unwrap();
+    ckptfs_core::restore::restore_checkpoint(&store, cp.id, &staged, |_| {}).unwrap();
     let mut by_content = std::collections::BTreeMap::new();
     for b in &cp.backends {
         for f in b.files.iter() {
@@ -346,7 +346,7 @@ fn a_missing_object_is_stored_again_not_shared() {
     );
     assert!(cp2.stats.bytes_uploaded >= sst.size);
     drop(engine);
-    let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
+    let report = ckptfs_core::fsck::fsck(&store, false, |_| {}).unwrap();
     assert!(report.is_clean(), "{report:?}");
 }
 
@@ -371,7 +371,7 @@ fn manifests_share_file_lists_and_store_what_changed() {
         put_range(&engine, &a, i * 10..i * 10 + 10, "a");
         cps.push(engine.checkpoint().unwrap());
     }
-    let object_len = |id: &ckptfs::store::ObjectId| {
+    let object_len = |id: &ckptfs_core::store::ObjectId| {
         let hex = id.to_hex();
         std::fs::metadata(store.join("objects").join(&hex[..2]).join(&hex))
             .unwrap()
@@ -391,7 +391,7 @@ fn manifests_share_file_lists_and_store_what_changed() {
         let lists: Vec<_> = after.backend(&a).unwrap().lists.iter().collect();
         let old: Vec<_> = before.backend(&a).unwrap().lists.iter().collect();
         assert_ne!(lists[0], old[0]);
-        assert!(lists.len() <= ckptfs::catalog::lists::MAX_CHAIN);
+        assert!(lists.len() <= ckptfs_core::catalog::lists::MAX_CHAIN);
         if lists.len() > 1 {
             deltas += 1;
             assert_eq!(lists[1..], old[..lists.len() - 1]);
@@ -416,7 +416,7 @@ fn manifests_share_file_lists_and_store_what_changed() {
     let engine = Engine::open(cfg).unwrap();
     let reloaded = engine.checkpoints();
     assert_eq!(reloaded, cps);
-    let first_sst = |m: &ckptfs::catalog::Manifest| {
+    let first_sst = |m: &ckptfs_core::catalog::Manifest| {
         m.backend(&a)
             .unwrap()
             .files
@@ -438,7 +438,7 @@ fn manifests_share_file_lists_and_store_what_changed() {
     let restored = restored_contents(&store, cps.last().unwrap().id);
     assert_eq!(restored[&a], live);
     drop(engine);
-    assert!(ckptfs::fsck::fsck(&store, false, |_| {})
+    assert!(ckptfs_core::fsck::fsck(&store, false, |_| {})
         .unwrap()
         .is_clean());
 }
@@ -449,7 +449,7 @@ fn manifests_share_file_lists_and_store_what_changed() {
 /// deleted like any object.
 #[test]
 fn append_only_files_store_what_was_appended() {
-    use ckptfs::backend::MANIFEST_CHUNK_SIZE as CHUNK_SIZE;
+    use ckptfs_core::backend::MANIFEST_CHUNK_SIZE as CHUNK_SIZE;
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     let mut cfg = config(&store, &["A/0"]);
@@ -463,7 +463,7 @@ fn append_only_files_store_what_was_appended() {
         put_range(&engine, &a, i..i + 1, "m");
         engine.flush(&a).unwrap();
     }
-    let manifest_of = |cp: &ckptfs::catalog::Manifest| {
+    let manifest_of = |cp: &ckptfs_core::catalog::Manifest| {
         cp.backends[0]
             .files
             .iter()
@@ -495,11 +495,11 @@ fn append_only_files_store_what_was_appended() {
     );
     // Restores byte-identical (the restore checks the whole file's hash).
     let out = dir.path().join("out");
-    ckptfs::restore::restore_checkpoint(&store, second.id, &out, |_| {}).unwrap();
+    ckptfs_core::restore::restore_checkpoint(&store, second.id, &out, |_| {}).unwrap();
     let restored = std::fs::read(out.join("A/0").join(&after.name)).unwrap();
     assert_eq!(restored.len() as u64, after.size);
     assert_eq!(
-        ckptfs::store::hash_file(&out.join("A/0").join(&after.name))
+        ckptfs_core::store::hash_file(&out.join("A/0").join(&after.name))
             .unwrap()
             .0,
         after.object
@@ -529,11 +529,11 @@ fn append_only_files_store_what_was_appended() {
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[100] ^= 0x20;
     std::fs::write(&path, bytes).unwrap();
-    let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
+    let report = ckptfs_core::fsck::fsck(&store, false, |_| {}).unwrap();
     assert_eq!(report.corrupt, vec![chunk.to_hex()], "{report:?}");
-    let report = ckptfs::fsck::fsck(&store, true, |_| {}).unwrap();
+    let report = ckptfs_core::fsck::fsck(&store, true, |_| {}).unwrap();
     assert_eq!(report.repaired_objects.len(), 1, "{report:?}");
-    assert!(ckptfs::fsck::fsck(&store, false, |_| {})
+    assert!(ckptfs_core::fsck::fsck(&store, false, |_| {})
         .unwrap()
         .is_clean());
 }

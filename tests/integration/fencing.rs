@@ -8,11 +8,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use ckptfs::catalog::Catalog;
-use ckptfs::error::Error;
-use ckptfs::store::records::Put;
-use ckptfs::store::{Location, ObjectId, Opened};
-use ckptfs::Engine;
+use ckptfs_core::catalog::Catalog;
+use ckptfs_core::error::Error;
+use ckptfs_core::store::records::Put;
+use ckptfs_core::store::{Location, ObjectId, Opened};
+use ckptfs_core::Engine;
 
 use crate::common::moto::moto;
 use crate::common::mounted::{ok, scan, BIN};
@@ -32,7 +32,7 @@ fn one_writer_per_store_with_takeover_of_an_expired_lease() {
     assert!(err.to_string().contains("lease held by"), "{err}");
     // So is fsck, which would write.
     let location = Location::parse(&url).unwrap();
-    assert!(ckptfs::fsck::fsck(&location, false, |_| {}).is_err());
+    assert!(ckptfs_core::fsck::fsck(&location, false, |_| {}).is_err());
     drop(first);
     // Released at a clean stop: the next daemon starts at once.
     let second = Engine::open(s3_config(&url, d2.path(), &["A/0"])).unwrap();
@@ -86,7 +86,7 @@ fn a_daemon_whose_lease_is_taken_stops_writing() {
     engine.checkpoint().unwrap();
     // Another daemon takes the store (as after an expiry this one missed).
     let opened = Opened::open(&Location::parse(&url).unwrap()).unwrap();
-    let until = ckptfs::fsutil::now_unix_ms() + 600_000;
+    let until = ckptfs_core::fsutil::now_unix_ms() + 600_000;
     let other = format!(r#"{{"holder":"other pid 2","token":"y","expires_unix_ms":{until}}}"#);
     opened
         .records
@@ -670,9 +670,12 @@ fn two_daemons_alternately_stopped_lose_no_committed_checkpoint() {
     // Every reported checkpoint is there and restores to the very bytes copied out.
     for id in &acked {
         let dest = dir.path().join(format!("restored-{id}"));
-        if let Err(e) =
-            ckptfs::restore::restore_checkpoint(Location::parse(&url).unwrap(), *id, &dest, |_| {})
-        {
+        if let Err(e) = ckptfs_core::restore::restore_checkpoint(
+            Location::parse(&url).unwrap(),
+            *id,
+            &dest,
+            |_| {},
+        ) {
             problems.push(format!("checkpoint {id}: {e}"));
             continue;
         }
@@ -685,7 +688,7 @@ fn two_daemons_alternately_stopped_lose_no_committed_checkpoint() {
             }
         }
     }
-    let report = ckptfs::fsck::fsck(Location::parse(&url).unwrap(), false, |_| {}).unwrap();
+    let report = ckptfs_core::fsck::fsck(Location::parse(&url).unwrap(), false, |_| {}).unwrap();
     if !report.missing.is_empty()
         || !report.corrupt.is_empty()
         || !report.unreadable_manifests.is_empty()

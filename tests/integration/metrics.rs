@@ -9,6 +9,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::common::moto::free_port;
 use crate::common::mounted::*;
 
 /// One sample of a scrape, as the parser read it.
@@ -102,15 +103,6 @@ impl Scrape {
             .unwrap_or_else(|| panic!("no family {family}"))
             .kind
     }
-}
-
-/// A port nobody listens on just now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `GET path` over HTTP/1.0 (the server closes the connection after its answer): the

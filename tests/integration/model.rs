@@ -2,8 +2,8 @@
 //! in-memory model. After every step the store must match the model exactly.
 
 use crate::common::*;
-use ckptfs::store::Location;
-use ckptfs::{BackendName, CheckpointMode, Engine, PendingCheckpoint};
+use ckptfs_core::store::Location;
+use ckptfs_core::{BackendName, CheckpointMode, Engine, PendingCheckpoint};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
@@ -160,17 +160,17 @@ impl Harness {
                 start,
                 tag,
             } => {
-                let ops: Vec<ckptfs::WriteOp> = (0..400u32)
+                let ops: Vec<ckptfs_core::WriteOp> = (0..400u32)
                     .map(|i| {
                         let k = format!("bulk{:05}", *start as u32 * 100 + i).into_bytes();
                         let v = format!("{tag}-{}", "y".repeat(200)).into_bytes();
-                        ckptfs::WriteOp::Put(k, v)
+                        ckptfs_core::WriteOp::Put(k, v)
                     })
                     .collect();
                 self.engine().write(&names[*backend], &ops).unwrap();
                 let kv = self.model.current.get_mut(&names[*backend]).unwrap();
                 for o in ops {
-                    if let ckptfs::WriteOp::Put(k, v) = o {
+                    if let ckptfs_core::WriteOp::Put(k, v) = o {
                         kv.insert(k, v);
                     }
                 }
@@ -179,12 +179,12 @@ impl Harness {
             Op::Compact { backend } => self.engine().compact(&names[*backend]).unwrap(),
             Op::Checkpoint => match self.engine().checkpoint() {
                 Ok(m) => self.model.complete(m.id, self.model.current.clone()),
-                Err(ckptfs::Error::Busy(_)) => assert_eq!(self.pending.len(), 2),
+                Err(ckptfs_core::Error::Busy(_)) => assert_eq!(self.pending.len(), 2),
                 Err(e) => panic!("checkpoint failed: {e}"),
             },
             Op::Begin => match self.engine().begin_checkpoint() {
                 Ok(p) => self.pending.push_back((p, self.model.current.clone())),
-                Err(ckptfs::Error::Busy(_)) => assert_eq!(self.pending.len(), 2),
+                Err(ckptfs_core::Error::Busy(_)) => assert_eq!(self.pending.len(), 2),
                 Err(e) => panic!("begin failed: {e}"),
             },
             Op::CompleteOldest | Op::CompleteNewest => {
@@ -210,7 +210,7 @@ impl Harness {
                     self.model.retained.remove(&id);
                 } else {
                     let err = self.engine().delete_checkpoint(10_000).unwrap_err();
-                    assert!(matches!(err, ckptfs::Error::NoSuchCheckpoint(_)));
+                    assert!(matches!(err, ckptfs_core::Error::NoSuchCheckpoint(_)));
                 }
             }
             Op::SetRetain { retain } => {
@@ -223,7 +223,7 @@ impl Harness {
                 if let Some(&id) = ids.get(*pick) {
                     match self.engine().restore_backends(id) {
                         Ok(()) => self.model.current = self.model.retained[&id].clone(),
-                        Err(ckptfs::Error::Busy(_)) => assert!(!self.pending.is_empty()),
+                        Err(ckptfs_core::Error::Busy(_)) => assert!(!self.pending.is_empty()),
                         Err(e) => panic!("restore failed: {e}"),
                     }
                 }
@@ -299,7 +299,7 @@ impl Harness {
                         assert_eq!(restored, state, "checkpoint {} is not a prefix", m.id);
                         self.model.complete(m.id, state);
                     }
-                    Err(ckptfs::Error::Busy(_)) => assert_eq!(self.pending.len(), 2),
+                    Err(ckptfs_core::Error::Busy(_)) => assert_eq!(self.pending.len(), 2),
                     Err(e) => panic!("checkpoint failed: {e}"),
                 }
             }

@@ -574,8 +574,12 @@ fn stores_of_earlier_formats_mount_and_copy_out() {
             let dest = dir.path().join(format!("copy-{id}"));
             assert!(m.copy_out(id, &dest), "format {format}: cp -r of cp-{id}");
             for backend in ["A/0", "B/1"] {
-                let expected =
-                    ckptfs::workload::expected_after(&backend.parse().unwrap(), id - 1, 200, 20);
+                let expected = ckptfs_core::workload::expected_after(
+                    &backend.parse().unwrap(),
+                    id - 1,
+                    200,
+                    20,
+                );
                 assert_eq!(
                     scan(&dest.join(backend)),
                     expected,

@@ -7,10 +7,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 use std::time::Duration;
 
-use ckptfs::error::Error;
-use ckptfs::store::records::Put;
-use ckptfs::store::{Location, ObjectId, Opened};
-use ckptfs::Engine;
+use ckptfs_core::error::Error;
+use ckptfs_core::store::records::Put;
+use ckptfs_core::store::{Location, ObjectId, Opened};
+use ckptfs_core::Engine;
 
 use crate::common::moto::{create_bucket, moto, HttpProxy, Proxy};
 use crate::common::mounted::{ok, scan};
@@ -130,7 +130,7 @@ fn an_interrupted_upload_leaves_orphans_that_only_the_grace_period_lets_go() {
     assert!(!orphans.is_empty(), "the crash left no uploaded object");
     // fsck reports them young, and even --repair keeps them.
     let location = Location::parse(&url).unwrap();
-    let report = ckptfs::fsck::fsck(&location, true, |_| {}).unwrap();
+    let report = ckptfs_core::fsck::fsck(&location, true, |_| {}).unwrap();
     assert_eq!(report.orphans_young.len(), orphans.len(), "{report:?}");
     assert_eq!(report.repaired_orphans, 0);
     assert!(stored(&url).is_superset(&orphans));
@@ -173,15 +173,19 @@ fn a_corrupt_object_is_detected_on_read_and_by_fsck() {
         .unwrap();
     let out = tempfile::tempdir().unwrap();
     let location = Location::parse(&url).unwrap();
-    let err =
-        ckptfs::restore::restore_checkpoint(&location, manifest.id, &out.path().join("x"), |_| {})
-            .unwrap_err();
+    let err = ckptfs_core::restore::restore_checkpoint(
+        &location,
+        manifest.id,
+        &out.path().join("x"),
+        |_| {},
+    )
+    .unwrap_err();
     assert!(matches!(err, Error::Corrupt(_)), "{err}");
     assert!(
         !out.path().join("x").exists(),
         "a failed restore left files"
     );
-    let report = ckptfs::fsck::fsck(&location, false, |_| {}).unwrap();
+    let report = ckptfs_core::fsck::fsck(&location, false, |_| {}).unwrap();
     assert_eq!(report.corrupt, vec![sst.object.to_hex()], "{report:?}");
     assert_eq!(report.damaged_checkpoints, vec![manifest.id]);
     // Read through a mount: EIO, never the wrong bytes; the other files still read.

@@ -5,8 +5,8 @@
 
 use std::process::Command;
 
-use ckptfs::backend::scan_dir;
-use ckptfs::{Engine, EngineConfig, Error};
+use ckptfs_core::backend::scan_dir;
+use ckptfs_core::{Engine, EngineConfig, Error};
 
 use crate::common::cli::*;
 use crate::common::mounted::ckptfs;
@@ -41,17 +41,18 @@ fn restore_refuses_a_non_empty_destination_and_bad_ids_without_writing() {
     let dest = dir.path().join("dest");
     std::fs::create_dir(&dest).unwrap();
     std::fs::write(dest.join("keep"), b"mine").unwrap();
-    let err = ckptfs::restore::restore_checkpoint(&store, 1, &dest, |_| {}).unwrap_err();
+    let err = ckptfs_core::restore::restore_checkpoint(&store, 1, &dest, |_| {}).unwrap_err();
     assert!(matches!(err, Error::NotEmpty(_)), "{err}");
     assert_eq!(std::fs::read(dest.join("keep")).unwrap(), b"mine");
 
     let fresh = dir.path().join("fresh");
-    let err = ckptfs::restore::restore_checkpoint(&store, 9, &fresh, |_| {}).unwrap_err();
+    let err = ckptfs_core::restore::restore_checkpoint(&store, 9, &fresh, |_| {}).unwrap_err();
     assert!(matches!(err, Error::NoSuchCheckpoint(9)), "{err}");
     assert!(!fresh.exists());
 
-    let err = ckptfs::restore::restore_checkpoint(dir.path().join("nostore"), 1, &fresh, |_| {})
-        .unwrap_err();
+    let err =
+        ckptfs_core::restore::restore_checkpoint(dir.path().join("nostore"), 1, &fresh, |_| {})
+            .unwrap_err();
     assert_eq!(err.errno(), libc::ENOENT, "{err}");
     assert!(!fresh.exists());
 }
@@ -65,7 +66,7 @@ fn a_restored_directory_opens_in_stock_rocksdb_read_only() {
     let expected = scan(&engine, &name("A/0"));
     let cp = engine.checkpoint().unwrap();
     let out = dir.path().join("out");
-    ckptfs::restore::restore_checkpoint(&store, cp.id, &out, |_| {}).unwrap();
+    ckptfs_core::restore::restore_checkpoint(&store, cp.id, &out, |_| {}).unwrap();
     let got: Kv = scan_dir(&out.join("A/0")).unwrap().into_iter().collect();
     assert_eq!(got, expected);
     // scan never creates a database where there is none.
@@ -133,7 +134,7 @@ fn backends_start_from_the_latest_checkpoint_when_local_state_is_lost() {
     drop(engine);
     std::fs::remove_dir_all(store.join("state")).unwrap();
     // No --backend given: the store remembers its backends.
-    let engine = Engine::open(ckptfs::EngineConfig::new(&store)).unwrap();
+    let engine = Engine::open(ckptfs_core::EngineConfig::new(&store)).unwrap();
     assert_eq!(engine.backend_names(), vec![name("A/0"), name("B/1")]);
     assert_eq!(snapshot_all(&engine), expected);
     // And it checkpoints incrementally from there.
@@ -224,7 +225,7 @@ fn a_restored_checkpoint_opens_in_older_rocksdb_releases() {
         .collect();
     let expected_keys: Vec<String> = expected
         .iter()
-        .map(|(k, _)| hex(&ckptfs::percent::decode(k).unwrap()))
+        .map(|(k, _)| hex(&ckptfs_core::percent::decode(k).unwrap()))
         .collect();
     assert_same(&ldb_keys, &expected_keys, "ldb");
 
@@ -238,8 +239,8 @@ fn a_restored_checkpoint_opens_in_older_rocksdb_releases() {
         .map(|(k, v)| {
             format!(
                 "{} {}",
-                hex(&ckptfs::percent::decode(k).unwrap()),
-                hex(&ckptfs::percent::decode(v).unwrap())
+                hex(&ckptfs_core::percent::decode(k).unwrap()),
+                hex(&ckptfs_core::percent::decode(v).unwrap())
             )
         })
         .collect();

@@ -2,8 +2,8 @@
 //! SST count bounded when every checkpoint flushes a tiny, non-overlapping file.
 
 use crate::common::*;
-use ckptfs::compaction::SmallFilePolicy;
-use ckptfs::{Engine, WriteOp};
+use ckptfs_core::compaction::SmallFilePolicy;
+use ckptfs_core::{Engine, WriteOp};
 
 #[test]
 fn small_file_compaction_bounds_the_sst_count_of_time_ordered_state() {

@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use ckptfs::store::ObjectId;
-use ckptfs::{Engine, EngineConfig, Error};
+use ckptfs_core::store::ObjectId;
+use ckptfs_core::{Engine, EngineConfig, Error};
 
 use crate::common::*;
 
@@ -204,9 +204,9 @@ fn a_refused_start_leaves_an_incomplete_store_refused() {
     std::fs::remove_dir_all(store.join("checkpoints")).unwrap();
     for _ in 0..2 {
         assert!(Engine::open(EngineConfig::new(&store)).is_err());
-        let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
+        let report = ckptfs_core::fsck::fsck(&store, false, |_| {}).unwrap();
         assert!(!report.problems.is_empty(), "{report:?}");
-        let report = ckptfs::fsck::fsck(&store, true, |_| {}).unwrap();
+        let report = ckptfs_core::fsck::fsck(&store, true, |_| {}).unwrap();
         assert_eq!(report.repaired_orphans, 0, "{report:?}");
         assert!(!store.join("checkpoints").exists());
     }
@@ -321,7 +321,7 @@ fn links_to_the_store_work_and_links_inside_it_are_not_followed() {
     std::fs::write(&victim, b"precious").unwrap();
     std::os::unix::fs::symlink(&outside, real.join("objects").join(&shard)).unwrap();
     drop(Engine::open(EngineConfig::new(&real)).unwrap());
-    ckptfs::fsck::fsck(&real, true, |_| {}).unwrap();
+    ckptfs_core::fsck::fsck(&real, true, |_| {}).unwrap();
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
 }
 
@@ -334,7 +334,7 @@ fn an_object_that_is_a_symlink_is_not_followed() {
     let ids = six_checkpoints(&store);
     let secret = dir.path().join("secret");
     std::fs::write(&secret, b"not yours").unwrap();
-    let newest = ckptfs::catalog::Catalog::open_existing(&store)
+    let newest = ckptfs_core::catalog::Catalog::open_existing(&store)
         .unwrap()
         .load(ids[5])
         .unwrap();
@@ -346,19 +346,19 @@ fn an_object_that_is_a_symlink_is_not_followed() {
     let victim = path_of(newest.backends[0].files.iter().next().unwrap().object);
     std::fs::remove_file(&victim).unwrap();
     std::os::unix::fs::symlink(&secret, &victim).unwrap();
-    let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
+    let report = ckptfs_core::fsck::fsck(&store, false, |_| {}).unwrap();
     let hex = victim.file_name().unwrap().to_string_lossy().into_owned();
     assert!(report.corrupt.contains(&hex), "{report:?}");
     let out = dir.path().join("out");
     let damaged = report.damaged_checkpoints[0];
-    let err = ckptfs::restore::restore_checkpoint(&store, damaged, &out, |_| {}).unwrap_err();
+    let err = ckptfs_core::restore::restore_checkpoint(&store, damaged, &out, |_| {}).unwrap_err();
     assert!(err.to_string().contains("symbolic link"), "{err}");
     assert!(ids.contains(&damaged));
     // A file list's object: the checkpoints read through it cannot be read at all.
     let list = path_of(newest.backends[0].lists.first().unwrap());
     std::fs::remove_file(&list).unwrap();
     std::os::unix::fs::symlink(&secret, &list).unwrap();
-    let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
+    let report = ckptfs_core::fsck::fsck(&store, false, |_| {}).unwrap();
     assert!(
         report
             .unreadable_manifests
@@ -366,7 +366,7 @@ fn an_object_that_is_a_symlink_is_not_followed() {
             .any(|m| m.starts_with(&format!("{}.json", ids[5])) && m.contains("symbolic link")),
         "{report:?}"
     );
-    let err = ckptfs::restore::restore_checkpoint(&store, ids[5], &out, |_| {}).unwrap_err();
+    let err = ckptfs_core::restore::restore_checkpoint(&store, ids[5], &out, |_| {}).unwrap_err();
     assert!(err.to_string().contains("symbolic link"), "{err}");
     assert!(!out.exists());
 }
@@ -403,7 +403,7 @@ fn a_manifest_with_a_path_in_a_file_name_is_refused() {
         let ids = six_checkpoints(&store);
         plant_name(&store, ids[5], evil);
         let dest = dir.path().join("deep/er/out");
-        let err = ckptfs::restore::restore_checkpoint(&store, ids[5], &dest, |_| {})
+        let err = ckptfs_core::restore::restore_checkpoint(&store, ids[5], &dest, |_| {})
             .err()
             .unwrap_or_else(|| panic!("{evil:?} was restored"));
         assert!(err.to_string().contains("invalid"), "{evil:?}: {err}");
@@ -440,7 +440,7 @@ fn manifests_with_bad_fields_are_refused() {
     let ids = six_checkpoints(&store);
     let path = store.join(format!("checkpoints/{}.json", ids[0]));
     let good = std::fs::read(&path).unwrap();
-    let catalog = ckptfs::catalog::Catalog::open_existing(&store).unwrap();
+    let catalog = ckptfs_core::catalog::Catalog::open_existing(&store).unwrap();
     // An old-format manifest without checksum is still read.
     edit_manifest(&store, ids[0], &|_| {});
     assert_eq!(catalog.load(ids[0]).unwrap().id, ids[0]);
@@ -494,7 +494,7 @@ fn reading_the_catalog_deletes_nothing() {
     six_checkpoints(&store);
     let in_flight = store.join("checkpoints/.7.json.tmp-abc123");
     std::fs::write(&in_flight, b"{").unwrap();
-    let catalog = ckptfs::catalog::Catalog::open_existing(&store).unwrap();
+    let catalog = ckptfs_core::catalog::Catalog::open_existing(&store).unwrap();
     assert_eq!(catalog.load_all().unwrap().len(), 6);
     assert!(in_flight.exists(), "a reader removed a live daemon's file");
     // The lock holder does clean it up.
@@ -516,7 +516,7 @@ fn a_manifest_set_aside_by_hand_freezes_deletions() {
     engine.set_retain(1).unwrap();
     drop(engine);
     assert!(objects(&store).is_superset(&before), "objects were deleted");
-    let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
+    let report = ckptfs_core::fsck::fsck(&store, false, |_| {}).unwrap();
     assert!(
         report.unreadable_manifests[0].starts_with(&format!("{}.json.bad", ids[5])),
         "{report:?}"
@@ -559,15 +559,17 @@ fn a_store_of_an_earlier_format_still_works(format: u32) {
     let check = |id: u64| {
         for (backend, contents) in restored_contents(&store, id) {
             let pairs: Vec<_> = contents.clone().into_iter().collect();
-            let round = ckptfs::workload::current_round(&pairs).unwrap().unwrap();
+            let round = ckptfs_core::workload::current_round(&pairs)
+                .unwrap()
+                .unwrap();
             assert_eq!(
                 contents,
-                ckptfs::workload::expected_after(&backend, round, keys, value_size),
+                ckptfs_core::workload::expected_after(&backend, round, keys, value_size),
                 "checkpoint {id} {backend}"
             );
         }
     };
-    let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
+    let report = ckptfs_core::fsck::fsck(&store, false, |_| {}).unwrap();
     assert!(report.is_clean(), "{report:?}");
     assert_eq!(report.checkpoints, vec![2, 3]);
     check(2);
@@ -580,14 +582,14 @@ fn a_store_of_an_earlier_format_still_works(format: u32) {
     // store instead of finding every manifest unreadable.
     let meta: serde_json::Value =
         serde_json::from_slice(&std::fs::read(store.join("ckptfs.json")).unwrap()).unwrap();
-    assert_eq!(meta["format"], ckptfs::catalog::FORMAT);
+    assert_eq!(meta["format"], ckptfs_core::catalog::FORMAT);
     for id in [2, 3] {
         let text = std::fs::read_to_string(store.join(format!("checkpoints/{id}.json"))).unwrap();
         let stored: serde_json::Value = serde_json::from_str(&text).unwrap();
         // Manifests that listed files inline are rewritten; format 3 ones already name
         // lists and stay as they are.
         let expected = if format < 3 {
-            ckptfs::catalog::FORMAT
+            ckptfs_core::catalog::FORMAT
         } else {
             format
         };
@@ -600,8 +602,11 @@ fn a_store_of_an_earlier_format_still_works(format: u32) {
     check(3);
     let a = name("A/0");
     let restored: Vec<_> = engine.scan(&a).unwrap();
-    assert_eq!(ckptfs::workload::current_round(&restored).unwrap(), Some(2));
-    ckptfs::workload::step(&engine, keys, value_size).unwrap();
+    assert_eq!(
+        ckptfs_core::workload::current_round(&restored).unwrap(),
+        Some(2)
+    );
+    ckptfs_core::workload::step(&engine, keys, value_size).unwrap();
     let new = engine.checkpoint().unwrap();
     assert_eq!(new.id, 4);
     drop(engine);
@@ -609,6 +614,6 @@ fn a_store_of_an_earlier_format_still_works(format: u32) {
     assert!(text.contains("\"checksum\""));
     check(3);
     check(4);
-    let report = ckptfs::fsck::fsck(&store, false, |_| {}).unwrap();
+    let report = ckptfs_core::fsck::fsck(&store, false, |_| {}).unwrap();
     assert!(report.is_clean(), "format {format}: {report:?}");
 }

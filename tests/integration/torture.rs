@@ -11,8 +11,8 @@
 //! `scripts/torture` runs the long campaign and prints the summary table.
 
 use crate::common::*;
-use ckptfs::workload::{current_round, expected_after};
-use ckptfs::{Engine, EngineConfig};
+use ckptfs_core::workload::{current_round, expected_after};
+use ckptfs_core::{Engine, EngineConfig};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
@@ -162,7 +162,7 @@ fn workload_then(
 /// The checks after a death; returns the number of checkpoints verified.
 fn check(store: &Path, reported: &BTreeMap<u64, Rounds>, problems: &mut Vec<String>) -> usize {
     // Before any recovery: nothing referenced is missing or corrupt.
-    let report = ckptfs::fsck::fsck(store, false, |_| {}).unwrap();
+    let report = ckptfs_core::fsck::fsck(store, false, |_| {}).unwrap();
     if !report.missing.is_empty() || !report.corrupt.is_empty() {
         problems.push(format!("fsck before recovery: {report:?}"));
     }
@@ -215,7 +215,7 @@ fn check(store: &Path, reported: &BTreeMap<u64, Rounds>, problems: &mut Vec<Stri
             }
         }
     }
-    let report = ckptfs::fsck::fsck(store, false, |_| {}).unwrap();
+    let report = ckptfs_core::fsck::fsck(store, false, |_| {}).unwrap();
     if !report.is_clean() {
         problems.push(format!("fsck after recovery: {report:?}"));
     }
@@ -224,7 +224,7 @@ fn check(store: &Path, reported: &BTreeMap<u64, Rounds>, problems: &mut Vec<Stri
 
 /// Forget reported checkpoints that retention dropped since.
 fn forget_dropped(store: &Path, reported: &mut BTreeMap<u64, Rounds>) {
-    let alive: BTreeSet<u64> = ckptfs::catalog::Catalog::open_existing(store)
+    let alive: BTreeSet<u64> = ckptfs_core::catalog::Catalog::open_existing(store)
         .unwrap()
         .load_all()
         .unwrap()
@@ -268,8 +268,8 @@ fn kill_at_every_failpoint_and_at_random_instants() {
                 Some(Duration::from_millis(100 + rng.below(1500))),
             )
         } else {
-            let failpoint =
-                ckptfs::failpoint::ALL[(trial - trial / 4) % ckptfs::failpoint::ALL.len()];
+            let failpoint = ckptfs_core::failpoint::ALL
+                [(trial - trial / 4) % ckptfs_core::failpoint::ALL.len()];
             if failpoint.starts_with("open::") && store.join("objects").is_dir() {
                 // Give recovery something to sweep: an object no manifest references.
                 let hex = format!("{:016x}", rng.next()).repeat(4);
@@ -314,7 +314,7 @@ fn kill_at_every_failpoint_and_at_random_instants() {
     eprintln!(
         "| {trials} | {hit_total} | {random_kills} | {}/{} | {verified} | {} | {:.0} |",
         hits.len(),
-        ckptfs::failpoint::ALL.len(),
+        ckptfs_core::failpoint::ALL.len(),
         problems.len(),
         started.elapsed().as_secs_f64()
     );
@@ -323,8 +323,8 @@ fn kill_at_every_failpoint_and_at_random_instants() {
     }
     eprintln!("  runs that finished without being killed: {unkilled}");
     assert!(problems.is_empty(), "{problems:#?}");
-    if trials >= ckptfs::failpoint::ALL.len() * 2 {
-        let missed: Vec<_> = ckptfs::failpoint::ALL
+    if trials >= ckptfs_core::failpoint::ALL.len() * 2 {
+        let missed: Vec<_> = ckptfs_core::failpoint::ALL
             .iter()
             .filter(|f| !hits.contains_key(*f))
             .collect();

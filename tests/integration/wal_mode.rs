@@ -2,8 +2,8 @@
 //! since the backend's last materialization, stored as chunks; stock RocksDB replays it.
 
 use crate::common::*;
-use ckptfs::backend::{wal_number, WAL_CHUNK_SIZE};
-use ckptfs::{CheckpointMode, Engine, EngineConfig, MaterializePolicy};
+use ckptfs_core::backend::{wal_number, WAL_CHUNK_SIZE};
+use ckptfs_core::{CheckpointMode, Engine, EngineConfig, MaterializePolicy};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
@@ -78,7 +78,7 @@ fn unflushed_writes_are_checkpointed_through_the_wal() {
         ("rocksdict", read_with_rocksdict),
     ] {
         let out = dir.path().join(format!("out-{}", who.replace(' ', "")));
-        ckptfs::restore::restore_checkpoint(&store, cp2.id, &out, |_| {}).unwrap();
+        ckptfs_core::restore::restore_checkpoint(&store, cp2.id, &out, |_| {}).unwrap();
         assert_eq!(read(&out.join("A/0")), hex(&expected), "{who}");
     }
 }
@@ -175,7 +175,7 @@ fn flushes_and_compactions_between_materializations_upload_no_sst() {
         ("rocksdict", read_with_rocksdict),
     ] {
         let out = dir.path().join(format!("out-{}", who.replace(' ', "")));
-        ckptfs::restore::restore_checkpoint(&store, *id, &out, |_| {}).unwrap();
+        ckptfs_core::restore::restore_checkpoint(&store, *id, &out, |_| {}).unwrap();
         assert_eq!(read(&out.join("A/0")), hex(&state[&a]), "{who}");
     }
 }
@@ -290,7 +290,7 @@ fn a_large_wal_copies_out_of_the_mount() {
             .collect();
         let largest = wal.iter().map(|e| e.metadata().unwrap().len()).max();
         assert!(
-            largest > Some(ckptfs::store::chunks::MAX_ASSEMBLED),
+            largest > Some(ckptfs_core::store::chunks::MAX_ASSEMBLED),
             "cp-{id}: largest WAL file {largest:?} bytes"
         );
         let restored = m.root.join(format!("restored-{id}"));

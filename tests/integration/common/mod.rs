@@ -12,10 +12,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ckptfs::backend::BackendOptions;
-use ckptfs::catalog::Manifest;
-use ckptfs::store::ObjectId;
-use ckptfs::{BackendName, Engine, EngineConfig};
+use ckptfs_core::backend::BackendOptions;
+use ckptfs_core::catalog::Manifest;
+use ckptfs_core::store::ObjectId;
+use ckptfs_core::{BackendName, Engine, EngineConfig};
 
 pub type Kv = BTreeMap<Vec<u8>, Vec<u8>>;
 
@@ -51,14 +51,14 @@ pub fn snapshot_all(engine: &Engine) -> BTreeMap<BackendName, Kv> {
 
 /// Restore checkpoint `id` with the CLI-level restore and read every backend back.
 pub fn restored_contents(
-    store: impl Into<ckptfs::store::Location>,
+    store: impl Into<ckptfs_core::store::Location>,
     id: u64,
 ) -> BTreeMap<BackendName, Kv> {
     let store = store.into();
     let dest = tempfile::tempdir().unwrap();
     let out = dest.path().join("out");
-    ckptfs::restore::restore_checkpoint(&store, id, &out, |_| {}).unwrap();
-    let manifest = ckptfs::catalog::open_store(&store)
+    ckptfs_core::restore::restore_checkpoint(&store, id, &out, |_| {}).unwrap();
+    let manifest = ckptfs_core::catalog::open_store(&store)
         .unwrap()
         .1
         .load(id)
@@ -67,7 +67,7 @@ pub fn restored_contents(
         .backends
         .iter()
         .map(|b| {
-            let kv = ckptfs::backend::scan_dir(&out.join(b.name.rel_path()))
+            let kv = ckptfs_core::backend::scan_dir(&out.join(b.name.rel_path()))
                 .unwrap()
                 .into_iter()
                 .collect();
@@ -79,7 +79,7 @@ pub fn restored_contents(
 /// Checkpoint `id` of a store as JSON in the shape of a format-1 manifest (every backend's
 /// files listed inline, whatever file lists the stored manifest names).
 pub fn manifest_json(store: &Path, id: u64) -> serde_json::Value {
-    let m = ckptfs::catalog::Catalog::open_existing(store)
+    let m = ckptfs_core::catalog::Catalog::open_existing(store)
         .unwrap()
         .load(id)
         .unwrap();
@@ -125,7 +125,7 @@ pub fn assert_consistent(engine: &Engine) {
     );
     // The registry view's runs of referencing checkpoints agree with the recount too.
     let runs: BTreeMap<ObjectId, u32> =
-        ckptfs::catalog::history::object_histories(manifests.iter().map(|m| &**m))
+        ckptfs_core::catalog::history::object_histories(manifests.iter().map(|m| &**m))
             .into_iter()
             .map(|(id, h)| (id, h.count as u32))
             .collect();
@@ -149,9 +149,9 @@ pub fn assert_consistent(engine: &Engine) {
 }
 
 pub fn put_range(engine: &Engine, backend: &BackendName, range: std::ops::Range<u32>, tag: &str) {
-    let ops: Vec<ckptfs::WriteOp> = range
+    let ops: Vec<ckptfs_core::WriteOp> = range
         .map(|i| {
-            ckptfs::WriteOp::Put(
+            ckptfs_core::WriteOp::Put(
                 format!("k{i:06}").into_bytes(),
                 format!("{tag}-{i}-{}", "x".repeat(64)).into_bytes(),
             )

@@ -20,7 +20,8 @@ pub struct Moto {
 static MOTO: OnceLock<Moto> = OnceLock::new();
 static BUCKETS: AtomicU64 = AtomicU64::new(0);
 
-fn free_port() -> u16 {
+/// A port nobody listens on just now.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

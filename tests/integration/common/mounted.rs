@@ -170,7 +170,7 @@ impl Drop for Mounted {
 }
 
 pub fn scan(dir: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
-    ckptfs::backend::scan_dir(dir)
+    ckptfs_core::backend::scan_dir(dir)
         .unwrap()
         .into_iter()
         .collect()

@@ -5,9 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
 
-use ckptfs::catalog::Catalog;
-use ckptfs::store::{Location, ObjectId, Opened};
-use ckptfs::{BackendName, EngineConfig};
+use ckptfs_core::catalog::Catalog;
+use ckptfs_core::store::{Location, ObjectId, Opened};
+use ckptfs_core::{BackendName, EngineConfig};
 
 use super::moto::moto;
 use super::mounted::{ok, BIN};
@@ -17,7 +17,7 @@ pub fn s3_config(url: &str, state: &Path, backends: &[&str]) -> EngineConfig {
     let mut config = EngineConfig::new(Location::parse(url).unwrap());
     config.state = Some(state.to_path_buf());
     config.backends = backends.iter().map(|b| name(b)).collect();
-    config.backend_options = ckptfs::backend::BackendOptions {
+    config.backend_options = ckptfs_core::backend::BackendOptions {
         write_buffer_size: Some(64 * 1024),
         ..Default::default()
     };
@@ -42,12 +42,12 @@ pub fn referenced(url: &str) -> BTreeSet<ObjectId> {
         .collect()
 }
 
-/// Restore checkpoint `id` from the URL with `ckptfs::restore` and read every backend.
+/// Restore checkpoint `id` from the URL with `ckptfs_core::restore` and read every backend.
 pub fn restored(url: &str, id: u64) -> BTreeMap<BackendName, Kv> {
     let dest = tempfile::tempdir().unwrap();
     let out = dest.path().join("out");
     let location = Location::parse(url).unwrap();
-    ckptfs::restore::restore_checkpoint(&location, id, &out, |_| {}).unwrap();
+    ckptfs_core::restore::restore_checkpoint(&location, id, &out, |_| {}).unwrap();
     let mut result = BTreeMap::new();
     for operator in std::fs::read_dir(&out).unwrap() {
         let operator = operator.unwrap();
@@ -60,7 +60,7 @@ pub fn restored(url: &str, id: u64) -> BTreeMap<BackendName, Kv> {
             )
             .parse()
             .unwrap();
-            let kv = ckptfs::backend::scan_dir(&subtask.path())
+            let kv = ckptfs_core::backend::scan_dir(&subtask.path())
                 .unwrap()
                 .into_iter()
                 .collect();

@@ -5,10 +5,8 @@
 //! exposition format; Prometheus scrapes it as is), encoded by prometheus-client. Every
 //! scrape builds a fresh registry from the engine: the counters it keeps since it opened
 //! ([`crate::coordinator::counters`]) and gauges read from its status at that instant, so
-//! nothing here holds state of its own and nothing runs between scrapes. [`http`] serves
-//! the same text over HTTP.
-
-pub mod http;
+//! nothing here holds state of its own and nothing runs between scrapes. The daemon serves
+//! the same text over HTTP (`--metrics-listen`, in the ckptfs crate).
 
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;

@@ -16,8 +16,9 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 
-use crate::coordinator::Engine;
-use crate::error::{Error, Result};
+use ckptfs_core::coordinator::Engine;
+use ckptfs_core::error::{Error, Result};
+use ckptfs_core::metrics;
 
 /// A client that has not sent its request headers after this long is dropped.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -128,9 +129,11 @@ async fn serve(
 /// `GET /metrics` (or `HEAD`): the metrics; anything else: 404 or 405 with a hint.
 fn answer(request: &Request<Incoming>, engine: &Engine) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match (request.method(), request.uri().path()) {
-        (&Method::GET | &Method::HEAD, "/metrics") => {
-            (StatusCode::OK, super::CONTENT_TYPE, super::render(engine))
-        }
+        (&Method::GET | &Method::HEAD, "/metrics") => (
+            StatusCode::OK,
+            metrics::CONTENT_TYPE,
+            metrics::render(engine),
+        ),
         (_, "/metrics") => (
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain; charset=utf-8",

@@ -1,0 +1,34 @@
+//! ckptfs-core: the engine of ckptfs, with no mount, no command line and no terminal in it.
+//!
+//! The layers, top to bottom: [`coordinator`] runs checkpoints across the hosted
+//! [`backend`]s, records them in the [`catalog`], counts references in the [`registry`] and
+//! keeps bytes in the [`store`]; on object storage one writer at a time holds the
+//! [`lease`]. [`restore`], [`fsck`] and [`graph`] work on a store without a daemon.
+//! [`views`] are the typed pictures of a store the mount shows and the command line reads;
+//! [`metrics`] renders the engine's counters for Prometheus. The product around it (the
+//! FUSE tree, the control protocol, the daemon, the command line) is the `ckptfs` crate.
+
+pub mod backend;
+pub mod catalog;
+pub mod compaction;
+pub mod coordinator;
+pub mod error;
+pub mod failpoint;
+pub mod fsck;
+pub mod fsutil;
+pub mod graph;
+pub mod lease;
+pub mod lock;
+pub mod metrics;
+pub mod names;
+pub mod percent;
+pub mod registry;
+pub mod restore;
+pub mod store;
+pub mod views;
+pub mod workload;
+
+pub use backend::{BackendOptions, CheckpointMode, WriteOp};
+pub use coordinator::{Engine, EngineConfig, MaterializePolicy, PendingCheckpoint};
+pub use error::{Error, Result};
+pub use names::BackendName;
