@@ -1,0 +1,404 @@
+//! The command line's definition: every subcommand and option as clap types, from which
+//! `--help`, the man page's test and the fstab/`mount -t` option translation
+//! (`client::mount_helper_args`) all read. `ckptfs mount`'s options are one struct,
+//! [`MountArgs`], checked and turned into the daemon's configuration here.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use ckptfs::daemon::MountConfig;
+use ckptfs_core::backend::{BackendOptions, CheckpointMode, DEFAULT_FORMAT_VERSION};
+use ckptfs_core::error::Error;
+use ckptfs_core::names::BackendName;
+use ckptfs_core::store::Location;
+use ckptfs_core::{EngineConfig, MaterializePolicy};
+
+/// Incremental RocksDB checkpoints in a deduplicated, reference-counted store.
+///
+/// Exit codes: 0 success, 1 failure, 2 usage error.
+#[derive(Parser)]
+#[command(name = "ckptfs", version, propagate_version = true)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+// One value per process: the size of the largest variant (mount's options) costs nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Subcommand)]
+pub(crate) enum Command {
+    /// Host the backends, checkpoint them into STORE and show the checkpoints at MOUNTPOINT.
+    ///
+    /// STORE is a directory, or s3://BUCKET/PREFIX on S3-compatible object storage, which
+    /// needs --state DIR; endpoint, region and credentials come from the AWS environment
+    /// variables. Returns once the mount is ready, with the daemon in the background
+    /// (logging to STORE/ckptfs.log, or DIR/ckptfs.log for object storage), unless
+    /// --foreground is given.
+    Mount(MountArgs),
+    /// Unmount MOUNTPOINT and wait until its daemon has stopped.
+    Umount {
+        mountpoint: PathBuf,
+        /// Seconds to wait for the daemon to finish in-flight checkpoints.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+    },
+    /// Take a checkpoint of every backend, wait for it, print its id.
+    ///
+    /// While other checkpoints hold every slot of the mount's --max-concurrent, the daemon
+    /// answers busy; this command retries until --wait seconds have passed.
+    Checkpoint {
+        mountpoint: PathBuf,
+        /// Seconds to keep retrying while the daemon is busy (0: fail at once).
+        #[arg(long, default_value_t = 600)]
+        wait: u64,
+        /// Print the whole answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the retained checkpoints.
+    Ls {
+        /// A mountpoint, or a store (a directory or s3://BUCKET/PREFIX) read directly.
+        mountpoint: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drop checkpoint N (as rmdir MOUNTPOINT/cp-N does).
+    Rm {
+        mountpoint: PathBuf,
+        checkpoint: u64,
+    },
+    /// Show the daemon's state: backends, checkpoints, in flight, retain, last error.
+    Status {
+        /// A mountpoint, or a store (a directory or s3://BUCKET/PREFIX) read directly.
+        mountpoint: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write KEY=VALUE into a backend.
+    Put {
+        mountpoint: PathBuf,
+        backend: BackendName,
+        key: std::ffi::OsString,
+        value: std::ffi::OsString,
+    },
+    /// Delete KEY from a backend.
+    Del {
+        mountpoint: PathBuf,
+        backend: BackendName,
+        key: std::ffi::OsString,
+    },
+    /// Load tab-separated, percent-encoded KEY<TAB>VALUE lines (as `scan` prints them) from
+    /// FILE or stdin into a backend, in atomic batches.
+    Load {
+        mountpoint: PathBuf,
+        backend: BackendName,
+        file: Option<PathBuf>,
+    },
+    /// Write checkpoint N of STORE to DEST/<operator>/<subtask>/, verifying every object.
+    Restore {
+        /// A store directory or s3://BUCKET/PREFIX.
+        #[arg(value_parser = parse_location)]
+        store: Location,
+        checkpoint: u64,
+        /// Destination directory; must be missing or empty.
+        dest: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Draw the checkpoints and the stored objects they reference, with reference counts.
+    Graph {
+        /// A mountpoint, or a store (a directory or s3://BUCKET/PREFIX).
+        path: PathBuf,
+        /// dot (Graphviz source) or svg (needs Graphviz `dot`); default svg when `dot` is
+        /// installed, dot otherwise.
+        #[arg(long, value_parser = ["dot", "svg"])]
+        format: Option<String>,
+    },
+    /// Recount references, verify every object, list orphans, missing and corrupt objects.
+    Fsck {
+        /// A store directory or s3://BUCKET/PREFIX (takes the store's lease).
+        #[arg(value_parser = parse_location)]
+        store: Location,
+        /// Quarantine unreadable manifests, delete orphans and leftovers of interrupted
+        /// checkpoints, store missing or corrupt objects again from identical copies in
+        /// STORE/state and in each --from directory.
+        #[arg(long)]
+        repair: bool,
+        /// A directory to search for copies of damaged objects (a restored checkpoint, a
+        /// backup, a state directory elsewhere); may repeat.
+        #[arg(long = "from")]
+        from: Vec<PathBuf>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the keys and values of a RocksDB directory (read-only), tab-separated and
+    /// percent-encoded.
+    Scan {
+        dir: PathBuf,
+        /// Print only the number of keys.
+        #[arg(long)]
+        count: bool,
+    },
+    /// Run the built-in workload against a store and checkpoint it (no mount needed).
+    Workload {
+        store: PathBuf,
+        /// Local state directory (default STORE/state).
+        #[arg(long)]
+        state: Option<PathBuf>,
+        /// Backend to host; may repeat (default Operator-1/0 and Operator-2/0).
+        #[arg(long = "backend")]
+        backends: Vec<BackendName>,
+        /// Number of rounds, each followed by a checkpoint.
+        #[arg(long, default_value_t = 5)]
+        rounds: u64,
+        /// Keys per backend.
+        #[arg(long, default_value_t = 10_000)]
+        keys: u32,
+        /// Bytes per value.
+        #[arg(long, default_value_t = 100)]
+        value_size: usize,
+        /// Retained checkpoints.
+        #[arg(long)]
+        retain: Option<u32>,
+        /// Compact every Nth round (0: never).
+        #[arg(long, default_value_t = 3)]
+        compact_every: u64,
+        /// Every Nth round, after its checkpoint, roll the backends back to the checkpoint
+        /// before it (0: never).
+        #[arg(long, default_value_t = 0)]
+        restore_every: u64,
+        /// SST format_version written by the backends.
+        #[arg(long, default_value_t = DEFAULT_FORMAT_VERSION)]
+        format_version: i32,
+        /// Further RocksDB options for the backends (name=value;name=value).
+        #[arg(long)]
+        rocksdb_options: Option<String>,
+        /// flush or wal (see mount).
+        #[arg(long, default_value_t = CheckpointMode::Flush)]
+        checkpoint_mode: CheckpointMode,
+    },
+}
+
+/// The options of `ckptfs mount`.
+#[derive(clap::Args)]
+pub(crate) struct MountArgs {
+    #[arg(value_parser = parse_location)]
+    pub(crate) store: Location,
+    pub(crate) mountpoint: PathBuf,
+    /// Local state directory for the live RocksDB instances and the read cache
+    /// (default STORE/state; required for object storage unless --read-only is given).
+    #[arg(long)]
+    pub(crate) state: Option<PathBuf>,
+    /// Show the checkpoints of a store that another daemon writes (on another host):
+    /// no backends, no lease, new checkpoints shown within seconds; rmdir and the
+    /// control file answer EROFS. The cache goes to --state DIR (default
+    /// ~/.cache/ckptfs/ro-HASH).
+    #[arg(long, conflicts_with_all = ["backends", "retain", "restore", "interval"])]
+    pub(crate) read_only: bool,
+    /// Object storage: uploads (and parts of large ones) in flight at once; all uploads
+    /// together hold at most this many 8 MiB parts in memory.
+    #[arg(long, default_value_t = 8)]
+    pub(crate) upload_concurrency: usize,
+    /// Object storage: the size of the local cache of fetched objects, e.g. 512MiB or
+    /// 4GiB (least recently used objects are evicted).
+    #[arg(long, value_parser = parse_size, default_value = "4GiB")]
+    pub(crate) cache_size: u64,
+    /// Object storage: unreferenced objects younger than this are not deleted (an
+    /// upload still in flight of a daemon that lost its lease, or of a failed
+    /// checkpoint); older ones are, at start and every such period.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1h")]
+    pub(crate) orphan_grace: std::time::Duration,
+    /// Object storage: how long the writer's lease lasts unless renewed (renewed every
+    /// third of it), 3s to 1h; another daemon takes the store over once it has expired
+    /// by the store's clock, or at once if it was released or its holder died on this
+    /// host.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    pub(crate) lease_ttl: std::time::Duration,
+    /// Object storage: how long to wait for the lease of another daemon to be released
+    /// or to expire before giving up (0 fails at once).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub(crate) lease_wait: std::time::Duration,
+    /// Backend to host, <operator>/<subtask>; may repeat. The store remembers its
+    /// backends; a new store with none gets default/0.
+    #[arg(long = "backend")]
+    pub(crate) backends: Vec<BackendName>,
+    /// Number of retained checkpoints (default: the store's setting, 3 for a new store).
+    #[arg(long)]
+    pub(crate) retain: Option<u32>,
+    /// Checkpoints that may be in flight at once.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) max_concurrent: usize,
+    /// Take a checkpoint periodically, e.g. 30s or 5m (default: off).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub(crate) interval: Option<std::time::Duration>,
+    /// How often to merge runs of small SSTs (under 1 MiB, once a backend has 64 or
+    /// more) that RocksDB would keep apart, e.g. with time-ordered keys, and at once
+    /// after a checkpoint that finds 128 or more; 0 turns it off.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub(crate) small_file_compaction_interval: std::time::Duration,
+    /// Start the backends from checkpoint N, discarding their local state.
+    #[arg(long)]
+    pub(crate) restore: Option<u64>,
+    /// Stay attached and log to stderr.
+    #[arg(long)]
+    pub(crate) foreground: bool,
+    /// Let other users in (with default_permissions).
+    #[arg(long)]
+    pub(crate) allow_other: bool,
+    /// Log file of the background daemon (default STORE/ckptfs.log).
+    #[arg(long)]
+    pub(crate) log_file: Option<PathBuf>,
+    /// Do not verify each stored object's checksum at its first open (faster first
+    /// reads; a corrupt object is then served as it is).
+    #[arg(long)]
+    pub(crate) no_verify: bool,
+    /// Further RocksDB options for the backends, in RocksDB's name=value;name=value
+    /// syntax (e.g. target_file_size_base=8388608;max_bytes_for_level_base=33554432).
+    #[arg(long)]
+    pub(crate) rocksdb_options: Option<String>,
+    /// SST format_version the backends write.
+    #[arg(long, default_value_t = DEFAULT_FORMAT_VERSION)]
+    pub(crate) format_version: i32,
+    /// flush: a checkpoint flushes the memtables and stores the new SSTs. wal: no
+    /// flush; a checkpoint stores the write-ahead log written since the backend's last
+    /// materialization (chunks: about what was written), on top of that
+    /// materialization's SSTs.
+    #[arg(long, default_value_t = CheckpointMode::Flush)]
+    pub(crate) checkpoint_mode: CheckpointMode,
+    /// wal mode: a checkpoint materializes (adopts the current SSTs, storing the new
+    /// ones) at least this often, e.g. 5m.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
+    pub(crate) materialize_interval: std::time::Duration,
+    /// wal mode: a checkpoint materializes once a backend's WAL since the last
+    /// materialization reached this many MiB (what opening a checkpoint replays).
+    #[arg(long, default_value_t = 256)]
+    pub(crate) materialize_wal_mib: u64,
+    /// Serve the metrics (the text of .ckptfs/metrics, for Prometheus) over HTTP at
+    /// http://ADDR/metrics, ADDR being IP:PORT, e.g. 127.0.0.1:9100 (default: off;
+    /// the file is always there).
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics_listen: Option<std::net::SocketAddr>,
+}
+
+impl MountArgs {
+    fn backend_options(&self) -> BackendOptions {
+        BackendOptions {
+            format_version: self.format_version,
+            rocksdb_options: self.rocksdb_options.clone(),
+            checkpoint_mode: self.checkpoint_mode,
+            ..BackendOptions::default()
+        }
+    }
+
+    /// Refuse options that would not work (or not protect anything) before anything is
+    /// created or started.
+    pub(crate) fn validate(&self) -> Result<(), Error> {
+        self.backend_options().validate()?;
+        ckptfs_core::lease::validate_ttl(self.lease_ttl)
+            .map_err(|e| Error::Invalid(format!("--lease-ttl: {e}")))?;
+        if self.orphan_grace < self.lease_ttl {
+            return Err(Error::Invalid(format!(
+                "--orphan-grace {} is shorter than the lease time {}: an upload of a \
+                 daemon that has just lost its lease may still land that long after",
+                humantime::format_duration(self.orphan_grace),
+                humantime::format_duration(self.lease_ttl)
+            )));
+        }
+        if let Some(addr) = self.metrics_listen {
+            // Free to bind? Asked here, before the daemon creates anything (the daemon
+            // binds it again before it opens the store).
+            drop(ckptfs::metrics_http::bind(addr)?);
+        }
+        Ok(())
+    }
+
+    /// The default state directory of a read-only mount: its own cache per store and
+    /// mountpoint, under ~/.cache/ckptfs.
+    pub(crate) fn read_only_state(&self) -> Result<PathBuf, Error> {
+        let mountpoint = std::path::absolute(&self.mountpoint)
+            .map_err(|e| Error::io("resolve mountpoint", e))?;
+        let key = format!("{}\0{}", self.store, mountpoint.display());
+        let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+        Ok(PathBuf::from(home).join(".cache/ckptfs").join(format!(
+            "ro-{}",
+            &blake3::hash(key.as_bytes()).to_hex()[..16]
+        )))
+    }
+
+    /// The daemon's configuration, with absolute paths (the daemon changes to /, and its
+    /// log, status and fsname stay meaningful).
+    pub(crate) fn into_config(self) -> Result<MountConfig, Error> {
+        let backend_options = self.backend_options();
+        let store = match self.store {
+            Location::Local(path) => Location::Local(
+                std::path::absolute(&path).map_err(|e| Error::io("resolve store path", e))?,
+            ),
+            remote => remote,
+        };
+        let mountpoint = std::path::absolute(&self.mountpoint)
+            .map_err(|e| Error::io("resolve mountpoint", e))?;
+        let state = self
+            .state
+            .map(std::path::absolute)
+            .transpose()
+            .map_err(|e| Error::io("resolve state path", e))?;
+        let mut engine = EngineConfig::new(store);
+        engine.state = state;
+        engine.s3 = ckptfs_core::store::s3::S3Options {
+            upload_concurrency: self.upload_concurrency.max(1),
+            cache_size: self.cache_size,
+        };
+        engine.orphan_grace = self.orphan_grace;
+        engine.lease_ttl = self.lease_ttl;
+        engine.lease_wait = self.lease_wait;
+        engine.backends = self.backends;
+        engine.retain = self.retain;
+        engine.max_concurrent = self.max_concurrent;
+        engine.restore_from = self.restore;
+        engine.backend_options = backend_options;
+        engine.materialize = MaterializePolicy {
+            interval: self.materialize_interval,
+            wal_bytes: self.materialize_wal_mib.saturating_mul(1 << 20),
+            ..MaterializePolicy::default()
+        };
+        Ok(MountConfig {
+            engine,
+            mountpoint,
+            interval: self.interval,
+            small_file_compaction: Some(self.small_file_compaction_interval)
+                .filter(|d| !d.is_zero()),
+            allow_other: self.allow_other,
+            threads: 4,
+            verify: !self.no_verify,
+            read_only: self.read_only,
+            metrics_listen: self.metrics_listen,
+        })
+    }
+}
+
+pub(crate) fn parse_location(arg: &str) -> Result<Location, String> {
+    Location::parse(arg).map_err(|e| e.to_string())
+}
+
+/// A size in bytes: a number with an optional unit (KiB, MiB, GiB, TiB; K, M, G, T).
+pub(crate) fn parse_size(arg: &str) -> Result<u64, String> {
+    let arg = arg.trim();
+    let split = arg.find(|c: char| !c.is_ascii_digit()).unwrap_or(arg.len());
+    let (digits, unit) = arg.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{arg:?} is not a size (e.g. 512MiB, 4GiB)"))?;
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "K" | "KiB" => 10,
+        "M" | "MiB" => 20,
+        "G" | "GiB" => 30,
+        "T" | "TiB" => 40,
+        other => return Err(format!("unknown size unit {other:?} (KiB, MiB, GiB, TiB)")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{arg:?} is too large"))
+}
