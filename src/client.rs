@@ -26,7 +26,7 @@ pub fn daemonize(
     args: &[std::ffi::OsString],
 ) -> Result<ExitCode, Error> {
     let default_dir = match (store.local(), state) {
-        (Some(root), _) if !read_only => ckptfs_core::coordinator::ensure_store_dir(root)?,
+        (Some(root), _) if !read_only => ckptfs_core::repo::ensure_store_dir(root)?,
         (_, Some(state)) => {
             ckptfs_core::fsutil::create_private_dir_all(state)?;
             state.to_path_buf()
@@ -40,7 +40,7 @@ pub fn daemonize(
     };
     let log_path = log_file
         .map(Path::to_path_buf)
-        .unwrap_or_else(|| default_dir.join("ckptfs.log"));
+        .unwrap_or_else(|| default_dir.join(ckptfs_core::store::layout::LOG));
     let log = ckptfs_core::fsutil::open_private()
         .create(true)
         .append(true)
@@ -260,7 +260,7 @@ fn target(arg: &Path) -> Result<Target, Error> {
         .ok_or_else(|| Error::Invalid(format!("{} is not valid UTF-8", arg.display())))?;
     let location = Location::parse(text)?;
     if let Location::Local(dir) = &location {
-        if ckptfs_core::catalog::check_is_store(dir).is_err() {
+        if ckptfs_core::repo::check_is_store(dir).is_err() {
             return Err(Error::NotFound(format!(
                 "{} is not a ckptfs mount (no .ckptfs/ctl), nor a ckptfs store (no ckptfs.json, \
                  no checkpoints/); mount a store there with `ckptfs mount STORE {}`",
@@ -275,24 +275,17 @@ fn target(arg: &Path) -> Result<Target, Error> {
 /// The checkpoints of a store read directly, as `.ckptfs/checkpoints` shows them.
 fn store_checkpoints(
     location: &Location,
-) -> Result<
-    (
-        ckptfs_core::catalog::Catalog,
-        ckptfs_core::store::Opened,
-        Vec<ckptfs_core::catalog::Manifest>,
-    ),
-    Error,
-> {
-    let (opened, catalog) = ckptfs_core::catalog::open_store(location)?;
-    let manifests = catalog.load_all()?.into_values().collect();
-    Ok((catalog, opened, manifests))
+) -> Result<(ckptfs_core::repo::Repo, Vec<ckptfs_core::catalog::Manifest>), Error> {
+    let repo = ckptfs_core::repo::Repo::reader(location)?;
+    let manifests = repo.catalog.load_all()?.into_values().collect();
+    Ok((repo, manifests))
 }
 
 pub fn ls(path: &Path, json: bool) -> Result<ExitCode, Error> {
     let checkpoints = match target(path)? {
         Target::Mount(mountpoint) => read_checkpoints(&mountpoint)?,
         Target::Store(location) => store_checkpoints(&location)?
-            .2
+            .1
             .iter()
             .map(CheckpointRow::of)
             .collect(),
@@ -325,9 +318,9 @@ pub fn ls(path: &Path, json: bool) -> Result<ExitCode, Error> {
 /// `status` of a store without a daemon: its settings, checkpoints, size and, on object
 /// storage, who holds its lease.
 fn store_status(location: &Location) -> Result<StoreStatus, Error> {
-    let (catalog, opened, manifests) = store_checkpoints(location)?;
-    let meta = catalog.load_meta()?;
-    let lease = ckptfs_core::lease::holder(opened.records.as_ref())?;
+    let (repo, manifests) = store_checkpoints(location)?;
+    let meta = repo.catalog.load_meta()?;
+    let lease = ckptfs_core::lease::holder(repo.records.as_ref())?;
     Ok(StoreStatus::build(
         location,
         meta.as_ref(),
@@ -560,11 +553,11 @@ pub fn spinner(what: &str) -> indicatif::ProgressBar {
 
 /// Bytes referenced by a store's manifests (for fsck's progress bar); 0 if unreadable.
 pub fn store_bytes(store: &Path) -> u64 {
-    let Ok(catalog) = ckptfs_core::catalog::Catalog::open_existing(store) else {
+    let Ok(repo) = ckptfs_core::repo::Repo::reader(&Location::from(store)) else {
         return 0;
     };
     let mut sizes = std::collections::BTreeMap::new();
-    for m in catalog.load_all().unwrap_or_default().values() {
+    for m in repo.catalog.load_all().unwrap_or_default().values() {
         for b in &m.backends {
             for f in b.files.iter() {
                 sizes.extend(f.stored());
@@ -584,7 +577,7 @@ fn resolve_store(path: &Path) -> Result<Location, Error> {
 
 pub fn graph(path: &Path, format: Option<&str>) -> Result<ExitCode, Error> {
     let store = resolve_store(path)?;
-    let manifests = store_checkpoints(&store)?.2;
+    let manifests = store_checkpoints(&store)?.1;
     let dot = ckptfs_core::graph::dot(&manifests);
     let have_dot = std::process::Command::new("dot")
         .arg("-V")

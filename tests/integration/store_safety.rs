@@ -334,7 +334,8 @@ fn an_object_that_is_a_symlink_is_not_followed() {
     let ids = six_checkpoints(&store);
     let secret = dir.path().join("secret");
     std::fs::write(&secret, b"not yours").unwrap();
-    let newest = ckptfs_core::catalog::Catalog::open_existing(&store)
+    let newest = ckptfs_core::repo::Repo::reader(&store.as_path().into())
+        .map(|r| r.catalog)
         .unwrap()
         .load(ids[5])
         .unwrap();
@@ -440,7 +441,9 @@ fn manifests_with_bad_fields_are_refused() {
     let ids = six_checkpoints(&store);
     let path = store.join(format!("checkpoints/{}.json", ids[0]));
     let good = std::fs::read(&path).unwrap();
-    let catalog = ckptfs_core::catalog::Catalog::open_existing(&store).unwrap();
+    let catalog = ckptfs_core::repo::Repo::reader(&store.as_path().into())
+        .map(|r| r.catalog)
+        .unwrap();
     // An old-format manifest without checksum is still read.
     edit_manifest(&store, ids[0], &|_| {});
     assert_eq!(catalog.load(ids[0]).unwrap().id, ids[0]);
@@ -494,7 +497,9 @@ fn reading_the_catalog_deletes_nothing() {
     six_checkpoints(&store);
     let in_flight = store.join("checkpoints/.7.json.tmp-abc123");
     std::fs::write(&in_flight, b"{").unwrap();
-    let catalog = ckptfs_core::catalog::Catalog::open_existing(&store).unwrap();
+    let catalog = ckptfs_core::repo::Repo::reader(&store.as_path().into())
+        .map(|r| r.catalog)
+        .unwrap();
     assert_eq!(catalog.load_all().unwrap().len(), 6);
     assert!(in_flight.exists(), "a reader removed a live daemon's file");
     // The lock holder does clean it up.

@@ -224,7 +224,8 @@ fn check(store: &Path, reported: &BTreeMap<u64, Rounds>, problems: &mut Vec<Stri
 
 /// Forget reported checkpoints that retention dropped since.
 fn forget_dropped(store: &Path, reported: &mut BTreeMap<u64, Rounds>) {
-    let alive: BTreeSet<u64> = ckptfs_core::catalog::Catalog::open_existing(store)
+    let alive: BTreeSet<u64> = ckptfs_core::repo::Repo::reader(&store.into())
+        .map(|r| r.catalog)
         .unwrap()
         .load_all()
         .unwrap()

@@ -5,11 +5,11 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::catalog::open_store;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::lock::StoreLock;
 use crate::registry::Registry;
+use crate::repo::Repo;
 use crate::store::{hash_file, Location, ObjectId};
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -90,7 +90,8 @@ pub fn fsck_with_copies(
 ) -> Result<FsckReport> {
     let location = &location.into();
     // Create nothing: a store the daemon refuses must not look complete afterwards.
-    let (opened, catalog) = open_store(location)?;
+    let opened = Repo::reader(location)?;
+    let catalog = opened.catalog;
     // No daemon may write meanwhile: the store's lock, or on object storage its lease.
     let (_lock, _lease) = match location.local() {
         Some(root) => (Some(StoreLock::acquire(root)?), None),
@@ -218,13 +219,13 @@ pub fn fsck_with_copies(
         .collect();
     report.staged_leftovers = location
         .local()
-        .and_then(|root| std::fs::read_dir(root.join("tmp")).ok())
+        .and_then(|root| std::fs::read_dir(root.join(crate::store::layout::TMP)).ok())
         .map_or(0, |d| d.count())
         + catalog.leftovers()?.len();
     if repair && !bad.is_empty() {
         let mut dirs: Vec<PathBuf> = location
             .local()
-            .map(|r| r.join("state"))
+            .map(|r| r.join(crate::store::layout::STATE))
             .into_iter()
             .collect();
         dirs.extend(copies.iter().cloned());

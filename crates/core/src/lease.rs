@@ -29,7 +29,7 @@ use crate::error::{Error, Result};
 use crate::fsutil::{boot_now, lock, now_unix_ms};
 use crate::store::records::{Put, Record, Records};
 
-const KEY: &str = "lease.json";
+const KEY: &str = crate::store::layout::LEASE;
 
 /// How long a lease lasts without renewal (renewed every third of it).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);

@@ -28,7 +28,7 @@ impl DirLock {
     /// Lock `dir` (a store or a state directory; `what` names it in the error).
     /// The lock file is opened without following symbolic links.
     pub fn acquire_for(dir: &Path, what: &'static str) -> Result<Self> {
-        let path = dir.join("lock");
+        let path = dir.join(crate::store::layout::LOCK);
         let file = open_private()
             .read(true)
             .write(true)

@@ -2,10 +2,10 @@
 
 use std::path::Path;
 
-use crate::catalog::open_store;
 use crate::coordinator::materialize;
 use crate::error::{Error, Result};
 use crate::fsutil::{is_empty_or_missing, remove_tree};
+use crate::repo::Repo;
 use crate::store::Location;
 
 /// What a restore wrote.
@@ -25,7 +25,8 @@ pub fn restore_checkpoint(
     mut progress: impl FnMut(u64) + Send,
 ) -> Result<RestoreReport> {
     let store = store.into();
-    let (opened, catalog) = open_store(&store)?;
+    let opened = Repo::reader(&store)?;
+    let catalog = opened.catalog;
     if !catalog.has_dir() {
         return Err(Error::NotFound(format!(
             "{store} is not a ckptfs store (no checkpoints/ directory)"
@@ -100,6 +101,6 @@ const RESTORE_THREADS: usize = 8;
 
 /// Total bytes of a checkpoint, for progress bars.
 pub fn checkpoint_bytes(store: impl Into<Location>, id: u64) -> Result<u64> {
-    let manifest = open_store(&store.into())?.1.load(id)?;
+    let manifest = Repo::reader(&store.into())?.catalog.load(id)?;
     Ok(manifest.stats.bytes_total)
 }

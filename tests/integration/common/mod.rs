@@ -58,9 +58,9 @@ pub fn restored_contents(
     let dest = tempfile::tempdir().unwrap();
     let out = dest.path().join("out");
     ckptfs_core::restore::restore_checkpoint(&store, id, &out, |_| {}).unwrap();
-    let manifest = ckptfs_core::catalog::open_store(&store)
+    let manifest = ckptfs_core::repo::Repo::reader(&store)
         .unwrap()
-        .1
+        .catalog
         .load(id)
         .unwrap();
     manifest
@@ -79,7 +79,8 @@ pub fn restored_contents(
 /// Checkpoint `id` of a store as JSON in the shape of a format-1 manifest (every backend's
 /// files listed inline, whatever file lists the stored manifest names).
 pub fn manifest_json(store: &Path, id: u64) -> serde_json::Value {
-    let m = ckptfs_core::catalog::Catalog::open_existing(store)
+    let m = ckptfs_core::repo::Repo::reader(&store.into())
+        .map(|r| r.catalog)
         .unwrap()
         .load(id)
         .unwrap();

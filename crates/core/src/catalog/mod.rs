@@ -18,8 +18,13 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, IoContext, Result};
 use crate::names::BackendName;
 use crate::store::chunks::Chunks;
-use crate::store::records::{LocalRecords, Put, Records};
-use crate::store::{LocalStore, Location, ObjectId, ObjectStore, Opened};
+use crate::store::layout::{self, CHECKPOINTS, META, QUARANTINE};
+#[cfg(test)]
+use crate::store::records::LocalRecords;
+use crate::store::records::{Put, Records};
+#[cfg(test)]
+use crate::store::LocalStore;
+use crate::store::{ObjectId, ObjectStore};
 
 pub mod history;
 pub mod lists;
@@ -520,41 +525,8 @@ struct MetaVersion {
     unconfirmed: Option<Vec<u8>>,
 }
 
-const META: &str = "ckptfs.json";
 /// Manifests read together when loading many (bounds the bytes held at once).
 const LOAD_BATCH: usize = 256;
-const CHECKPOINTS: &str = "checkpoints";
-const QUARANTINE: &str = "quarantine";
-
-/// Refuse paths that are not a ckptfs store, before creating anything in them. A store
-/// whose `ckptfs.json` was lost still counts (its manifests are the source of truth).
-pub fn check_is_store(store: &Path) -> Result<()> {
-    if !store.join("ckptfs.json").is_file() && !store.join("checkpoints").is_dir() {
-        return Err(Error::NotFound(format!(
-            "{} is not a ckptfs store (no ckptfs.json, no checkpoints/)",
-            store.display()
-        )));
-    }
-    Ok(())
-}
-
-/// Open an existing store for reading, refusing what is not a store (a directory or a
-/// bucket prefix without `ckptfs.json` or manifests).
-pub fn open_store(location: &Location) -> Result<(Opened, Catalog)> {
-    if let Location::Local(root) = location {
-        check_is_store(root)?;
-    }
-    let opened = Opened::open(location)?;
-    let catalog = Catalog::new(opened.records.clone(), opened.objects.clone());
-    if let Location::S3 { .. } = location {
-        if opened.records.get("ckptfs.json")?.is_none() && !catalog.has_manifests()? {
-            return Err(Error::NotFound(format!(
-                "{location} is not a ckptfs store (no ckptfs.json, no checkpoints/)"
-            )));
-        }
-    }
-    Ok((opened, catalog))
-}
 
 impl Catalog {
     /// The catalog kept in `records`, its file lists in `objects`. Creates nothing.
@@ -595,10 +567,14 @@ impl Catalog {
         self.fence.as_ref().map_or(Ok(()), |f| f.check())
     }
 
-    /// Open the catalog of a local store, creating `checkpoints/` if missing (lock holders
-    /// of a store that is new or known to be complete only; see Engine::open).
+    /// The catalog of a new local store in a test, `checkpoints/` created (stores are
+    /// opened through [`crate::repo::Repo`]).
+    #[cfg(test)]
     pub fn open(root: &Path) -> Result<Self> {
-        let catalog = Self::at(root)?;
+        let catalog = Self::new(
+            Arc::new(LocalRecords::new(root)),
+            Arc::new(LocalStore::open_existing(root)?),
+        );
         catalog.create_dir()?;
         Ok(catalog)
     }
@@ -606,26 +582,6 @@ impl Catalog {
     /// Create `checkpoints/` where the store has directories.
     pub fn create_dir(&self) -> Result<()> {
         self.records.create_dir(CHECKPOINTS)
-    }
-
-    /// The catalog of the local store `root` as it is, whether `checkpoints/` exists or not.
-    pub fn at(root: &Path) -> Result<Self> {
-        Ok(Self::new(
-            Arc::new(LocalRecords::new(root)),
-            Arc::new(LocalStore::open_existing(root)?),
-        ))
-    }
-
-    /// Open the catalog of an existing local store without creating anything.
-    pub fn open_existing(root: &Path) -> Result<Self> {
-        let catalog = Self::at(root)?;
-        if !catalog.has_dir() {
-            return Err(Error::NotFound(format!(
-                "{} is not a ckptfs store (no checkpoints/ directory)",
-                root.display()
-            )));
-        }
-        Ok(catalog)
     }
 
     /// True if the store has its `checkpoints/` directory (always, on object storage).
@@ -783,7 +739,7 @@ impl Catalog {
     }
 
     fn manifest_key(id: u64) -> String {
-        format!("{CHECKPOINTS}/{id}.json")
+        layout::manifest_key(id)
     }
 
     /// Durably write a manifest (in the current format; its file lists must be stored
@@ -956,7 +912,7 @@ impl Catalog {
                     // after its manifest) one of its file lists is.
                     Err(Error::NoSuchCheckpoint(_)) => {}
                     Err(_) if matches!(self.records.get(&Self::manifest_key(id)), Ok(None)) => {}
-                    Err(e) => unreadable.push((format!("{id}.json"), e)),
+                    Err(e) => unreadable.push((layout::manifest_name(id), e)),
                 }
             }
         }
@@ -1073,12 +1029,7 @@ pub struct Listing {
     pub others: Vec<String>,
 }
 
-/// The checkpoint id in a manifest file name (`N.json`).
-pub fn manifest_id(name: &str) -> Option<u64> {
-    name.strip_suffix(".json")
-        .and_then(|n| n.parse::<u64>().ok())
-        .filter(|id| format!("{id}.json") == name)
-}
+pub use crate::store::layout::manifest_id;
 
 #[cfg(test)]
 mod tests {

@@ -63,7 +63,11 @@ impl Engine {
             (id, st.bases.clone())
         };
         let clock = Instant::now();
-        let staging = self.inner.state_dir.join("staging").join(id.to_string());
+        let staging = self
+            .inner
+            .state_dir
+            .join(crate::store::layout::STAGING)
+            .join(id.to_string());
         let mut parts = Vec::new();
         let mut pins = Vec::new();
         let mut stats = CheckpointStats::default();

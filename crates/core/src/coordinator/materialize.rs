@@ -282,10 +282,14 @@ impl Engine {
         pins: &mut Vec<ObjectId>,
     ) -> Result<Prepared> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        let staging = self.inner.state_dir.join("staging").join(format!(
-            "materialize-{}",
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
+        let staging = self
+            .inner
+            .state_dir
+            .join(crate::store::layout::STAGING)
+            .join(format!(
+                "materialize-{}",
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ));
         let dir = staging.join(name.rel_path());
         let result = (|| {
             create_private_dir_all(dir.parent().expect("backend paths have a parent"))?;

@@ -32,9 +32,9 @@ use crate::registry::Registry;
 use crate::store::s3::S3Options;
 use crate::store::{Location, ObjectId, ObjectStore, DEFAULT_ORPHAN_GRACE};
 
+pub use crate::repo::ensure_store_dir;
 pub use checkpoint::PendingCheckpoint;
 pub use materialize::MaterializePolicy;
-pub use open::ensure_store_dir;
 pub use restore::materialize;
 
 #[derive(Debug, Clone)]
@@ -189,7 +189,7 @@ struct Inner {
     _state_lock: DirLock,
     /// The lock or lease that makes this process the writer (held, never read): the last
     /// field, so it is released only after everything else is closed.
-    _writer: open::Writer,
+    _writer: Option<crate::repo::Writer>,
 }
 
 /// See [`Engine::trim_memory`].
@@ -706,7 +706,9 @@ fn validate_retain(retain: u32) -> Result<u32> {
 }
 
 fn backend_dir(state_dir: &Path, name: &BackendName) -> PathBuf {
-    state_dir.join("backends").join(name.rel_path())
+    state_dir
+        .join(crate::store::layout::BACKENDS)
+        .join(name.rel_path())
 }
 
 fn base_of(checkpoint: u64, snapshot: &BackendSnapshot) -> Base {

@@ -1,8 +1,9 @@
-//! Opening a store: decide what it is before creating anything, recover (leftovers,
-//! orphans, an interrupted restore), and start the backends.
+//! Starting the engine on a store opened by [`crate::repo::Repo`] (as its writer, or as a
+//! read-only follower): load the catalog, recover (leftovers, orphans, an interrupted
+//! restore), and start the backends.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 use super::restore::{
@@ -11,23 +12,30 @@ use super::restore::{
 use super::{backend_dir, base_of, validate_retain, Engine, EngineConfig, Inner, State};
 use crate::backend::Backend;
 use crate::catalog::{BackendSnapshot, Catalog, FileList, Manifest, StoreMeta, FORMAT};
-use crate::error::{Error, IoContext, Result};
-use crate::fsutil::{create_private_dir_all, make_private, remove_tree};
-use crate::lease::Lease;
-use crate::lock::{DirLock, StoreLock};
+use crate::error::{Error, Result};
+use crate::fsutil::remove_tree;
 use crate::names::BackendName;
 use crate::registry::Registry;
-use crate::store::records::{LocalRecords, Records};
-use crate::store::s3::{Remote, S3Objects, S3Records};
-use crate::store::{LocalStore, Location, ObjectId, ObjectStore};
+use crate::repo::{Repo, StateDir, WriterOptions};
+use crate::store::{layout, ObjectId, ObjectStore};
 
 impl Engine {
     /// Open a store (creating it if new), recover, and start the backends.
     pub fn open(config: EngineConfig) -> Result<Engine> {
         config.backend_options.validate()?;
-        let opened = open_for_writing(&config)?;
-        let (store, catalog, had_objects) = (opened.store, opened.catalog, opened.had_objects);
-        let root = opened.location;
+        let opened = Repo::writer(
+            &config.store,
+            WriterOptions {
+                state: config.state.as_deref(),
+                restore_from: config.restore_from,
+                lease_ttl: config.lease_ttl,
+                lease_wait: config.lease_wait,
+                s3: &config.s3,
+            },
+        )?;
+        let (store, catalog, had_objects) =
+            (opened.repo.objects, opened.repo.catalog, opened.had_objects);
+        let root = opened.repo.location;
         // On object storage this is where the store becomes this writer's: every write of an
         // earlier writer fails from here on (see Catalog::take_over).
         let loaded_meta = catalog.take_over()?;
@@ -105,7 +113,7 @@ impl Engine {
                 return Err(Error::NoSuchCheckpoint(n));
             }
         }
-        let (state_dir, state_lock) = (opened.state_dir, opened.state_lock);
+        let (state_dir, state_lock) = (opened.state.path, opened.state.lock);
 
         let leftovers = store.clear_staging()? + catalog.clear_leftovers()?;
         if leftovers > 0 {
@@ -200,7 +208,7 @@ impl Engine {
                 None => msg,
             });
         }
-        remove_tree(&state_dir.join("staging"))?;
+        remove_tree(&state_dir.join(layout::STAGING))?;
         // A restore that a crash interrupted is finished first: its backends must not
         // come up half from the checkpoint and half from their old state.
         let restore_from = match (config.restore_from, read_restore_intent(&state_dir)?) {
@@ -327,7 +335,7 @@ impl Engine {
                 slot_freed: Condvar::new(),
                 deletes_frozen,
                 _state_lock: state_lock,
-                _writer: opened.writer,
+                _writer: Some(opened.writer),
             }),
         };
         engine.apply_retention(&engine.catalog_writes())?;
@@ -347,29 +355,10 @@ impl Engine {
                 "a read-only view needs a state directory for its cache".into(),
             ));
         };
-        let (state_dir, state_lock) = lock_state_dir(state)?;
-        let (store, records): (Arc<dyn ObjectStore>, Arc<dyn Records>) = match &config.store {
-            Location::Local(root) => {
-                crate::catalog::check_is_store(root)?;
-                (
-                    Arc::new(LocalStore::open_existing(root)?),
-                    Arc::new(LocalRecords::new(root)),
-                )
-            }
-            Location::S3 { bucket, prefix } => {
-                let remote = Remote::connect(bucket, prefix)?;
-                remote.check_bucket()?;
-                (
-                    Arc::new(S3Objects::new(
-                        remote.clone(),
-                        config.s3.clone(),
-                        &state_dir.join("cache"),
-                    )?),
-                    Arc::new(S3Records::new(remote)),
-                )
-            }
-        };
-        let catalog = Catalog::new(records, store.clone()).read_only();
+        let state = StateDir::lock(state)?;
+        let repo = Repo::follower(&config.store, &config.s3, &state)?;
+        let (state_dir, state_lock) = (state.path, state.lock);
+        let (store, catalog) = (repo.objects, repo.catalog);
         let meta = match catalog.load_meta() {
             Ok(Some(meta)) => meta,
             Ok(None) if catalog.has_manifests()? => StoreMeta::default(),
@@ -400,133 +389,12 @@ impl Engine {
                 slot_freed: Condvar::new(),
                 deletes_frozen: true,
                 _state_lock: state_lock,
-                _writer: Writer::None,
+                _writer: None,
             }),
         };
         engine.refresh_checkpoints()?;
         Ok(engine)
     }
-}
-
-/// A store opened by its writer: exclusive (a lock, or a lease on object storage), its
-/// state directory locked too, nothing else created yet but the state directory.
-struct ForWriting {
-    location: Location,
-    store: Arc<dyn ObjectStore>,
-    catalog: Catalog,
-    had_objects: bool,
-    state_dir: PathBuf,
-    state_lock: DirLock,
-    writer: Writer,
-}
-
-/// What makes this process the store's only writer, held as long as the engine.
-pub(super) enum Writer {
-    Lock(#[allow(dead_code)] StoreLock),
-    Lease(#[allow(dead_code)] Lease),
-    /// A read-only view writes nothing.
-    None,
-}
-
-fn open_for_writing(config: &EngineConfig) -> Result<ForWriting> {
-    match &config.store {
-        Location::Local(path) => {
-            if let Some(n) = config.restore_from {
-                if !path.join("checkpoints").is_dir() {
-                    return Err(Error::NoSuchCheckpoint(n));
-                }
-            }
-            let root = ensure_store_dir(path)?;
-            let lock = StoreLock::acquire(&root)?;
-            // Decide what the store is before creating anything in it: a store whose
-            // metadata is missing must never look new (a new store's retention would
-            // delete checkpoints), and a refused start must leave nothing that makes the
-            // next start look fine.
-            let local = LocalStore::open_existing(&root)?;
-            let had_objects = local.has_objects()?;
-            let had_checkpoints_dir = crate::fsutil::is_real_dir(&root.join("checkpoints"));
-            if had_objects && !had_checkpoints_dir {
-                return Err(Error::Corrupt(format!(
-                    "{} holds objects but no checkpoints/ directory: the store is incomplete \
-                     (a partial copy?); refusing to start so that nothing is deleted",
-                    root.display()
-                )));
-            }
-            let store: Arc<dyn ObjectStore> = Arc::new(LocalStore::open(&root)?);
-            let catalog = Catalog::new(Arc::new(LocalRecords::new(&root)), store.clone());
-            catalog.create_dir()?;
-            let state = config.state.clone().unwrap_or_else(|| root.join("state"));
-            let (state_dir, state_lock) = lock_state_dir(&state)?;
-            Ok(ForWriting {
-                location: Location::Local(root),
-                store,
-                catalog,
-                had_objects,
-                state_dir,
-                state_lock,
-                writer: Writer::Lock(lock),
-            })
-        }
-        Location::S3 { bucket, prefix } => {
-            let Some(state) = &config.state else {
-                return Err(Error::Invalid(format!(
-                    "a store on object storage ({}) needs --state DIR: a local directory for \
-                     the live databases and the read cache",
-                    config.store
-                )));
-            };
-            crate::lease::validate_ttl(config.lease_ttl)?;
-            let (state_dir, state_lock) = lock_state_dir(state)?;
-            let remote = Remote::connect(bucket, prefix)?;
-            remote.check_bucket()?;
-            let s3_records = S3Records::new(remote.clone());
-            s3_records.check_conditional_writes()?;
-            let records: Arc<dyn Records> = Arc::new(s3_records);
-            let lease = Lease::acquire(records.clone(), config.lease_ttl, config.lease_wait)?;
-            let objects = S3Objects::new(remote, config.s3.clone(), &state_dir.join("cache"))?
-                .with_fence(Arc::new(lease.fence()));
-            let had_objects = objects.has_objects()?;
-            let store: Arc<dyn ObjectStore> = Arc::new(objects);
-            let catalog = Catalog::new(records, store.clone()).with_fence(lease.fence());
-            Ok(ForWriting {
-                location: config.store.clone(),
-                store,
-                catalog,
-                had_objects,
-                state_dir,
-                state_lock,
-                writer: Writer::Lease(lease),
-            })
-        }
-    }
-}
-
-/// Create (owner-only), resolve and lock a state directory.
-fn lock_state_dir(state: &Path) -> Result<(PathBuf, DirLock)> {
-    create_private_dir_all(state)?;
-    // The roots may be links the user chose; everything inside them is checked.
-    let state_dir = std::fs::canonicalize(state).ctx("resolve", state)?;
-    make_private(&state_dir)?;
-    // The store lock does not cover a state directory shared by mistake with a daemon of
-    // another store: lock it too before touching anything in it.
-    let lock = DirLock::acquire_for(&state_dir, "state directory")?;
-    Ok((state_dir, lock))
-}
-
-/// Create the store directory if needed (owner-only) and make it owner-only; a path that
-/// exists but is no directory is an error. Returns its canonical path (the root may be a
-/// link the user chose; links inside the store are refused).
-pub fn ensure_store_dir(root: &Path) -> Result<PathBuf> {
-    if root.exists() && !root.is_dir() {
-        return Err(Error::io(
-            format!("store {}", root.display()),
-            std::io::Error::from_raw_os_error(libc::ENOTDIR),
-        ));
-    }
-    create_private_dir_all(root)?;
-    let root = std::fs::canonicalize(root).ctx("resolve", root)?;
-    make_private(&root)?;
-    Ok(root)
 }
 
 /// Store metadata rebuilt from the manifests when `ckptfs.json` is lost: every backend they

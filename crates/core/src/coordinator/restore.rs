@@ -116,7 +116,7 @@ impl Engine {
 /// `STATE/restore-intent`: the checkpoint a restore is installing, present from its first
 /// swap until every backend runs from it.
 pub(super) fn restore_intent_path(state_dir: &Path) -> PathBuf {
-    state_dir.join("restore-intent")
+    state_dir.join(crate::store::layout::RESTORE_INTENT)
 }
 
 pub(super) fn write_restore_intent(state_dir: &Path, id: u64) -> Result<()> {

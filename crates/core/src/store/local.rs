@@ -27,8 +27,8 @@ impl LocalStore {
 
     /// Open the object area under `root` without creating anything (readers: fsck, restore).
     pub fn open_existing(root: &Path) -> Result<Self> {
-        let objects = root.join("objects");
-        let tmp = root.join("tmp");
+        let objects = root.join(super::layout::OBJECTS);
+        let tmp = root.join(super::layout::TMP);
         for dir in [&objects, &tmp] {
             if dir.exists() && !is_real_dir(dir) {
                 return Err(Error::Corrupt(format!(

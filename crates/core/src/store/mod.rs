@@ -9,6 +9,7 @@
 mod cache;
 pub mod chunks;
 pub(crate) mod crash;
+pub mod layout;
 mod local;
 pub mod records;
 pub mod s3;
@@ -122,7 +123,9 @@ pub struct Opened {
 }
 
 impl Opened {
-    /// Open an existing store without creating anything in it.
+    /// The objects and records at `location`, without creating anything and without
+    /// asking whether they are a ckptfs store ([`crate::repo::Repo`] does): raw access
+    /// for the reader's opening and for tests.
     pub fn open(location: &Location) -> Result<Opened> {
         match location {
             Location::Local(root) => Ok(Opened {
@@ -140,7 +143,7 @@ impl Opened {
                 let objects = s3::S3Objects::new(
                     remote.clone(),
                     s3::S3Options::default(),
-                    &cache.path().join("objects"),
+                    &cache.path().join(layout::OBJECTS),
                 )?;
                 Ok(Opened {
                     objects: std::sync::Arc::new(objects),

@@ -162,7 +162,7 @@ impl Records for LocalRecords {
 
     fn leftovers(&self) -> Result<Vec<String>> {
         let mut found = Vec::new();
-        for dir in ["checkpoints", ""] {
+        for dir in [super::layout::CHECKPOINTS, ""] {
             let path = self.path(dir);
             if !path.exists() {
                 continue;

@@ -32,7 +32,7 @@ use object_store::{
 
 use super::cache::Cache;
 use super::records::{Put, Record, Records};
-use super::{hash_file, ObjectId, ObjectStore, Staged, WriteFence};
+use super::{hash_file, layout, ObjectId, ObjectStore, Staged, WriteFence};
 use crate::error::{Error, IoContext, Result};
 use crate::fsutil::{create_new_private, create_private_dir_all, lock, remove_tree};
 
@@ -120,7 +120,7 @@ impl Remote {
 
     /// Fail clearly when the bucket does not exist or cannot be reached (one LIST).
     pub fn check_bucket(&self) -> Result<()> {
-        let prefix = self.key("ckptfs.json");
+        let prefix = self.key(layout::META);
         let listed = self.block_on(async {
             let mut stream = self.client.list(Some(&prefix));
             stream.next().await.transpose()
@@ -236,7 +236,7 @@ impl S3Objects {
     }
 
     fn object_name(id: &ObjectId) -> String {
-        format!("objects/{}", id.to_hex())
+        layout::object_key(&id.to_hex())
     }
 
     /// Count `id` as staged (waiting for a delete of it in flight first).
@@ -651,7 +651,7 @@ impl ObjectStore for S3Objects {
 
     fn list_modified(&self) -> Result<Vec<(ObjectId, Option<SystemTime>)>> {
         let mut ids = Vec::new();
-        for (name, modified) in self.remote.list_under("objects")? {
+        for (name, modified) in self.remote.list_under(layout::OBJECTS)? {
             match name.parse::<ObjectId>() {
                 Ok(id) if id.to_hex() == name => ids.push((id, Some(modified))),
                 _ => log::warn!("ignoring stray key {}", self.remote.url(&name)),
@@ -661,13 +661,13 @@ impl ObjectStore for S3Objects {
     }
 
     fn has_objects(&self) -> Result<bool> {
-        let prefix = self.remote.key("objects");
+        let prefix = self.remote.key(layout::OBJECTS);
         self.remote.block_on(async {
             match self.remote.client.list(Some(&prefix)).next().await {
                 None => Ok(false),
                 Some(Ok(_)) => Ok(true),
                 Some(Err(e)) => Err(remote_error(
-                    &format!("list {}", self.remote.url("objects")),
+                    &format!("list {}", self.remote.url(layout::OBJECTS)),
                     e,
                 )),
             }
@@ -916,4 +916,4 @@ impl Records for S3Records {
 }
 
 /// The record [`Records::store_now`] writes to read the store's clock.
-const CLOCK: &str = "clock.json";
+const CLOCK: &str = layout::CLOCK;
