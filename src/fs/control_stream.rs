@@ -5,7 +5,6 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use super::handles::Handle;
 use super::{CkptFs, MAX_LINE, MAX_UNREAD_ANSWERS};
 use crate::control::{self};
 use ckptfs_core::error::{Error, Result};
@@ -91,16 +90,7 @@ impl CkptFs {
     /// The complete lines of a write are parsed and validated first: one bad line fails the
     /// write with EINVAL, nothing runs, and the error is the handle's next answer.
     pub fn write(&self, fh: u64, data: &[u8]) -> Result<usize> {
-        let stream = match lock(&self.handles).get(&fh) {
-            Some(Handle::Control(stream)) => stream.clone(),
-            Some(_) => return Err(Error::ReadOnly("only .ckptfs/ctl is writable".into())),
-            None => {
-                return Err(Error::io(
-                    "write",
-                    std::io::Error::from_raw_os_error(libc::EBADF),
-                ))
-            }
-        };
+        let stream = self.control_stream(fh)?;
         // `carried`: how much of `complete` earlier writes handed over.
         let (complete, carried) = {
             let mut st = lock(&stream.state);

@@ -8,7 +8,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use super::control_stream::{ControlStream, ReadCallback};
-use super::inode::DirOf;
 use super::registry_view::RegistryStream;
 use super::tree::{CheckpointTree, NodeKind};
 use super::{
@@ -19,6 +18,15 @@ use ckptfs_core::fsutil::lock;
 use ckptfs_core::store::chunks::{Chunks, MAX_ASSEMBLED};
 use ckptfs_core::store::ObjectId;
 use ckptfs_core::views;
+
+/// Which directory an open directory handle is (the root and `cp-N` are watched: see
+/// `CkptFs::opendir` and `CkptFs::rmdir`).
+pub(super) enum DirOf {
+    Root,
+    /// The top directory of this checkpoint.
+    Top(u64),
+    Other,
+}
 
 /// What an open handle reads.
 pub(super) enum Handle {
@@ -51,6 +59,18 @@ impl CkptFs {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&self.handles).insert(fh, handle);
         fh
+    }
+
+    /// The control stream of handle `fh` (writes go only there).
+    pub(super) fn control_stream(&self, fh: u64) -> Result<Arc<ControlStream>> {
+        match lock(&self.handles).get(&fh) {
+            Some(Handle::Control(stream)) => Ok(stream.clone()),
+            Some(_) => Err(Error::ReadOnly("only .ckptfs/ctl is writable".into())),
+            None => Err(Error::io(
+                "write",
+                std::io::Error::from_raw_os_error(libc::EBADF),
+            )),
+        }
     }
 
     /// Open a file for reading (and writing, with `write`). Checkpoint files are

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use super::handles::Handle;
+use super::handles::{DirOf, Handle};
 use super::tree::NodeKind;
 use super::{
     Attr, CkptFs, DirEntry, Kind, CHECKPOINTS, CTL, LATEST, META_DIR, META_DIR_NAME, METRICS,
@@ -15,13 +15,6 @@ use super::{
 };
 use ckptfs_core::error::{Error, Result};
 use ckptfs_core::fsutil::lock;
-
-pub(super) enum DirOf {
-    Root,
-    /// The top directory of this checkpoint.
-    Top(u64),
-    Other,
-}
 
 /// What the kernel's cached listing of the root (FUSE's readdir cache) holds. The kernel
 /// fills it from whichever handle opened with the cache on reads the directory from its

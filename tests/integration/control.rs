@@ -10,7 +10,15 @@ use crate::common::mounted::*;
 /// Opens ctl read-write and talks the protocol: write lines, read answer lines.
 #[test]
 fn the_control_protocol_answers_in_order_and_refuses_bad_writes_whole() {
-    let m = Mounted::new(&["--backend", "A/0", "--backend", "B/0"]);
+    // The third checkpoint's asynchronous phase waits 3 s (a failpoint's sleep), so that
+    // the request after it surely finds the only slot taken, however fast the machine.
+    let m = Mounted::with_env(
+        &["--backend", "A/0", "--backend", "B/0"],
+        &[(
+            "FAILPOINTS",
+            "checkpoint::after-sync=2*off->1*sleep(3000)->off",
+        )],
+    );
     let mut ctl = Ctl::open(&m);
     ctl.send("put A/0 k%20one v%251\nput B/0 x y\ndel A/0 nothing\ncheckpoint\nflush A/0\n")
         .unwrap();

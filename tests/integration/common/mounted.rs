@@ -38,6 +38,11 @@ pub struct Mounted {
 
 impl Mounted {
     pub fn new(args: &[&str]) -> Mounted {
+        Self::with_env(args, &[])
+    }
+
+    /// A daemon started with `env` added to its environment (e.g. `FAILPOINTS`).
+    pub fn with_env(args: &[&str], env: &[(&str, &str)]) -> Mounted {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().to_path_buf();
         let m = Mounted {
@@ -47,7 +52,7 @@ impl Mounted {
             _dir: Some(dir),
         };
         std::fs::create_dir(&m.mnt).unwrap();
-        m.mount(args);
+        m.mount_with_env(args, env);
         m
     }
 
@@ -64,13 +69,21 @@ impl Mounted {
     }
 
     pub fn mount(&self, args: &[&str]) {
+        self.mount_with_env(args, &[]);
+    }
+
+    fn mount_with_env(&self, args: &[&str], env: &[(&str, &str)]) {
         let mut all = vec![
             "mount",
             self.store.to_str().unwrap(),
             self.mnt.to_str().unwrap(),
         ];
         all.extend_from_slice(args);
-        ok(ckptfs(&all));
+        ok(Command::new(BIN)
+            .args(&all)
+            .envs(env.iter().copied())
+            .output()
+            .expect("run ckptfs"));
         assert!(
             self.mnt.join(".ckptfs/ctl").exists(),
             "mount returned before it was ready"
