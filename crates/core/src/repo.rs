@@ -78,14 +78,16 @@ pub struct WriterOptions<'a> {
     pub s3: &'a S3Options,
 }
 
-/// A store opened by its writer.
+/// A store opened by its writer. Fields drop in order: the state directory's lock is
+/// released before the store's lock or lease (a daemon that then takes the store finds the
+/// state directory free).
 pub struct OpenedWriter {
     pub repo: Repo,
-    pub writer: Writer,
     pub state: StateDir,
     /// Whether the store held objects before (a store with objects and no metadata is
     /// incomplete, never new).
     pub had_objects: bool,
+    pub writer: Writer,
 }
 
 /// Refuse paths that are not a ckptfs store, before creating anything in them. A store

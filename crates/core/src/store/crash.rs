@@ -1,7 +1,8 @@
 //! A store that dies after a number of uploads: the test hook behind
 //! `PendingCheckpoint::simulate_crash`. It wraps the engine's store for one checkpoint and
-//! refuses every publish after the first `uploads`, as if the process had been killed
-//! there, so the ingest code runs unchanged (no budget threaded through its calls).
+//! refuses every stage after the first `uploads` (a stage is the upload on object storage,
+//! the copy into `tmp/` on a local disk), as if the process had been killed there, so the
+//! ingest code runs unchanged (no budget threaded through its calls).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,7 +16,7 @@ pub(crate) struct CrashAfter<'a> {
 }
 
 impl<'a> CrashAfter<'a> {
-    /// `inner`, publishing at most `uploads` objects.
+    /// `inner`, staging at most `uploads` objects.
     pub(crate) fn new(inner: &'a dyn ObjectStore, uploads: usize) -> Self {
         CrashAfter {
             inner,
@@ -24,23 +25,27 @@ impl<'a> CrashAfter<'a> {
     }
 }
 
+impl CrashAfter<'_> {
+    fn take_upload(&self) -> Result<()> {
+        self.uploads_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .map(|_| ())
+            .map_err(|_| Error::Busy("simulated crash".into()))
+    }
+}
+
 impl ObjectStore for CrashAfter<'_> {
     fn stage(&self, src: &Path) -> Result<Staged> {
+        self.take_upload()?;
         self.inner.stage(src)
     }
 
     fn stage_bytes(&self, bytes: &[u8]) -> Result<Staged> {
+        self.take_upload()?;
         self.inner.stage_bytes(bytes)
     }
 
     fn publish(&self, staged: Staged) -> Result<()> {
-        let taken = self
-            .uploads_left
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-        if taken.is_err() {
-            self.inner.discard(staged);
-            return Err(Error::Busy("simulated crash".into()));
-        }
         self.inner.publish(staged)
     }
 
