@@ -535,7 +535,7 @@ fn a_manifest_set_aside_by_hand_freezes_deletions() {
 /// checkpoints beside the old ones.
 #[test]
 fn stores_of_earlier_formats_still_work() {
-    for format in [1, 2, 3, 4, 5] {
+    for format in [1, 2, 3, 4, 5, 6] {
         a_store_of_an_earlier_format_still_works(format);
     }
 }
