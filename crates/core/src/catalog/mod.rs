@@ -520,10 +520,13 @@ pub struct Catalog {
 struct MetaVersion {
     version: Option<String>,
     revision: u64,
-    /// A write that failed without an answer and could not be read back: it may have
-    /// landed.
-    unconfirmed: Option<Vec<u8>>,
+    /// Writes that failed without an answer and could not be read back, oldest first: any
+    /// one of them may have landed (a few failures in a row while the store is unreachable).
+    unconfirmed: Vec<Vec<u8>>,
 }
+
+/// Unconfirmed metadata writes remembered (see [`MetaVersion::unconfirmed`]).
+const MAX_UNCONFIRMED: usize = 16;
 
 /// Manifests read together when loading many (bounds the bytes held at once).
 const LOAD_BATCH: usize = 256;
@@ -614,7 +617,7 @@ impl Catalog {
         *self.meta_version.lock().unwrap_or_else(|p| p.into_inner()) = MetaVersion {
             version: record.version,
             revision: meta.revision,
-            unconfirmed: None,
+            unconfirmed: Vec::new(),
         };
         Ok(Some(meta))
     }
@@ -678,7 +681,7 @@ impl Catalog {
                 Ok(written) => {
                     state.version = written;
                     state.revision = meta.revision;
-                    state.unconfirmed = None;
+                    state.unconfirmed.clear();
                     return Ok(());
                 }
                 // An earlier write whose answer was lost may have landed: then the record is
@@ -696,16 +699,26 @@ impl Catalog {
                     // Perhaps it landed all the same (a lost response): the record tells, by
                     // its bytes, which are unique to this write; if it cannot be read now,
                     // the next write finds out.
+                    // An earlier unconfirmed write may be what it shows instead: adopt
+                    // it, or the next write would look like another writer's takeover.
                     if versioned {
                         match self.records.get(META) {
                             Ok(Some(record)) if record.bytes == bytes => {
                                 state.version = record.version;
                                 state.revision = meta.revision;
-                                state.unconfirmed = None;
+                                state.unconfirmed.clear();
                                 return Ok(());
                             }
-                            Ok(_) => state.unconfirmed = None,
-                            Err(_) => state.unconfirmed = Some(bytes),
+                            Ok(Some(record)) => {
+                                Self::adopt_if_unconfirmed(&mut state, record);
+                            }
+                            Ok(None) => {}
+                            Err(_) => {
+                                if state.unconfirmed.len() == MAX_UNCONFIRMED {
+                                    state.unconfirmed.remove(0);
+                                }
+                                state.unconfirmed.push(bytes);
+                            }
                         }
                     }
                     return Err(e);
@@ -714,28 +727,35 @@ impl Catalog {
         }
     }
 
-    /// If the write whose outcome is unknown is what the store holds, take its version:
-    /// it landed. Once only.
+    /// If one of the writes whose outcome is unknown is what the store holds, take its
+    /// version: it landed.
     fn adopt_unconfirmed(&self, state: &mut MetaVersion) -> bool {
-        let Some(earlier) = state.unconfirmed.take() else {
+        if state.unconfirmed.is_empty() {
             return false;
-        };
+        }
         match self.records.get(META) {
-            Ok(Some(record)) if record.bytes == earlier => {
-                match unseal::<StoreMeta>(&earlier, META) {
-                    Ok((landed, _)) => {
-                        log::info!(
-                            "a write of the store metadata whose answer was lost had landed"
-                        );
-                        state.version = record.version;
-                        state.revision = landed.revision;
-                        true
-                    }
-                    Err(_) => false,
-                }
-            }
+            Ok(Some(record)) => Self::adopt_if_unconfirmed(state, record),
             _ => false,
         }
+    }
+
+    fn adopt_if_unconfirmed(
+        state: &mut MetaVersion,
+        record: crate::store::records::Record,
+    ) -> bool {
+        let Some(landed) = state
+            .unconfirmed
+            .iter()
+            .find(|earlier| **earlier == record.bytes)
+            .and_then(|earlier| unseal::<StoreMeta>(earlier, META).ok())
+        else {
+            return false;
+        };
+        log::info!("a write of the store metadata whose answer was lost had landed");
+        state.version = record.version;
+        state.revision = landed.0.revision;
+        state.unconfirmed.clear();
+        true
     }
 
     fn manifest_key(id: u64) -> String {
@@ -1134,6 +1154,8 @@ mod tests {
         inner: LocalRecords,
         lose_next_answer: std::sync::atomic::AtomicBool,
         fail_reads: std::sync::atomic::AtomicBool,
+        /// Writes fail without landing.
+        fail_writes: std::sync::atomic::AtomicBool,
     }
 
     impl LossyRecords {
@@ -1153,6 +1175,12 @@ mod tests {
             }))
         }
         fn put(&self, key: &str, bytes: &[u8], mode: Put) -> Result<Option<String>> {
+            if self.fail_writes.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(Error::io(
+                    "write",
+                    std::io::Error::other("connection refused"),
+                ));
+            }
             let current = self.inner.get(key)?.map(|r| Self::version(&r.bytes));
             match (&mode, &current) {
                 (Put::Create, Some(_)) => return Err(Error::Exists(key.into())),
@@ -1204,6 +1232,7 @@ mod tests {
             inner: LocalRecords::new(dir.path()),
             lose_next_answer: false.into(),
             fail_reads: false.into(),
+            fail_writes: false.into(),
         });
         let objects = Arc::new(LocalStore::open(dir.path()).unwrap());
         let catalog = Catalog::new(records.clone(), objects);
@@ -1227,6 +1256,38 @@ mod tests {
             .unwrap();
         meta.next_checkpoint = 4;
         assert!(matches!(catalog.save_meta(&meta), Err(Error::Conflict(_))));
+    }
+
+    /// While the store is unreachable a write lands with its answer lost, and the next one
+    /// fails without landing but reads the first back: the first is adopted, not forgotten,
+    /// and the write after succeeds (it was once refused as another writer's takeover).
+    #[test]
+    fn an_unconfirmed_write_seen_by_a_later_failed_write_is_adopted() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let dir = tempfile::tempdir().unwrap();
+        let records = Arc::new(LossyRecords {
+            inner: LocalRecords::new(dir.path()),
+            lose_next_answer: false.into(),
+            fail_reads: false.into(),
+            fail_writes: false.into(),
+        });
+        let objects = Arc::new(LocalStore::open(dir.path()).unwrap());
+        let catalog = Catalog::new(records.clone(), objects);
+        catalog.create_dir().unwrap();
+        let mut meta = StoreMeta::default();
+        catalog.save_meta(&meta).unwrap();
+        for (step, next) in [2u64, 3].into_iter().enumerate() {
+            meta.next_checkpoint = next;
+            records.lose_next_answer.store(step == 0, SeqCst);
+            records.fail_reads.store(step == 0, SeqCst);
+            records.fail_writes.store(step == 1, SeqCst);
+            assert!(catalog.save_meta(&meta).is_err());
+        }
+        records.fail_writes.store(false, SeqCst);
+        meta.next_checkpoint = 4;
+        catalog.save_meta(&meta).unwrap();
+        let read = catalog.load_meta().unwrap().unwrap();
+        assert_eq!((read.next_checkpoint, read.revision), (4, 3));
     }
 
     #[test]
