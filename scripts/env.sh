@@ -51,3 +51,38 @@ ckptfs_install_prometheus_client() {
     python3 -m pip install -q prometheus_client 2>/dev/null \
         || python3 -m pip install -q --break-system-packages prometheus_client
 }
+
+# The Flink jars (apache-flink-libraries, a PyPI wheel that ships them) and a JDK: the
+# RocksJava classes and native library (FRocksDB 8.10) inside flink-dist-*.jar run the Java
+# application tests/java/RocksCheckpoints.java, which makes checkpoints for ckptfs import.
+# Exports CKPTFS_FLINK_LIB, the absolute directory holding the jars.
+ckptfs_install_flink_jars() {
+    if ! command -v javac >/dev/null 2>&1; then
+        echo "installing: openjdk-17-jdk-headless" >&2
+        local sudo=""
+        [ "$(id -u)" -eq 0 ] || sudo="sudo"
+        $sudo apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openjdk-17-jdk-headless >/dev/null
+    fi
+    if ! python3 -c 'import pyflink' 2>/dev/null; then
+        python3 -m pip install -q --no-deps 'apache-flink-libraries==2.3.0' 2>/dev/null \
+            || python3 -m pip install -q --no-deps --break-system-packages 'apache-flink-libraries==2.3.0'
+    fi
+    local lib
+    # apache-flink-libraries alone makes pyflink a namespace package (no __init__.py, so
+    # pyflink.__file__ is None): look through pyflink.__path__ for the lib/ with the jars.
+    lib="$(python3 -c '
+import glob, os, pyflink
+dirs = [os.path.join(d, "lib") for d in pyflink.__path__]
+print(next((d for d in dirs if glob.glob(os.path.join(d, "flink-dist*.jar"))), dirs[0]))
+')" || {
+        echo "ckptfs_install_flink_jars: pyflink not importable after installing apache-flink-libraries" >&2
+        return 1
+    }
+    if [ ! -d "$lib" ] || ! compgen -G "$lib/flink-dist*.jar" >/dev/null; then
+        echo "ckptfs_install_flink_jars: no flink-dist*.jar in $lib" >&2
+        return 1
+    fi
+    CKPTFS_FLINK_LIB="$lib"
+    export CKPTFS_FLINK_LIB
+}

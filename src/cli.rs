@@ -56,6 +56,31 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Import RocksDB checkpoint directories as one new checkpoint, print its id.
+    ///
+    /// Each DIR (a directory made by RocksDB's Checkpoint API, e.g. `ldb checkpoint`, or a
+    /// closed database) becomes the state of BACKEND, an external backend: never hosted,
+    /// carried over unchanged by later checkpoints until imported again. Every other
+    /// backend of the store is carried over too. Files whose device, inode, size and mtime
+    /// are those of the backend's previous import are not read again. TARGET is a
+    /// mountpoint (its daemon imports) or a store that no daemon holds: a directory,
+    /// created if missing, or s3://BUCKET/PREFIX, which needs --state DIR.
+    Import {
+        /// A mountpoint, or a store written directly.
+        target: PathBuf,
+        /// BACKEND=DIR: the backend (OPERATOR/SUBTASK) and its RocksDB checkpoint directory.
+        #[arg(required = true, value_name = "BACKEND=DIR", value_parser = parse_import)]
+        imports: Vec<(BackendName, PathBuf)>,
+        /// A store on object storage: the local state directory.
+        #[arg(long)]
+        state: Option<PathBuf>,
+        /// Seconds to keep retrying while the daemon is busy (0: fail at once).
+        #[arg(long, default_value_t = 600)]
+        wait: u64,
+        /// Print the whole answer as JSON (with what each import read and stored).
+        #[arg(long)]
+        json: bool,
+    },
     /// List the retained checkpoints.
     Ls {
         /// A mountpoint, or a store (a directory or s3://BUCKET/PREFIX) read directly.
@@ -179,7 +204,25 @@ pub(crate) enum Command {
         /// flush or wal (see mount).
         #[arg(long, default_value_t = CheckpointMode::Flush)]
         checkpoint_mode: CheckpointMode,
+        /// BACKEND=DIR: also run the rounds on an application's own RocksDB in DIR (not
+        /// hosted) and import a checkpoint of it as BACKEND into every checkpoint.
+        #[arg(long, value_name = "BACKEND=DIR", value_parser = parse_import)]
+        import: Option<(BackendName, PathBuf)>,
     },
+}
+
+/// `BACKEND=DIR` of `ckptfs import`.
+fn parse_import(text: &str) -> Result<(BackendName, PathBuf), String> {
+    let (backend, dir) = text.split_once('=').ok_or_else(|| {
+        format!("expected BACKEND=DIR, e.g. app/0=/var/lib/app/checkpoint, got {text:?}")
+    })?;
+    if dir.is_empty() {
+        return Err(format!("{text:?} names no directory"));
+    }
+    Ok((
+        backend.parse().map_err(|e: Error| e.to_string())?,
+        dir.into(),
+    ))
 }
 
 /// The options of `ckptfs mount`.

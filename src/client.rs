@@ -282,13 +282,20 @@ fn store_checkpoints(
 }
 
 pub fn ls(path: &Path, json: bool) -> Result<ExitCode, Error> {
-    let checkpoints = match target(path)? {
-        Target::Mount(mountpoint) => read_checkpoints(&mountpoint)?,
-        Target::Store(location) => store_checkpoints(&location)?
-            .1
-            .iter()
-            .map(CheckpointRow::of)
-            .collect(),
+    let (checkpoints, external) = match target(path)? {
+        Target::Mount(mountpoint) => (
+            read_checkpoints(&mountpoint)?,
+            read_status(&mountpoint)?.external,
+        ),
+        Target::Store(location) => {
+            let (repo, manifests) = store_checkpoints(&location)?;
+            let external = repo
+                .catalog
+                .load_meta()?
+                .map(|m| m.external.iter().map(|b| b.to_string()).collect())
+                .unwrap_or_default();
+            (manifests.iter().map(CheckpointRow::of).collect(), external)
+        }
     };
     if json {
         let text = serde_json::to_string(&checkpoints)
@@ -311,6 +318,9 @@ pub fn ls(path: &Path, json: bool) -> Result<ExitCode, Error> {
             c.sync_ms,
             c.async_ms,
         );
+    }
+    if !external.is_empty() {
+        println!("external backends (imported): {}", external.join(", "));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -365,10 +375,23 @@ pub fn status(path: &Path, json: bool) -> Result<ExitCode, Error> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Hosted backends, then the imported ones marked `(external)`.
+fn backends_text(hosted: &[String], external: &[String]) -> String {
+    hosted
+        .iter()
+        .cloned()
+        .chain(external.iter().map(|b| format!("{b} (external)")))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn print_daemon_status(status: &Status) {
     println!("store:       {}", status.store);
     println!("daemon pid:  {}", status.pid);
-    println!("backends:    {}", status.backends.join(", "));
+    println!(
+        "backends:    {}",
+        backends_text(&status.backends, &status.external)
+    );
     println!(
         "checkpoints: {} ({} retained, retain {})",
         runs_text(&status.checkpoint_runs),
@@ -403,7 +426,10 @@ fn print_store_status(status: &StoreStatus) {
     }
     println!(
         "backends:    {}",
-        status.backends.as_deref().unwrap_or_default().join(", ")
+        backends_text(
+            status.backends.as_deref().unwrap_or_default(),
+            &status.external
+        )
     );
     println!(
         "checkpoints: {} ({} retained, retain {})",
@@ -680,4 +706,87 @@ pub fn mount_helper_args(
         }
     }
     Ok(out)
+}
+
+/// `ckptfs import`: through the daemon of a mountpoint, or into a store directly (taking
+/// its lock or lease, as a daemon would: a store a daemon holds is refused, naming it).
+pub fn import(
+    target: &Path,
+    imports: &[(BackendName, PathBuf)],
+    state: Option<PathBuf>,
+    wait: Duration,
+    json: bool,
+) -> Result<ExitCode, Error> {
+    let answer = if target.join(".ckptfs/status").exists() {
+        import_through_daemon(target, imports, wait)?
+    } else {
+        import_into_store(target, imports, state)?
+    };
+    if json {
+        println!("{answer}");
+    } else {
+        println!("{}", answer["id"]);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn import_through_daemon(
+    mountpoint: &Path,
+    imports: &[(BackendName, PathBuf)],
+    wait: Duration,
+) -> Result<serde_json::Value, Error> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut lines = Vec::new();
+    for (backend, dir) in imports {
+        // The daemon runs elsewhere: it needs the whole path.
+        let dir = std::fs::canonicalize(dir).ctx("import", dir)?;
+        lines.push(format!(
+            "import {backend} {}",
+            percent::encode(dir.as_os_str().as_bytes())
+        ));
+    }
+    lines.push("checkpoint".to_string());
+    let spinner = spinner("import in progress");
+    let deadline = Instant::now() + wait;
+    let mut pause = Duration::from_millis(20);
+    let answer = loop {
+        match requests(mountpoint, &lines) {
+            Err(Error::Busy(_)) if Instant::now() + pause < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            other => break other,
+        }
+    };
+    spinner.finish_and_clear();
+    answer?
+        .pop()
+        .ok_or_else(|| Error::Corrupt("the daemon gave no answer".into()))
+}
+
+fn import_into_store(
+    store: &Path,
+    imports: &[(BackendName, PathBuf)],
+    state: Option<PathBuf>,
+) -> Result<serde_json::Value, Error> {
+    let text = store
+        .to_str()
+        .ok_or_else(|| Error::Invalid(format!("{} is not valid UTF-8", store.display())))?;
+    // Every directory is checked before the store is touched.
+    let scanned = imports
+        .iter()
+        .map(|(backend, dir)| ckptfs_core::import::scan(backend, dir))
+        .collect::<Result<Vec<_>, Error>>()?;
+    let mut config = ckptfs_core::EngineConfig::new(Location::parse(text)?);
+    config.state = state;
+    config.host_backends = false;
+    let engine = ckptfs_core::Engine::open(config)?;
+    let spinner = spinner("import in progress");
+    let done = engine
+        .begin_checkpoint_with(scanned)
+        .and_then(|pending| pending.complete_with_imports());
+    spinner.finish_and_clear();
+    let (manifest, reports) = done?;
+    serde_json::from_str(&ckptfs::control::import_json(&manifest, &reports))
+        .map_err(|e| Error::Corrupt(format!("unreadable answer: {e}")))
 }

@@ -2,7 +2,11 @@
 //! keys and values percent-encoded. Parsing is separate from running so that a write with
 //! any invalid line can be refused as a whole before anything changes.
 
+use std::os::unix::ffi::OsStringExt;
+
+use ckptfs_core::coordinator::ImportReport;
 use ckptfs_core::error::{Error, Result};
+use ckptfs_core::import::ImportDir;
 use ckptfs_core::names::BackendName;
 use ckptfs_core::percent;
 
@@ -23,6 +27,9 @@ pub enum Command {
     Compact(BackendName),
     Retain(u32),
     Delete(u64),
+    /// Stage a RocksDB checkpoint directory as the state of an external backend in the
+    /// next `checkpoint` of this handle.
+    Import(ImportDir),
 }
 
 impl Command {
@@ -34,7 +41,7 @@ impl Command {
 }
 
 pub const USAGE: &str = "commands: checkpoint | put BACKEND KEY VALUE | del BACKEND KEY | \
-flush BACKEND | compact BACKEND | retain N | delete N";
+flush BACKEND | compact BACKEND | retain N | delete N | import BACKEND DIR";
 
 /// Parse one line (without its newline).
 pub fn parse_line(line: &str) -> Result<Command> {
@@ -103,6 +110,21 @@ pub fn parse_line(line: &str) -> Result<Command> {
         "delete" => {
             arity(2)?;
             Ok(Command::Delete(number(1)?))
+        }
+        "import" => {
+            arity(3)?;
+            let dir =
+                std::path::PathBuf::from(std::ffi::OsString::from_vec(percent::decode(fields[2])?));
+            if !dir.is_absolute() {
+                return Err(Error::Invalid(format!(
+                    "import needs an absolute directory, got {:?}",
+                    dir.display().to_string()
+                )));
+            }
+            Ok(Command::Import(ImportDir {
+                backend: backend(1)?,
+                dir,
+            }))
         }
         "" => Err(Error::Invalid(format!("empty command; {USAGE}"))),
         other => {
@@ -179,6 +201,12 @@ pub fn error_json(error: &Error) -> String {
 }
 
 pub fn checkpoint_json(manifest: &ckptfs_core::catalog::Manifest) -> String {
+    import_json(manifest, &[])
+}
+
+/// A checkpoint's answer, with what each of its imports read and stored (`imports`, only
+/// when it imported).
+pub fn import_json(manifest: &ckptfs_core::catalog::Manifest, imports: &[ImportReport]) -> String {
     let s = &manifest.stats;
     let mut m = serde_json::Map::new();
     m.insert("id".into(), manifest.id.into());
@@ -189,6 +217,12 @@ pub fn checkpoint_json(manifest: &ckptfs_core::catalog::Manifest) -> String {
     m.insert("bytes_uploaded".into(), s.bytes_uploaded.into());
     m.insert("sync_ms".into(), (s.sync_micros as f64 / 1000.0).into());
     m.insert("async_ms".into(), (s.async_micros as f64 / 1000.0).into());
+    if !imports.is_empty() {
+        m.insert(
+            "imports".into(),
+            serde_json::to_value(imports).expect("serializes"),
+        );
+    }
     ok_json(m)
 }
 
@@ -235,7 +269,18 @@ impl Controller {
     /// Checks that need the engine: named backends exist, dropped checkpoints exist.
     pub fn validate(&self, commands: &[Command]) -> Result<()> {
         let backends = self.engine.backend_names();
+        let external = self.engine.external_names();
         for (i, command) in commands.iter().enumerate() {
+            if let Command::Import(import) = command {
+                if backends.contains(&import.backend) {
+                    return Err(Error::Invalid(format!(
+                        "command {}: backend {} is hosted by this daemon; import into \
+                         another name",
+                        i + 1,
+                        import.backend
+                    )));
+                }
+            }
             let backend = match command {
                 Command::Put { backend, .. }
                 | Command::Del { backend, .. }
@@ -244,6 +289,14 @@ impl Controller {
                 _ => None,
             };
             if let Some(b) = backend {
+                if external.contains(b) {
+                    return Err(Error::Invalid(format!(
+                        "command {}: backend {b} is external: its state is imported from its \
+                         own application's RocksDB checkpoints (`ckptfs import`); put, del, \
+                         flush and compact are refused",
+                        i + 1
+                    )));
+                }
                 if !backends.contains(b) {
                     return Err(Error::Invalid(format!(
                         "command {}: no such backend {b} (hosted: {})",
@@ -272,7 +325,12 @@ impl Controller {
     /// (put, del) is applied as one atomic batch per backend at its position; any other
     /// command ends the run. A `checkpoint` takes its synchronous phase right here, so it
     /// holds exactly the data lines before it and none after.
-    pub fn execute(self: &std::sync::Arc<Self>, commands: Vec<Command>, answer: AnswerSink) {
+    pub fn execute(
+        self: &std::sync::Arc<Self>,
+        commands: Vec<Command>,
+        answer: AnswerSink,
+        imports: &std::sync::Mutex<Vec<ImportDir>>,
+    ) {
         let mut i = 0;
         while i < commands.len() {
             let command = &commands[i];
@@ -287,7 +345,32 @@ impl Controller {
             }
             match command {
                 Command::Put { .. } | Command::Del { .. } => unreachable!("data runs above"),
-                Command::Checkpoint => self.start_checkpoint(i, answer.clone()),
+                Command::Checkpoint => {
+                    let staged = std::mem::take(&mut *ckptfs_core::fsutil::lock(imports));
+                    self.start_checkpoint(i, answer.clone(), staged)
+                }
+                Command::Import(import) => {
+                    // Checked now (a bad directory is refused at its line), listed again
+                    // by the checkpoint that stores it.
+                    let answer_line = match ckptfs_core::import::scan(&import.backend, &import.dir)
+                    {
+                        Ok(scanned) => {
+                            let mut staged = ckptfs_core::fsutil::lock(imports);
+                            staged.retain(|s| s.backend != import.backend);
+                            staged.push(import.clone());
+                            let mut m = serde_json::Map::new();
+                            m.insert("staged".into(), import.backend.to_string().into());
+                            m.insert("files".into(), scanned.files.len().into());
+                            m.insert("bytes".into(), scanned.bytes().into());
+                            ok_json(m)
+                        }
+                        Err(e) => {
+                            self.engine.record_error(e.to_string());
+                            error_json(&e)
+                        }
+                    };
+                    answer(i, answer_line);
+                }
                 Command::Flush(b) => answer(i, self.simple(self.engine.flush(b))),
                 Command::Compact(b) => answer(i, self.simple(self.engine.compact(b))),
                 Command::Retain(n) => {
@@ -361,8 +444,18 @@ impl Controller {
     /// slot (`max_concurrent` checkpoints in flight, or a restore running) the answer is
     /// EBUSY at once: nothing queues up behind a slow upload, and a checkpoint never holds
     /// data written after its line. `ckptfs checkpoint` retries busy answers.
-    fn start_checkpoint(self: &std::sync::Arc<Self>, index: usize, answer: AnswerSink) {
-        let pending = match self.engine.begin_checkpoint() {
+    fn start_checkpoint(
+        self: &std::sync::Arc<Self>,
+        index: usize,
+        answer: AnswerSink,
+        imports: Vec<ImportDir>,
+    ) {
+        let began = imports
+            .iter()
+            .map(|i| ckptfs_core::import::scan(&i.backend, &i.dir))
+            .collect::<Result<Vec<_>>>()
+            .and_then(|scanned| self.engine.begin_checkpoint_with(scanned));
+        let pending = match began {
             Ok(p) => p,
             Err(e) => {
                 if !matches!(e, Error::Busy(_)) {
@@ -377,13 +470,13 @@ impl Controller {
         let handle = std::thread::Builder::new()
             .name("ckptfs-checkpoint".into())
             .spawn(move || {
-                let result = pending.complete();
+                let result = pending.complete_with_imports();
                 this.changed();
                 this.check_small_files();
                 answer_later(
                     index,
                     match result {
-                        Ok(m) => checkpoint_json(&m),
+                        Ok((m, imports)) => import_json(&m, &imports),
                         Err(e) => error_json(&e),
                     },
                 );

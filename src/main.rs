@@ -107,6 +107,19 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Import {
+            target,
+            imports,
+            state,
+            wait,
+            json,
+        } => client::import(
+            &target,
+            &imports,
+            state,
+            std::time::Duration::from_secs(wait),
+            json,
+        ),
         Command::Ls { mountpoint, json } => client::ls(&mountpoint, json),
         Command::Rm {
             mountpoint,
@@ -227,7 +240,11 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             format_version,
             rocksdb_options,
             checkpoint_mode,
+            import,
         } => {
+            let app = import
+                .map(|(name, dir)| workload::AppDb::open(name, &dir))
+                .transpose()?;
             let mut config = EngineConfig::new(store);
             config.state = state;
             config.backends = if backends.is_empty() {
@@ -244,14 +261,21 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             };
             let engine = Engine::open(config)?;
             for _ in 0..rounds {
-                let rounds = workload::step_each(&engine, keys, value_size)?;
+                let mut rounds = workload::step_each(&engine, keys, value_size)?;
                 let round = rounds.iter().map(|(_, r)| *r).max().unwrap_or(0);
                 if compact_every > 0 && round > 0 && round % compact_every == 0 {
                     for name in engine.backend_names() {
                         engine.compact(&name)?;
                     }
                 }
-                let manifest = engine.checkpoint()?;
+                let manifest = match &app {
+                    Some(app) => {
+                        rounds.push((app.name().clone(), app.step(keys, value_size)?));
+                        let scanned = ckptfs_core::import::scan(app.name(), &app.checkpoint()?)?;
+                        engine.begin_checkpoint_with(vec![scanned])?.complete()?
+                    }
+                    None => engine.checkpoint()?,
+                };
                 let s = &manifest.stats;
                 println!(
                     "round {round}: checkpoint {} files={} reused={} bytes={} uploaded={} \

@@ -16,6 +16,8 @@ pub(super) struct ControlStream {
     pub(super) state: Mutex<ControlState>,
     /// Opened write-only: answers are not kept.
     pub(super) discard_answers: bool,
+    /// Directories staged by `import` lines for this handle's next `checkpoint`.
+    pub(super) imports: Mutex<Vec<ckptfs_core::import::ImportDir>>,
 }
 
 /// A reader parked until the next answer is ready.
@@ -181,6 +183,7 @@ impl CkptFs {
                         }
                     }
                 }),
+                &stream.imports,
             );
             return Ok(());
         }
@@ -202,7 +205,7 @@ impl CkptFs {
                 }
             }
         });
-        self.controller.execute(commands, answer);
+        self.controller.execute(commands, answer, &stream.imports);
         Ok(())
     }
 }

@@ -86,6 +86,7 @@ impl CkptFs {
                 fh: self.new_handle(Handle::Control(Arc::new(ControlStream {
                     state: Mutex::default(),
                     discard_answers: !read,
+                    imports: Mutex::default(),
                 }))),
                 seekable: false,
             }),

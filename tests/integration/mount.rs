@@ -553,7 +553,7 @@ fn other_users_get_in_only_with_allow_other_and_then_read_only() {
 /// N holds round N-1 of `ckptfs workload`), and a new checkpoint can be taken.
 #[test]
 fn stores_of_earlier_formats_mount_and_copy_out() {
-    for format in [1, 2, 3, 4, 5, 6] {
+    for format in [1, 2, 3, 4, 5, 6, 7] {
         let dir = tempfile::tempdir().unwrap();
         let store = dir.path().join("store");
         let fixture = format!(
@@ -573,7 +573,9 @@ fn stores_of_earlier_formats_mount_and_copy_out() {
         for id in [2u64, 3] {
             let dest = dir.path().join(format!("copy-{id}"));
             assert!(m.copy_out(id, &dest), "format {format}: cp -r of cp-{id}");
-            for backend in ["A/0", "B/1"] {
+            // Format 7 holds an imported backend too.
+            let imported: &[&str] = if format >= 7 { &["App/0"] } else { &[] };
+            for backend in ["A/0", "B/1"].iter().chain(imported) {
                 let expected = ckptfs_core::workload::expected_after(
                     &backend.parse().unwrap(),
                     id - 1,

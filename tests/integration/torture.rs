@@ -25,6 +25,8 @@ const KEYS: u32 = 1500;
 const VALUE_SIZE: usize = 64;
 
 const BACKENDS: [&str; 2] = ["A/0", "B/1"];
+/// The application database the workload imports (never hosted).
+const IMPORTED: &str = "App/0";
 
 const RETAIN: u32 = 3;
 
@@ -93,6 +95,7 @@ fn workload_then(
         .args(["--retain", &RETAIN.to_string()])
         .args(["--compact-every", "3", "--restore-every", "4"])
         .args(["--checkpoint-mode", mode])
+        .arg(format!("--import={}={}-app", IMPORTED, store.display()))
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -190,6 +190,9 @@ pub struct StagedFile {
     pub name: String,
     pub path: PathBuf,
     pub size: u64,
+    /// An imported file: where it is read from (see [`crate::import::ScannedFile`]),
+    /// recorded in its entry.
+    pub source: Option<String>,
 }
 
 /// SST and blob files never change once written, so they are shared across checkpoints and
@@ -471,6 +474,7 @@ impl Backend {
                 name,
                 path: dest,
                 size,
+                source: None,
             });
         }
         Ok(linked)
@@ -519,6 +523,7 @@ fn list_files(staging: &Path) -> Result<Vec<StagedFile>> {
             name: entry.file_name().to_string_lossy().into_owned(),
             path: entry.path(),
             size: meta.len(),
+            source: None,
         });
     }
     files.sort_by(|a, b| a.name.cmp(&b.name));

@@ -17,6 +17,7 @@ pub mod failpoint;
 pub mod fsck;
 pub mod fsutil;
 pub mod graph;
+pub mod import;
 pub mod lease;
 pub mod lock;
 pub mod metrics;

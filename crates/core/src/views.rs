@@ -80,6 +80,9 @@ pub struct Status {
     pub checkpoint_runs: Vec<[u64; 2]>,
     pub checkpoints: Vec<CheckpointRow>,
     pub checkpoints_total: usize,
+    /// Backends whose state is imported (`ckptfs import`), not hosted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub external: Vec<String>,
     pub in_flight: Vec<u64>,
     pub last_error: Option<String>,
     /// `wal` mode: the checkpoint each backend's newest confirmed materialization is.
@@ -110,6 +113,7 @@ impl Status {
                 .map(|m| CheckpointRow::of(m))
                 .collect(),
             checkpoints_total: status.checkpoints.len(),
+            external: status.external.iter().map(|b| b.to_string()).collect(),
             in_flight: status.in_flight,
             last_error: status.last_error,
             materializations: status
@@ -148,6 +152,9 @@ pub struct StoreStatus {
     pub checkpoint_runs: Vec<[u64; 2]>,
     pub checkpoints: Vec<CheckpointRow>,
     pub checkpoints_total: usize,
+    /// Backends whose state is imported (`ckptfs import`), not hosted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub external: Vec<String>,
     pub format: Option<u32>,
     pub lease: Option<Lease>,
     pub next_checkpoint: Option<u64>,
@@ -176,6 +183,9 @@ impl StoreStatus {
             checkpoint_runs: checkpoint_runs(manifests.iter().map(|m| m.id)),
             checkpoints: manifests[newest..].iter().map(CheckpointRow::of).collect(),
             checkpoints_total: manifests.len(),
+            external: meta.map_or_else(Vec::new, |m| {
+                m.external.iter().map(|b| b.to_string()).collect()
+            }),
             format: meta.map(|m| m.format),
             lease: lease.map(|(holder, expires_unix_ms)| Lease {
                 expires_unix_ms,
@@ -338,6 +348,7 @@ mod tests {
             pending: Vec::new(),
             void_below: 0,
             void: Vec::new(),
+            external: Vec::new(),
         };
         let status = StoreStatus::build(
             &location,

@@ -106,3 +106,62 @@ pub fn step_each(engine: &Engine, keys: u32, value_size: usize) -> Result<Vec<(B
     }
     Ok(applied)
 }
+
+/// An application's own RocksDB that runs the same rounds (under `name`) and is imported,
+/// never hosted: `ckptfs workload --import`, so the fault campaign kills imports too.
+pub struct AppDb {
+    name: BackendName,
+    dir: std::path::PathBuf,
+    db: rocksdb::DB,
+}
+
+impl AppDb {
+    /// Open (or create) the database at `dir/db`; its checkpoints go to `dir/checkpoint`.
+    pub fn open(name: BackendName, dir: &std::path::Path) -> Result<AppDb> {
+        let mut options = rocksdb::Options::default();
+        options.create_if_missing(true);
+        options.set_write_buffer_size(256 << 10);
+        let db = rocksdb::DB::open(&options, dir.join("db"))?;
+        Ok(AppDb {
+            name,
+            dir: dir.to_path_buf(),
+            db,
+        })
+    }
+
+    pub fn name(&self) -> &BackendName {
+        &self.name
+    }
+
+    /// Apply the next round as one batch; returns it.
+    pub fn step(&self, keys: u32, value_size: usize) -> Result<u64> {
+        let round = match self.db.get(ROUND_KEY)? {
+            None => 0,
+            Some(v) => {
+                std::str::from_utf8(&v)
+                    .ok()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(|| Error::Corrupt("__round is not a number".into()))?
+                    + 1
+            }
+        };
+        let mut batch = rocksdb::WriteBatch::default();
+        for op in round_ops(&self.name, round, keys, value_size) {
+            match op {
+                WriteOp::Put(k, v) => batch.put(k, v),
+                WriteOp::Delete(k) => batch.delete(k),
+            }
+        }
+        self.db.write(batch)?;
+        Ok(round)
+    }
+
+    /// A fresh RocksDB checkpoint of the database (the previous one removed), as the
+    /// application would make for `ckptfs import`.
+    pub fn checkpoint(&self) -> Result<std::path::PathBuf> {
+        let dest = self.dir.join("checkpoint");
+        crate::fsutil::remove_tree(&dest)?;
+        rocksdb::checkpoint::Checkpoint::new(&self.db)?.create_checkpoint(&dest)?;
+        Ok(dest)
+    }
+}

@@ -233,6 +233,7 @@ mod tests {
                                 chunks: n
                                     .starts_with("MANIFEST-")
                                     .then(|| Chunks::split(c.as_bytes(), 2).0),
+                                source: None,
                             })
                             .collect(),
                     )

@@ -264,6 +264,7 @@ mod tests {
             object: ObjectId::from_hash(blake3::hash(content.as_bytes())),
             size: content.len() as u64,
             chunks: None,
+            source: None,
         })
     }
 

@@ -34,13 +34,14 @@ pub use lists::FileList;
 use lists::ListReader;
 pub use shared::{Chain, Files};
 
-/// The format written. 6: on object storage, `ckptfs.json` carries the writer's epoch, the
+/// The format written. 7: imported backends (`ckptfs import`): `ckptfs.json` lists them as
+/// external and file lists record where each imported file was read from; 6: on object storage, `ckptfs.json` carries the writer's epoch, the
 /// pending and the void checkpoints (manifests unchanged; format 5 readers would count a
 /// void manifest); 5: WAL files stored as chunks (of any size: format 4 readers
 /// refused chunked files over 64 MiB) and WAL figures in the stats; 4: file lists may store
 /// append-only files as chunks; 3: manifests name one stored file list per backend; 2:
 /// manifests and `ckptfs.json` carry a checksum.
-pub const FORMAT: u32 = 6;
+pub const FORMAT: u32 = 7;
 /// The oldest format still read: format 1 files have no checksum.
 pub const OLDEST_FORMAT: u32 = 1;
 
@@ -114,6 +115,11 @@ pub struct FileEntry {
     /// chunks are objects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunks: Option<Chunks>,
+    /// An imported file (format 7): where it was read from, as `device:inode:size:mtime`
+    /// of the file in the imported directory. The backend's next import re-references a
+    /// file found under the same source and name without reading it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 impl FileEntry {
@@ -124,6 +130,7 @@ impl FileEntry {
             object,
             size,
             chunks: None,
+            source: None,
         }
     }
 
@@ -169,6 +176,11 @@ pub struct BackendSnapshot {
 }
 
 impl BackendSnapshot {
+    /// Imported (`ckptfs import`), not hosted: its files record where they were read from.
+    pub fn is_imported(&self) -> bool {
+        self.files.iter().any(|f| f.source.is_some())
+    }
+
     /// A snapshot of `files` (any order) not stored as a list yet.
     pub fn inline(name: BackendName, lineage: String, files: Vec<FileEntry>) -> Self {
         BackendSnapshot {
@@ -447,6 +459,11 @@ pub struct StoreMeta {
     /// Object storage: void ids at or above `void_below`, sorted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub void: Vec<u64>,
+    /// Backends whose state is imported (`ckptfs import`), not hosted (format 7): never
+    /// opened by a daemon, carried over unchanged by every checkpoint that does not import
+    /// them. Sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub external: Vec<BackendName>,
 }
 
 impl Default for StoreMeta {
@@ -461,6 +478,7 @@ impl Default for StoreMeta {
             pending: Vec::new(),
             void_below: 0,
             void: Vec::new(),
+            external: Vec::new(),
         }
     }
 }

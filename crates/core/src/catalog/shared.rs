@@ -194,6 +194,7 @@ mod tests {
             object: ObjectId::from_hash(blake3::hash(name.as_bytes())),
             size: 1,
             chunks: None,
+            source: None,
         })
     }
 

@@ -2,16 +2,19 @@
 //! asynchronous upload of what the store does not hold yet, the commit of the manifest,
 //! registration and retention.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
 
 use super::ingest::{Ingest, PendingBackend};
 use super::materialize::StagedBackend;
-use super::{base_of, Engine};
+use super::{base_of, Engine, State};
+use crate::backend::StagedFile;
 use crate::catalog::{BackendSnapshot, CheckpointStats, Manifest, FORMAT};
 use crate::error::{Error, Result};
 use crate::fsutil::{create_private_dir_all, now_unix_ms, remove_tree};
+use crate::import::{Scanned, ScannedFile};
 use crate::names::BackendName;
 use crate::store::crash::CrashAfter;
 use crate::store::{ObjectId, ObjectStore};
@@ -21,7 +24,30 @@ impl Engine {
     /// native checkpoint: hard links, a flush in `flush` mode; see [`super::materialize`]).
     /// Writers may continue as soon as this returns.
     pub fn begin_checkpoint(&self) -> Result<PendingCheckpoint> {
+        self.begin_checkpoint_with(Vec::new())
+    }
+
+    /// [`Engine::begin_checkpoint`] in which each of `imports` (a RocksDB checkpoint
+    /// directory checked by [`crate::import::scan`]) becomes the state of its backend, an
+    /// external one from now on. Every backend neither hosted nor imported is carried over
+    /// unchanged from the newest checkpoint. An import is the only checkpoint in flight.
+    pub fn begin_checkpoint_with(&self, imports: Vec<Scanned>) -> Result<PendingCheckpoint> {
         self.check_writable()?;
+        let mut seen = BTreeSet::new();
+        for import in &imports {
+            if self.inner.backends.contains_key(&import.backend) {
+                return Err(Error::Invalid(format!(
+                    "backend {} is hosted by this daemon: import into another name",
+                    import.backend
+                )));
+            }
+            if !seen.insert(&import.backend) {
+                return Err(Error::Invalid(format!(
+                    "backend {} is imported twice in one checkpoint",
+                    import.backend
+                )));
+            }
+        }
         let started_unix_ms = now_unix_ms();
         let (id, bases) = {
             let _writes = self.catalog_writes();
@@ -29,6 +55,22 @@ impl Engine {
                 let mut st = self.state();
                 if st.restoring {
                     return Err(Error::Busy("a restore is in progress".into()));
+                }
+                if let Some(n) = st.importing {
+                    return Err(Error::Busy(format!(
+                        "checkpoint {n} imports backends; try again when it completes"
+                    )));
+                }
+                if !imports.is_empty() && !st.in_flight.is_empty() {
+                    return Err(Error::Busy(format!(
+                        "an import waits for the checkpoints in flight ({}) to complete; \
+                         try again when they have",
+                        st.in_flight
+                            .iter()
+                            .map(|n| n.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )));
                 }
                 if st.in_flight.len() >= self.inner.max_concurrent {
                     return Err(Error::Busy(format!(
@@ -41,12 +83,21 @@ impl Engine {
                 let id = st.meta.next_checkpoint;
                 let mut meta = st.meta.clone();
                 meta.next_checkpoint += 1;
+                for import in &imports {
+                    if !meta.external.contains(&import.backend) {
+                        meta.external.push(import.backend.clone());
+                    }
+                }
+                meta.external.sort();
                 if self.inner.catalog.commits_in_meta() {
                     // Reserved, not committed: a manifest of this id counts only once a
                     // later write of the metadata confirms it.
                     meta.pending.push(id);
                 }
                 st.in_flight.insert(id);
+                if !imports.is_empty() {
+                    st.importing = Some(id);
+                }
                 (id, meta)
             };
             // The id is reserved durably before anything of the checkpoint is stored (the
@@ -55,6 +106,9 @@ impl Engine {
             let mut st = self.state();
             if let Err(e) = saved {
                 st.in_flight.remove(&id);
+                if st.importing == Some(id) {
+                    st.importing = None;
+                }
                 self.inner.slot_freed.notify_all();
                 self.inner.counters.checkpoint_failed();
                 return Err(e);
@@ -109,16 +163,50 @@ impl Engine {
                         kept: staged.kept,
                         materializes: staged.materializes,
                         base: bases.get(name).cloned(),
+                        by_source_only: false,
                     });
                 }
                 Err(e) if sync.is_ok() => sync = Err(e),
                 Err(_) => {}
             }
         }
+        // Imports and carried backends: what they reuse is pinned now, under the lock
+        // (nothing the newest checkpoint holds can be deleted before).
+        let (carried, imported) = {
+            let mut st = self.state();
+            let carried = self.carry_over(&st, &imports);
+            let carried = carried.and_then(|carried| {
+                for snapshot in &carried {
+                    pin_snapshot(&mut st, snapshot, &mut pins)?;
+                }
+                Ok(carried)
+            });
+            let imported: Vec<(PendingBackend, Vec<ScannedFile>)> = imports
+                .into_iter()
+                .map(|import| import_part(&mut st, id, import, &mut pins))
+                .collect();
+            (carried, imported)
+        };
+        let carried = match carried {
+            Ok(carried) => carried,
+            Err(e) => {
+                if sync.is_ok() {
+                    sync = Err(e);
+                }
+                Vec::new()
+            }
+        };
+        let mut scanned = Vec::new();
+        for (part, files) in imported {
+            parts.push(part);
+            scanned.push(files);
+        }
         let pending = PendingCheckpoint {
             engine: self.clone(),
             id,
             parts,
+            carried,
+            scanned,
             staging,
             started: clock,
             started_unix_ms,
@@ -139,6 +227,118 @@ impl Engine {
     }
 }
 
+/// What one import of a checkpoint read and stored (the answer to `ckptfs import`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ImportReport {
+    pub backend: BackendName,
+    /// The directory's files and bytes.
+    pub files: u64,
+    pub bytes: u64,
+    /// Files read (hashed or copied): those not re-referenced by their source, and their
+    /// bytes.
+    pub files_read: u64,
+    pub bytes_read: u64,
+    /// Bytes the store did not hold yet (file list excluded).
+    pub bytes_stored: u64,
+}
+
+impl Engine {
+    /// The newest snapshot of every backend of the store that this checkpoint neither
+    /// hosts nor imports.
+    fn carry_over(&self, st: &State, imports: &[Scanned]) -> Result<Vec<BackendSnapshot>> {
+        let mut carried: std::collections::BTreeMap<&BackendName, &BackendSnapshot> =
+            Default::default();
+        for snapshot in st.manifests.values().flat_map(|m| &m.backends) {
+            let name = &snapshot.name;
+            if !self.inner.backends.contains_key(name)
+                && !imports.iter().any(|i| &i.backend == name)
+            {
+                carried.insert(name, snapshot);
+            }
+        }
+        Ok(carried.into_values().cloned().collect())
+    }
+}
+
+/// Pin every object a snapshot references (its files and its file lists): it is carried
+/// into a new checkpoint as it is.
+fn pin_snapshot(
+    st: &mut MutexGuard<'_, State>,
+    snapshot: &BackendSnapshot,
+    pins: &mut Vec<ObjectId>,
+) -> Result<()> {
+    let objects: Vec<ObjectId> = snapshot
+        .files
+        .iter()
+        .flat_map(|f| f.stored().map(|(id, _)| id))
+        .chain(snapshot.lists.iter())
+        .collect();
+    if let Some(gone) = objects.iter().find(|id| !st.can_share(id)) {
+        return Err(Error::Corrupt(format!(
+            "backend {} cannot be carried over: object {gone} of its newest checkpoint is \
+             missing; run `ckptfs fsck`",
+            snapshot.name
+        )));
+    }
+    for id in objects {
+        st.registry.pin(id);
+        pins.push(id);
+    }
+    Ok(())
+}
+
+/// An import as a backend of checkpoint `id`: a file whose source and name are those of
+/// the backend's newest snapshot is re-referenced (pinned now, not read); the others are
+/// read in the asynchronous phase. The base is that snapshot (its file list is the base of
+/// the new one).
+fn import_part(
+    st: &mut MutexGuard<'_, State>,
+    id: u64,
+    import: Scanned,
+    pins: &mut Vec<ObjectId>,
+) -> (PendingBackend, Vec<ScannedFile>) {
+    let base = st
+        .manifests
+        .iter()
+        .rev()
+        .find_map(|(n, m)| m.backend(&import.backend).map(|s| base_of(*n, s)));
+    let mut part = PendingBackend::new(
+        import.backend.clone(),
+        format!("import-{id}"),
+        Vec::new(),
+        base,
+    );
+    part.by_source_only = true;
+    for file in &import.files {
+        let known = part
+            .base
+            .as_ref()
+            .and_then(|b| b.by_name.get(&file.name))
+            .filter(|known| {
+                known.source.as_deref() == Some(&file.source) && known.size == file.size
+            })
+            .cloned();
+        if let Some(known) = known {
+            let objects: Vec<ObjectId> = known.stored().map(|(id, _)| id).collect();
+            if objects.iter().all(|id| st.can_share(id)) {
+                for id in objects {
+                    st.registry.pin(id);
+                    pins.push(id);
+                }
+                part.kept.push(known);
+                continue;
+            }
+        }
+        part.files.push(StagedFile {
+            name: file.name.clone(),
+            path: file.path.clone(),
+            size: file.size,
+            source: Some(file.source.clone()),
+        });
+    }
+    (part, import.files)
+}
+
 /// A checkpoint between its synchronous phase and its completion. Completing it runs the
 /// asynchronous phase; dropping it without completing aborts it and leaves nothing behind.
 pub struct PendingCheckpoint {
@@ -150,6 +350,11 @@ pub struct PendingCheckpoint {
     started_unix_ms: u64,
     sync_micros: u64,
     pins: Vec<ObjectId>,
+    /// Backends neither hosted nor imported: their newest snapshots, unchanged (pinned).
+    carried: Vec<BackendSnapshot>,
+    /// The imported backends' files as listed, in the order of their parts (the last
+    /// ones of `parts`): checked again once stored.
+    scanned: Vec<Vec<ScannedFile>>,
     /// Figures gathered in the synchronous phase (a background materialization adopted).
     stats: CheckpointStats,
     /// Bytes of file lists stored (in `bytes_uploaded`, not in `bytes_total`): the
@@ -172,11 +377,16 @@ impl PendingCheckpoint {
 
     /// The asynchronous phase: store what is new, re-reference the rest, commit, register,
     /// apply retention.
-    pub fn complete(mut self) -> Result<Arc<Manifest>> {
+    pub fn complete(self) -> Result<Arc<Manifest>> {
+        self.complete_with_imports().map(|(manifest, _)| manifest)
+    }
+
+    /// [`PendingCheckpoint::complete`], with what each import read and stored.
+    pub fn complete_with_imports(mut self) -> Result<(Arc<Manifest>, Vec<ImportReport>)> {
         crate::failpoint!("checkpoint::after-sync");
         let clock = Instant::now();
         match self.upload(None) {
-            Ok((backends, mut stats)) => {
+            Ok((backends, mut stats, reports)) => {
                 stats.sync_micros = self.sync_micros;
                 stats.async_micros = clock.elapsed().as_micros() as u64;
                 let manifest = Manifest {
@@ -190,7 +400,7 @@ impl PendingCheckpoint {
                 match self.commit(manifest) {
                     Ok(m) => {
                         self.engine.trim_memory();
-                        Ok(m)
+                        Ok((m, reports))
                     }
                     Err(e) => {
                         self.fail(&e);
@@ -221,10 +431,11 @@ impl PendingCheckpoint {
 
     /// Store every backend's files and file list; with `crash_after`, publish at most that
     /// many objects (the test hook).
+    #[allow(clippy::type_complexity)]
     fn upload(
         &mut self,
         crash_after: Option<usize>,
-    ) -> Result<(Vec<BackendSnapshot>, CheckpointStats)> {
+    ) -> Result<(Vec<BackendSnapshot>, CheckpointStats, Vec<ImportReport>)> {
         let mut stats = self.stats.clone();
         let store = self.engine.inner.store.as_ref();
         let crash;
@@ -235,10 +446,27 @@ impl PendingCheckpoint {
             }
             None => store,
         };
-        let mut ingest = Ingest::new(&self.engine, store, &mut self.pins, &mut stats);
         let mut snapshots = Vec::new();
-        for part in &self.parts {
+        let mut reports = Vec::new();
+        let hosted = self.parts.len() - self.scanned.len();
+        let mut ingest = Ingest::new(&self.engine, store, &mut self.pins, &mut stats);
+        for (index, part) in self.parts.iter().enumerate() {
+            let before = ingest.uploaded();
             let entries = ingest.backend(part)?;
+            if let Some(scanned) = index.checked_sub(hosted).map(|i| &self.scanned[i]) {
+                // Read (or re-referenced) as listed: a file written meanwhile fails it.
+                for file in scanned {
+                    file.check_unchanged()?;
+                }
+                reports.push(ImportReport {
+                    backend: part.name.clone(),
+                    files: scanned.len() as u64,
+                    bytes: scanned.iter().map(|f| f.size).sum(),
+                    files_read: part.files.len() as u64,
+                    bytes_read: part.files.iter().map(|f| f.size).sum(),
+                    bytes_stored: ingest.uploaded() - before,
+                });
+            }
             let list = ingest.list(part, entries)?;
             snapshots.push(BackendSnapshot {
                 name: part.name.clone(),
@@ -248,12 +476,21 @@ impl PendingCheckpoint {
             });
         }
         self.list_bytes += ingest.list_bytes();
+        for carried in &self.carried {
+            for file in carried.files.iter() {
+                stats.files_total += 1;
+                stats.files_reused += 1;
+                stats.bytes_total += file.size;
+            }
+            snapshots.push(carried.clone());
+        }
+        snapshots.sort_by(|a, b| a.name.cmp(&b.name));
         stats.backends_materialized += self
             .parts
             .iter()
             .filter(|p| p.materializes.is_some())
             .count() as u64;
-        Ok((snapshots, stats))
+        Ok((snapshots, stats, reports))
     }
 
     fn commit(&mut self, manifest: Manifest) -> Result<Arc<Manifest>> {
@@ -304,9 +541,16 @@ impl PendingCheckpoint {
         crate::failpoint!("checkpoint::after-register");
         engine.release_pins(&mut st, self.pins.drain(..));
         st.in_flight.remove(&id);
+        if st.importing == Some(id) {
+            st.importing = None;
+        }
         inner.slot_freed.notify_all();
         let mut prune = Vec::new();
-        for (part, snapshot) in self.parts.iter().zip(&manifest.backends) {
+        for (part, snapshot) in self
+            .parts
+            .iter()
+            .filter_map(|p| manifest.backend(&p.name).map(|s| (p, s)))
+        {
             if let Some(below) =
                 Engine::note_materialization(&mut st, id, self.started, part, snapshot)
             {
@@ -375,6 +619,9 @@ impl PendingCheckpoint {
         }
         engine.release_pins(&mut st, self.pins.drain(..));
         st.in_flight.remove(&self.id);
+        if st.importing == Some(self.id) {
+            st.importing = None;
+        }
         if engine.inner.catalog.commits_in_meta() {
             // Its reservation ends: void from the next write of the metadata on.
             st.meta.make_void(self.id);

@@ -31,6 +31,9 @@ pub(super) struct PendingBackend {
     pub kept: Vec<Arc<FileEntry>>,
     pub materializes: Option<u64>,
     pub base: Option<Base>,
+    /// An import: files are re-referenced by their source (matched before, in `kept`),
+    /// never by name alone (another directory's `000012.sst` is another file).
+    pub by_source_only: bool,
 }
 
 impl PendingBackend {
@@ -48,13 +51,17 @@ impl PendingBackend {
             kept: Vec::new(),
             materializes: None,
             base,
+            by_source_only: false,
         }
     }
 
     /// The entry for a file, shared with the base's when it is the same (memory follows
     /// what changed, not the number of checkpoints).
-    fn entry(&self, name: &str, object: ObjectId, size: u64) -> Arc<FileEntry> {
-        self.entry_stored_as(FileEntry::whole(name, object, size))
+    fn entry(&self, file: &StagedFile, object: ObjectId, size: u64) -> Arc<FileEntry> {
+        self.entry_stored_as(FileEntry {
+            source: file.source.clone(),
+            ..FileEntry::whole(&file.name, object, size)
+        })
     }
 
     /// `entry`, or the base's equal one (same content, stored the same way).
@@ -72,7 +79,7 @@ impl PendingBackend {
     fn known(&self, file: &StagedFile) -> Option<&Arc<FileEntry>> {
         self.base
             .as_ref()
-            .filter(|_| is_shared_file(&file.name))
+            .filter(|_| is_shared_file(&file.name) && !self.by_source_only)
             .and_then(|b| b.by_name.get(&file.name))
             .filter(|known| known.size == file.size && known.chunks.is_none())
     }
@@ -134,6 +141,11 @@ impl<'a> Ingest<'a> {
     /// Bytes of file lists this ingest uploaded.
     pub(super) fn list_bytes(&self) -> u64 {
         self.list_bytes
+    }
+
+    /// Bytes this ingest uploaded so far (files, chunks and lists).
+    pub(super) fn uploaded(&self) -> u64 {
+        self.stats.bytes_uploaded
     }
 
     /// Re-reference `id` if the store holds it alive: checked and pinned under one lock.
@@ -229,6 +241,7 @@ impl<'a> Ingest<'a> {
         let mut prefixes = HashMap::new();
         let mut ahead = AheadSet::start(self.engine, self.store, part);
         for file in part.files.iter() {
+            crate::failpoint!("ingest::before-file");
             self.stats.files_total += 1;
             self.stats.bytes_total += file.size;
             if wal_number(&file.name).is_some() {
@@ -293,7 +306,7 @@ impl<'a> Ingest<'a> {
                     if shared {
                         self.stats.bytes_new_sst += size;
                     }
-                    return Ok(part.entry(&file.name, id, size));
+                    return Ok(part.entry(file, id, size));
                 }
                 (self.store.stage(&file.path)?, Some((id, size)))
             }
@@ -311,7 +324,7 @@ impl<'a> Ingest<'a> {
         }
         let mut st = self.engine.state();
         self.publish(&mut st, staged, Piece::File)?;
-        Ok(part.entry(&file.name, id, size))
+        Ok(part.entry(file, id, size))
     }
 
     /// Store an append-only file as chunks of `chunk_size`: the chunks the store holds
@@ -412,6 +425,7 @@ impl<'a> Ingest<'a> {
                 size: chunk_size,
                 ids,
             }),
+            source: file.source.clone(),
         });
         Ok((entry, boundary))
     }

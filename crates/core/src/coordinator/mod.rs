@@ -33,7 +33,7 @@ use crate::store::s3::S3Options;
 use crate::store::{Location, ObjectId, ObjectStore, DEFAULT_ORPHAN_GRACE};
 
 pub use crate::repo::ensure_store_dir;
-pub use checkpoint::PendingCheckpoint;
+pub use checkpoint::{ImportReport, PendingCheckpoint};
 pub use materialize::MaterializePolicy;
 pub use restore::materialize;
 
@@ -62,6 +62,9 @@ pub struct EngineConfig {
     /// Object storage: how long to wait for a lease another daemon holds (it may have died,
     /// or be stopping) before giving up; zero fails at once.
     pub lease_wait: std::time::Duration,
+    /// Open the backends the store hosts (a daemon). False: host none, and carry every
+    /// backend over unchanged into each checkpoint (`ckptfs import` on a store).
+    pub host_backends: bool,
 }
 
 impl EngineConfig {
@@ -79,6 +82,7 @@ impl EngineConfig {
             orphan_grace: DEFAULT_ORPHAN_GRACE,
             lease_ttl: crate::lease::DEFAULT_TTL,
             lease_wait: std::time::Duration::ZERO,
+            host_backends: true,
         }
     }
 }
@@ -122,6 +126,10 @@ struct State {
     /// Per backend (and its lineage): how far each of its WAL files was cut into chunks by
     /// the newest checkpoint that stored it.
     wal_prefixes: HashMap<BackendName, (String, HashMap<String, Arc<ingest::ChunkedPrefix>>)>,
+    /// The checkpoint in flight that imports backends: while it is, no other checkpoint
+    /// begins (each carries every backend it does not stage over from the newest committed
+    /// checkpoint, which must not miss an import committing meanwhile).
+    importing: Option<u64>,
 }
 
 impl State {
@@ -149,6 +157,7 @@ impl State {
             preparing: BTreeSet::new(),
             prepared: HashMap::new(),
             wal_prefixes: HashMap::new(),
+            importing: None,
         }
     }
 
@@ -205,6 +214,8 @@ pub struct Engine {
 #[derive(Debug, Clone)]
 pub struct Status {
     pub backends: Vec<BackendName>,
+    /// Imported backends (`ckptfs import`).
+    pub external: Vec<BackendName>,
     pub checkpoints: Vec<Arc<Manifest>>,
     pub in_flight: Vec<u64>,
     pub retain: u32,
@@ -256,16 +267,31 @@ impl Engine {
         self.inner.backends.keys().cloned().collect()
     }
 
+    /// Backends whose state is imported (`ckptfs import`), never hosted.
+    pub fn external_names(&self) -> Vec<BackendName> {
+        self.state().meta.external.clone()
+    }
+
+    /// The error for a write, flush or compaction aimed at an imported backend.
+    fn refuse_external(name: &BackendName) -> Error {
+        Error::Invalid(format!(
+            "backend {name} is external: its state is imported from its own application's \
+             RocksDB checkpoints (`ckptfs import`), so put, del, flush and compact are \
+             refused; write to that application's database and import again"
+        ))
+    }
+
     fn with_backend<T>(
         &self,
         name: &BackendName,
         f: impl FnOnce(&Backend) -> Result<T>,
     ) -> Result<T> {
-        let slot = self
-            .inner
-            .backends
-            .get(name)
-            .ok_or_else(|| Error::NoSuchBackend(name.to_string()))?;
+        let Some(slot) = self.inner.backends.get(name) else {
+            if self.state().meta.external.contains(name) {
+                return Err(Self::refuse_external(name));
+            }
+            return Err(Error::NoSuchBackend(name.to_string()));
+        };
         let guard = slot.read().unwrap_or_else(|p| p.into_inner());
         let backend = guard
             .as_ref()
@@ -528,6 +554,7 @@ impl Engine {
         let st = self.state();
         Status {
             backends: self.backend_names(),
+            external: st.meta.external.clone(),
             checkpoints: st.manifests.values().cloned().collect(),
             in_flight: st.in_flight.iter().copied().collect(),
             retain: st.meta.retain,

@@ -86,13 +86,23 @@ impl Engine {
         if let Some(retain) = config.retain {
             meta.retain = validate_retain(retain)?;
         }
-        for name in &config.backends {
-            if !meta.backends.contains(name) {
-                meta.backends.push(name.clone());
-            }
+        if let Some(name) = config.backends.iter().find(|n| meta.external.contains(n)) {
+            return Err(Error::Invalid(format!(
+                "backend {name} is external in {root}: its state is imported (`ckptfs \
+                 import`), and a daemon cannot host it; choose another name"
+            )));
         }
-        if meta.backends.is_empty() {
-            meta.backends.push(BackendName::new("default", 0)?);
+        if config.host_backends {
+            for name in &config.backends {
+                if !meta.backends.contains(name) {
+                    meta.backends.push(name.clone());
+                }
+            }
+            // A new store hosts one backend unless told otherwise (a store of imports
+            // needs none).
+            if meta.backends.is_empty() && meta.external.is_empty() {
+                meta.backends.push(BackendName::new("default", 0)?);
+            }
         }
         meta.backends.sort();
         meta.backends.dedup();
@@ -240,8 +250,13 @@ impl Engine {
         // Backends that start from a checkpoint: every snapshot is copied, verified and
         // opened once before any live database is replaced, so a bad object or option fails
         // the start with all local state as it was.
+        let hosted: &[BackendName] = if config.host_backends {
+            &meta.backends
+        } else {
+            &[]
+        };
         let mut sources = BTreeMap::new();
-        for name in &meta.backends {
+        for name in hosted {
             let dir = backend_dir(&state_dir, name);
             let has_local = Backend::db_dir(&dir).join("CURRENT").exists();
             // A backend without local state starts from its newest checkpoint: never
@@ -285,7 +300,7 @@ impl Engine {
         let mut backends = BTreeMap::new();
         let mut lineages = HashMap::new();
         let mut bases = HashMap::new();
-        for name in &meta.backends {
+        for name in hosted {
             let dir = backend_dir(&state_dir, name);
             let backend = match sources.get(name) {
                 Some((checkpoint, snapshot)) => {
@@ -400,17 +415,20 @@ impl Engine {
 /// Store metadata rebuilt from the manifests when `ckptfs.json` is lost: every backend they
 /// hold, ids past the newest, and a retention that keeps every one of them.
 fn rebuild_meta(manifests: &BTreeMap<u64, Manifest>) -> StoreMeta {
-    let mut backends: Vec<BackendName> = manifests
-        .values()
-        .flat_map(|m| m.backends.iter().map(|b| b.name.clone()))
-        .collect();
-    backends.sort();
-    backends.dedup();
+    // Each backend as its newest snapshot has it: imported files record their source.
+    let mut newest: BTreeMap<&BackendName, &BackendSnapshot> = BTreeMap::new();
+    for snapshot in manifests.values().flat_map(|m| &m.backends) {
+        newest.insert(&snapshot.name, snapshot);
+    }
+    let (external, backends): (Vec<_>, Vec<_>) = newest
+        .into_iter()
+        .partition(|(_, snapshot)| snapshot.is_imported());
     let defaults = StoreMeta::default();
     StoreMeta {
         next_checkpoint: manifests.keys().next_back().map_or(1, |n| n + 1),
         retain: defaults.retain.max(manifests.len() as u32),
-        backends,
+        backends: backends.into_iter().map(|(n, _)| n.clone()).collect(),
+        external: external.into_iter().map(|(n, _)| n.clone()).collect(),
         ..defaults
     }
 }

@@ -35,13 +35,15 @@ impl Engine {
             }
             manifest
         };
+        let external = self.external_names();
         let result = (|| -> Result<()> {
             let hosted: Vec<&BackendSnapshot> = manifest
                 .backends
                 .iter()
                 .filter(|s| {
                     let hosted = self.inner.backends.contains_key(&s.name);
-                    if !hosted {
+                    // Imported backends are the applications' own to restore.
+                    if !hosted && !external.contains(&s.name) {
                         log::warn!(
                             "checkpoint {id} holds backend {} which is not hosted",
                             s.name
