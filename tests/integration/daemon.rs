@@ -91,17 +91,7 @@ fn rocksdb_options_reach_the_backends_and_bad_ones_change_nothing() {
     m.put("A/0", "k", "v");
     let id = m.checkpoint();
     let dir = m.mnt.join(format!("cp-{id}/A/0"));
-    let options = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| {
-            p.file_name()
-                .unwrap()
-                .to_str()
-                .unwrap()
-                .starts_with("OPTIONS-")
-        })
-        .unwrap();
+    let options = crate::common::file_starting_with(&dir, "OPTIONS-");
     let text = std::fs::read_to_string(options).unwrap();
     assert!(
         text.contains("target_file_size_base=8388608"),

@@ -364,17 +364,7 @@ fn a_file_changed_during_an_import_fails_it() {
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(700));
-    let options = std::fs::read_dir(&cp2)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| {
-            p.file_name()
-                .unwrap()
-                .to_str()
-                .unwrap()
-                .starts_with("OPTIONS-")
-        })
-        .unwrap();
+    let options = crate::common::file_starting_with(&cp2, "OPTIONS-");
     let mut text = std::fs::read(&options).unwrap();
     text.extend_from_slice(b"\n# changed\n");
     std::fs::write(&options, text).unwrap();

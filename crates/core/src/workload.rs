@@ -86,21 +86,24 @@ pub fn step(engine: &Engine, keys: u32, value_size: usize) -> Result<u64> {
         .unwrap_or(0))
 }
 
+/// The round after the one `__round` holds (0 for a new database).
+fn next_round(stored: Option<Vec<u8>>) -> Result<u64> {
+    match stored {
+        None => Ok(0),
+        Some(v) => std::str::from_utf8(&v)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .map(|r| r + 1)
+            .ok_or_else(|| Error::Corrupt("__round is not a number".into())),
+    }
+}
+
 /// Apply the next round to every backend; returns the round each backend is now at (they
 /// differ when a crash came between two backends' batches).
 pub fn step_each(engine: &Engine, keys: u32, value_size: usize) -> Result<Vec<(BackendName, u64)>> {
     let mut applied = Vec::new();
     for name in engine.backend_names() {
-        let round = match engine.get(&name, ROUND_KEY)? {
-            None => 0,
-            Some(v) => {
-                std::str::from_utf8(&v)
-                    .ok()
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .ok_or_else(|| Error::Corrupt("__round is not a number".into()))?
-                    + 1
-            }
-        };
+        let round = next_round(engine.get(&name, ROUND_KEY)?)?;
         engine.write(&name, &round_ops(&name, round, keys, value_size))?;
         applied.push((name, round));
     }
@@ -135,16 +138,7 @@ impl AppDb {
 
     /// Apply the next round as one batch; returns it.
     pub fn step(&self, keys: u32, value_size: usize) -> Result<u64> {
-        let round = match self.db.get(ROUND_KEY)? {
-            None => 0,
-            Some(v) => {
-                std::str::from_utf8(&v)
-                    .ok()
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .ok_or_else(|| Error::Corrupt("__round is not a number".into()))?
-                    + 1
-            }
-        };
+        let round = next_round(self.db.get(ROUND_KEY)?)?;
         let mut batch = rocksdb::WriteBatch::default();
         for op in round_ops(&self.name, round, keys, value_size) {
             match op {

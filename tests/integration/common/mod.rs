@@ -165,6 +165,15 @@ fn lossy(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// The path of the file in `dir` whose name starts with `prefix` (e.g. `OPTIONS-`).
+pub fn file_starting_with(dir: &Path, prefix: &str) -> PathBuf {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix}* in {}", dir.display()))
+}
+
 /// Keys and values of a RocksDB directory as read by Debian's ldb (RocksDB 7.8), in hex.
 pub fn read_with_ldb(db: &Path) -> Vec<(String, String)> {
     let out = Command::new("ldb")

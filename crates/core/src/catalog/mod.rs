@@ -1239,6 +1239,20 @@ mod tests {
         }
     }
 
+    /// A catalog on [`LossyRecords`] in `dir`, and the records (to make them fail).
+    fn lossy_catalog(dir: &Path) -> (Arc<LossyRecords>, Catalog) {
+        let records = Arc::new(LossyRecords {
+            inner: LocalRecords::new(dir),
+            lose_next_answer: false.into(),
+            fail_reads: false.into(),
+            fail_writes: false.into(),
+        });
+        let objects = Arc::new(LocalStore::open(dir).unwrap());
+        let catalog = Catalog::new(records.clone(), objects);
+        catalog.create_dir().unwrap();
+        (records, catalog)
+    }
+
     /// A write of the metadata that landed but whose answer was lost (and could not be read
     /// back at once) is found to be this writer's at the next write, which then succeeds:
     /// it never looks like another writer's takeover.
@@ -1246,15 +1260,7 @@ mod tests {
     fn a_metadata_write_whose_answer_was_lost_is_adopted() {
         use std::sync::atomic::Ordering::SeqCst;
         let dir = tempfile::tempdir().unwrap();
-        let records = Arc::new(LossyRecords {
-            inner: LocalRecords::new(dir.path()),
-            lose_next_answer: false.into(),
-            fail_reads: false.into(),
-            fail_writes: false.into(),
-        });
-        let objects = Arc::new(LocalStore::open(dir.path()).unwrap());
-        let catalog = Catalog::new(records.clone(), objects);
-        catalog.create_dir().unwrap();
+        let (records, catalog) = lossy_catalog(dir.path());
         let mut meta = StoreMeta::default();
         catalog.save_meta(&meta).unwrap();
         meta.next_checkpoint = 2;
@@ -1283,15 +1289,7 @@ mod tests {
     fn an_unconfirmed_write_seen_by_a_later_failed_write_is_adopted() {
         use std::sync::atomic::Ordering::SeqCst;
         let dir = tempfile::tempdir().unwrap();
-        let records = Arc::new(LossyRecords {
-            inner: LocalRecords::new(dir.path()),
-            lose_next_answer: false.into(),
-            fail_reads: false.into(),
-            fail_writes: false.into(),
-        });
-        let objects = Arc::new(LocalStore::open(dir.path()).unwrap());
-        let catalog = Catalog::new(records.clone(), objects);
-        catalog.create_dir().unwrap();
+        let (records, catalog) = lossy_catalog(dir.path());
         let mut meta = StoreMeta::default();
         catalog.save_meta(&meta).unwrap();
         for (step, next) in [2u64, 3].into_iter().enumerate() {

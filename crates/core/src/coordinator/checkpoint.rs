@@ -172,30 +172,21 @@ impl Engine {
         }
         // Imports and carried backends: what they reuse is pinned now, under the lock
         // (nothing the newest checkpoint holds can be deleted before).
-        let (carried, imported) = {
+        let (carried, pinned, imported) = {
             let mut st = self.state();
             let carried = self.carry_over(&st, &imports);
-            let carried = carried.and_then(|carried| {
-                for snapshot in &carried {
-                    pin_snapshot(&mut st, snapshot, &mut pins)?;
-                }
-                Ok(carried)
-            });
+            let pinned = carried
+                .iter()
+                .try_for_each(|snapshot| pin_snapshot(&mut st, snapshot, &mut pins));
             let imported: Vec<(PendingBackend, Vec<ScannedFile>)> = imports
                 .into_iter()
                 .map(|import| import_part(&mut st, id, import, &mut pins))
                 .collect();
-            (carried, imported)
+            (carried, pinned, imported)
         };
-        let carried = match carried {
-            Ok(carried) => carried,
-            Err(e) => {
-                if sync.is_ok() {
-                    sync = Err(e);
-                }
-                Vec::new()
-            }
-        };
+        if let (Err(e), true) = (pinned, sync.is_ok()) {
+            sync = Err(e);
+        }
         let mut scanned = Vec::new();
         for (part, files) in imported {
             parts.push(part);
@@ -245,7 +236,7 @@ pub struct ImportReport {
 impl Engine {
     /// The newest snapshot of every backend of the store that this checkpoint neither
     /// hosts nor imports.
-    fn carry_over(&self, st: &State, imports: &[Scanned]) -> Result<Vec<BackendSnapshot>> {
+    fn carry_over(&self, st: &State, imports: &[Scanned]) -> Vec<BackendSnapshot> {
         let mut carried: std::collections::BTreeMap<&BackendName, &BackendSnapshot> =
             Default::default();
         for snapshot in st.manifests.values().flat_map(|m| &m.backends) {
@@ -256,7 +247,7 @@ impl Engine {
                 carried.insert(name, snapshot);
             }
         }
-        Ok(carried.into_values().cloned().collect())
+        carried.into_values().cloned().collect()
     }
 }
 
