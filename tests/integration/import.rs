@@ -224,6 +224,18 @@ fn imports_through_the_control_file_join_hosted_backends_and_are_carried_over() 
     let status = m.status();
     assert_eq!(status["backends"], serde_json::json!(["A/0"]));
     assert_eq!(status["external"], serde_json::json!(["app/0"]));
+    let metrics = std::fs::read_to_string(m.mnt.join(".ckptfs/metrics")).unwrap();
+    for line in [
+        "ckptfs_imports_completed_total 1",
+        "ckptfs_imports_failed_total 0",
+        "ckptfs_external_backends 1",
+        &format!(
+            "ckptfs_import_read_bytes_total {}",
+            done["imports"][0]["bytes_read"]
+        ),
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in {metrics}");
+    }
 
     // Writes, flushes and compactions of an imported backend are refused.
     let out = ckptfs(&["put", m.mnt(), "app/0", "k", "v"]);

@@ -27,8 +27,7 @@ pub fn render(engine: &Engine) -> String {
     register_checkpoints(&mut registry, engine.counters(), &status);
     register_store(&mut registry, &status);
     register_compaction(&mut registry, &status);
-    // Imports (to come) register here, from their counters in `Counters`, like
-    // `register_checkpoints`: `ckptfs_imports_completed_total`, `..._failed_total`, ...
+    register_imports(&mut registry, engine.counters(), &status);
     register_errors(&mut registry, engine.counters());
     let mut text = String::new();
     // Writing into a String cannot fail; an encoder error would leave the text cut short,
@@ -99,6 +98,37 @@ fn register_checkpoints(registry: &mut Registry, counters: &Counters, status: &S
         "When the newest retained checkpoint completed, unix time (0: none)",
         Unit::Seconds,
         ConstGauge::new(latest as f64 / 1000.0),
+    );
+}
+
+fn register_imports(registry: &mut Registry, counters: &Counters, status: &Status) {
+    registry.register(
+        "imports_completed",
+        "Directories imported (`ckptfs import`, one per backend) by committed checkpoints \
+         since the daemon started",
+        counters.imports_completed.clone(),
+    );
+    registry.register(
+        "imports_failed",
+        "Directories of import checkpoints that got an id and did not commit, since the \
+         daemon started",
+        counters.imports_failed.clone(),
+    );
+    registry.register_with_unit(
+        "import_read",
+        "Bytes the committed imports read from their directories",
+        Unit::Bytes,
+        counters.import_read_bytes.clone(),
+    );
+    registry.register(
+        "import_unread_files",
+        "Files the committed imports re-referenced by their source without reading them",
+        counters.import_unread_files.clone(),
+    );
+    registry.register(
+        "external_backends",
+        "Backends whose state is imported, not hosted",
+        ConstGauge::new(status.external.len() as i64),
     );
 }
 

@@ -390,6 +390,7 @@ impl PendingCheckpoint {
                 };
                 match self.commit(manifest) {
                     Ok(m) => {
+                        self.engine.inner.counters.imports_completed(&reports);
                         self.engine.trim_memory();
                         Ok((m, reports))
                     }
@@ -620,6 +621,11 @@ impl PendingCheckpoint {
         engine.inner.slot_freed.notify_all();
         // Not committed, whatever the reason (an error, an abort, a drop).
         engine.inner.counters.checkpoint_failed();
+        engine
+            .inner
+            .counters
+            .imports_failed
+            .inc_by(self.scanned.len() as u64);
         if let Some(e) = error {
             log::warn!("checkpoint {} failed: {e}", self.id);
             engine.note_error(&mut st, format!("checkpoint {} failed: {e}", self.id));

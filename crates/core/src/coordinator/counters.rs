@@ -58,8 +58,15 @@ pub struct Counters {
     pub errors: Counter,
     /// When the last of them was recorded, unix ms; 0 if none since start.
     last_error_unix_ms: AtomicU64,
-    // Imports (to come) keep their counters here too, bumped where an import commits or
-    // fails, and exposed next to the checkpoint ones in `crate::metrics`.
+    /// Directories imported (`ckptfs import`, one per backend) by committed checkpoints.
+    pub imports_completed: Counter,
+    /// Directories of import checkpoints that got an id and did not commit.
+    pub imports_failed: Counter,
+    /// Bytes the committed imports read from their directories (files not re-referenced
+    /// by their source).
+    pub import_read_bytes: Counter,
+    /// Files the committed imports re-referenced by their source, without reading them.
+    pub import_unread_files: Counter,
 }
 
 impl Counters {
@@ -73,6 +80,10 @@ impl Counters {
             checkpoint_seconds: Family::new_with_constructor(|| Histogram::new(DURATION_BUCKETS)),
             errors: Counter::default(),
             last_error_unix_ms: AtomicU64::new(0),
+            imports_completed: Counter::default(),
+            imports_failed: Counter::default(),
+            import_read_bytes: Counter::default(),
+            import_unread_files: Counter::default(),
         };
         for phase in [SYNC, ASYNC] {
             drop(counters.checkpoint_seconds.get_or_create(&phase));
@@ -105,6 +116,16 @@ impl Counters {
     /// A checkpoint that got an id ended without a commit.
     pub fn checkpoint_failed(&self) {
         self.checkpoints_failed.inc();
+    }
+
+    /// A committed checkpoint imported these directories.
+    pub fn imports_completed(&self, reports: &[super::ImportReport]) {
+        for report in reports {
+            self.imports_completed.inc();
+            self.import_read_bytes.inc_by(report.bytes_read);
+            self.import_unread_files
+                .inc_by(report.files.saturating_sub(report.files_read));
+        }
     }
 
     /// An error was recorded for `status`.
