@@ -61,10 +61,11 @@ pub(crate) enum Command {
     /// Each DIR (a directory made by RocksDB's Checkpoint API, e.g. `ldb checkpoint`, or a
     /// closed database) becomes the state of BACKEND, an external backend: never hosted,
     /// carried over unchanged by later checkpoints until imported again. Every other
-    /// backend of the store is carried over too. Files whose device, inode, size and mtime
+    /// backend of the store is carried over too. SSTs whose device, inode, size and mtime
     /// are those of the backend's previous import are not read again. TARGET is a
-    /// mountpoint (its daemon imports) or a store that no daemon holds: a directory,
-    /// created if missing, or s3://BUCKET/PREFIX, which needs --state DIR.
+    /// mountpoint (its daemon imports) or a store that no daemon holds: a store directory,
+    /// a path that does not exist yet (a new store), or s3://BUCKET/PREFIX, which needs
+    /// --state DIR.
     Import {
         /// A mountpoint, or a store written directly.
         target: PathBuf,

@@ -777,7 +777,19 @@ fn import_into_store(
         .iter()
         .map(|(backend, dir)| ckptfs_core::import::scan(backend, dir))
         .collect::<Result<Vec<_>, Error>>()?;
-    let mut config = ckptfs_core::EngineConfig::new(Location::parse(text)?);
+    let location = Location::parse(text)?;
+    if let Location::Local(dir) = &location {
+        // An unmounted mountpoint is an existing directory that is no store: never turn it
+        // into one by mistake.
+        if dir.exists() && ckptfs_core::repo::check_is_store(dir).is_err() {
+            return Err(Error::NotFound(format!(
+                "{} is neither a ckptfs mount (not mounted?) nor a ckptfs store; to create a \
+                 new store, give a path that does not exist yet",
+                dir.display()
+            )));
+        }
+    }
+    let mut config = ckptfs_core::EngineConfig::new(location);
     config.state = state;
     config.host_backends = false;
     let engine = ckptfs_core::Engine::open(config)?;

@@ -154,6 +154,15 @@ pub fn parse_write(data: &[u8]) -> Result<Vec<Command>> {
     Ok(commands)
 }
 
+/// What `import` lines staged on one control handle for its next `checkpoint`.
+#[derive(Debug, Default)]
+pub struct StagedImports {
+    pub dirs: Vec<ImportDir>,
+    /// An `import` line was refused: the next `checkpoint` is refused too (and the staged
+    /// set dropped), so that a script never gets a checkpoint without what it staged.
+    pub refused: Option<String>,
+}
+
 /// Runs control commands against an engine. Checkpoint uploads run on their own threads,
 /// never on the caller's (a FUSE thread): answers are delivered through a callback.
 pub struct Controller {
@@ -329,7 +338,7 @@ impl Controller {
         self: &std::sync::Arc<Self>,
         commands: Vec<Command>,
         answer: AnswerSink,
-        imports: &std::sync::Mutex<Vec<ImportDir>>,
+        imports: &std::sync::Mutex<StagedImports>,
     ) {
         let mut i = 0;
         while i < commands.len() {
@@ -347,7 +356,19 @@ impl Controller {
                 Command::Put { .. } | Command::Del { .. } => unreachable!("data runs above"),
                 Command::Checkpoint => {
                     let staged = std::mem::take(&mut *ckptfs_core::fsutil::lock(imports));
-                    self.start_checkpoint(i, answer.clone(), staged)
+                    match staged.refused {
+                        // The checkpoint would lack what the script meant it to hold.
+                        Some(why) => {
+                            let e = Error::Invalid(format!(
+                                "an import line before this checkpoint was refused ({why}): \
+                                 nothing was checkpointed, and the imports staged on this \
+                                 handle are dropped; stage them again"
+                            ));
+                            self.engine.record_error(e.to_string());
+                            answer(i, error_json(&e));
+                        }
+                        None => self.start_checkpoint(i, answer.clone(), staged.dirs, imports),
+                    }
                 }
                 Command::Import(import) => {
                     // Checked now (a bad directory is refused at its line), listed again
@@ -356,8 +377,8 @@ impl Controller {
                     {
                         Ok(scanned) => {
                             let mut staged = ckptfs_core::fsutil::lock(imports);
-                            staged.retain(|s| s.backend != import.backend);
-                            staged.push(import.clone());
+                            staged.dirs.retain(|s| s.backend != import.backend);
+                            staged.dirs.push(import.clone());
                             let mut m = serde_json::Map::new();
                             m.insert("staged".into(), import.backend.to_string().into());
                             m.insert("files".into(), scanned.files.len().into());
@@ -366,6 +387,9 @@ impl Controller {
                         }
                         Err(e) => {
                             self.engine.record_error(e.to_string());
+                            ckptfs_core::fsutil::lock(imports)
+                                .refused
+                                .get_or_insert_with(|| e.to_string());
                             error_json(&e)
                         }
                     };
@@ -448,9 +472,10 @@ impl Controller {
         self: &std::sync::Arc<Self>,
         index: usize,
         answer: AnswerSink,
-        imports: Vec<ImportDir>,
+        dirs: Vec<ImportDir>,
+        staging: &std::sync::Mutex<StagedImports>,
     ) {
-        let began = imports
+        let began = dirs
             .iter()
             .map(|i| ckptfs_core::import::scan(&i.backend, &i.dir))
             .collect::<Result<Vec<_>>>()
@@ -458,6 +483,12 @@ impl Controller {
         let pending = match began {
             Ok(p) => p,
             Err(e) => {
+                // Still staged: a checkpoint line that retries (after EBUSY) imports them.
+                let mut staged = ckptfs_core::fsutil::lock(staging);
+                if staged.dirs.is_empty() {
+                    staged.dirs = dirs;
+                }
+                drop(staged);
                 if !matches!(e, Error::Busy(_)) {
                     self.engine.record_error(e.to_string());
                 }

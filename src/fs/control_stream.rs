@@ -17,7 +17,7 @@ pub(super) struct ControlStream {
     /// Opened write-only: answers are not kept.
     pub(super) discard_answers: bool,
     /// Directories staged by `import` lines for this handle's next `checkpoint`.
-    pub(super) imports: Mutex<Vec<ckptfs_core::import::ImportDir>>,
+    pub(super) imports: Mutex<control::StagedImports>,
 }
 
 /// A reader parked until the next answer is ready.

@@ -280,9 +280,31 @@ fn imports_through_the_control_file_join_hosted_backends_and_are_carried_over() 
         .success());
     assert_eq!(read_with_ldb(&out).len(), 600);
 
+    // A refused import line fails the checkpoint after it: nothing half-imported.
+    ctl.send("import app/0 /nonexistent/dir\ncheckpoint\n")
+        .unwrap();
+    assert_eq!(ctl.answer()["errno"], libc::ENOENT);
+    let after_refusal = ctl.answer();
+    assert!(
+        after_refusal["error"]
+            .as_str()
+            .unwrap()
+            .contains("import line before this checkpoint was refused"),
+        "{after_refusal}"
+    );
+    let e = refused(
+        &m.mnt,
+        &[("other/0", &cp2), ("app/0", &m.root.join("nonexistent"))],
+    );
+    assert!(e.contains("nonexistent"), "{e}");
+    assert_eq!(checkpoint_count(&m.mnt), 3);
+
     // After a restart the backend is still external and still carried over.
     drop(ctl);
     m.umount();
+    // Offline, a hosted backend's name is refused too.
+    let hosted = refused(&m.store, &[("A/0", &cp)]);
+    assert!(hosted.contains("is hosted"), "{hosted}");
     m.mount(&[]);
     assert_eq!(m.status()["external"], serde_json::json!(["app/0"]));
     let after = m.checkpoint();
@@ -350,6 +372,23 @@ fn directories_that_are_no_rocksdb_checkpoint_are_refused_and_nothing_changes() 
         "a bad BACKEND=DIR is a usage error"
     );
 
+    // An unmounted mountpoint (an existing directory that is no store) is not made a store.
+    let unmounted = dir.path().join("mnt");
+    std::fs::create_dir(&unmounted).unwrap();
+    let e = refused(&unmounted, &[("app/0", &good)]);
+    assert!(e.contains("neither a ckptfs mount"), "{e}");
+    assert_eq!(std::fs::read_dir(&unmounted).unwrap().count(), 0);
+    // A roll-back a crash interrupted is the daemon's to finish first.
+    let intent = store.join("state/restore-intent");
+    std::fs::write(&intent, "1\n").unwrap();
+    let e = refused(&store, &[("app/0", &good)]);
+    assert!(
+        e.contains("restore from checkpoint 1 was interrupted"),
+        "{e}"
+    );
+    assert!(intent.exists());
+    std::fs::remove_file(&intent).unwrap();
+
     assert_eq!(files_of(&store.join("checkpoints")), before);
     assert_eq!(checkpoint_count(&store), 1);
 }
@@ -368,7 +407,7 @@ fn a_file_changed_during_an_import_fails_it() {
         .args([
             "import",
             store.to_str().unwrap(),
-            &format!("app/0={}", cp2.display()),
+            &format!("other/0={}", cp2.display()),
         ])
         .env("FAILPOINTS", "ingest::before-file=1*sleep(2000)")
         .stdout(std::process::Stdio::piped())
@@ -385,6 +424,10 @@ fn a_file_changed_during_an_import_fails_it() {
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(e.contains("changed while it was imported"), "{e}");
     assert_eq!(checkpoint_count(&store), 1);
+    // The backend it would have created is not left behind as external.
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(ckptfs(&["status", store.to_str().unwrap(), "--json"]))).unwrap();
+    assert_eq!(status["external"], serde_json::json!(["app/0"]));
 }
 
 /// Two imports of one backend at once: the second is refused as busy while the first runs

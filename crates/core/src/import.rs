@@ -168,8 +168,12 @@ pub fn scan(backend: &BackendName, dir: &Path) -> Result<Scanned> {
         ))
     })?;
     let named = std::fs::read_to_string(&current.path).ctx("read", &current.path)?;
-    let manifest = named.strip_suffix('\n').unwrap_or(&named);
-    if !manifest.starts_with("MANIFEST-") || !files.iter().any(|f| f.name == manifest) {
+    // RocksDB writes the name and a newline, and refuses a CURRENT without it.
+    let manifest = named.strip_suffix('\n').unwrap_or("");
+    if !is_rocksdb_file_name(manifest)
+        || !manifest.starts_with("MANIFEST-")
+        || !files.iter().any(|f| f.name == manifest)
+    {
         let shown: String = manifest.chars().take(80).collect();
         return Err(Error::Invalid(format!(
             "{} is not a complete RocksDB directory: CURRENT names {shown:?}, which is not \
@@ -194,25 +198,23 @@ pub fn scan(backend: &BackendName, dir: &Path) -> Result<Scanned> {
     })
 }
 
-/// True if a process holds a lock on `path` (RocksDB locks its `LOCK` file with `fcntl`).
-/// Asked with an open-file-description lock query, which sees every process's record locks,
-/// this one's included.
+/// True if a process holds a lock on `path` (RocksDB locks its `LOCK` file with `fcntl`),
+/// as `/proc/locks` lists them by device and inode. The file is not opened: closing a
+/// descriptor of it would drop every lock this process holds on it (the daemon's own
+/// databases' among them).
 fn is_locked(path: &Path) -> Result<bool> {
-    use std::os::fd::AsRawFd;
-    let file = std::fs::File::open(path).ctx("open", path)?;
-    // SAFETY: a plain C struct; all-zero is a valid value to fill in.
-    let mut query: libc::flock = unsafe { std::mem::zeroed() };
-    query.l_type = libc::F_WRLCK as libc::c_short;
-    query.l_whence = libc::SEEK_SET as libc::c_short;
-    // SAFETY: F_OFD_GETLK reads and writes only `query`, which lives across the call.
-    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut query) };
-    if rc != 0 {
-        return Err(Error::io(
-            format!("query the lock of {}", path.display()),
-            std::io::Error::last_os_error(),
-        ));
-    }
-    Ok(query.l_type != libc::F_UNLCK as libc::c_short)
+    let meta = std::fs::symlink_metadata(path).ctx("stat", path)?;
+    let dev = meta.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let wanted = format!("{major:02x}:{minor:02x}:{}", meta.ino());
+    let locks = std::fs::read_to_string("/proc/locks").ctx("read", Path::new("/proc/locks"))?;
+    Ok(locks.lines().any(|line| holds(line, &wanted)))
+}
+
+/// Whether a line of `/proc/locks` (`1: POSIX ADVISORY WRITE 4242 08:01:1234 0 EOF`, or
+/// with `->` for a waiter) is a lock on the file `MAJ:MIN:INODE`.
+fn holds(line: &str, wanted: &str) -> bool {
+    !line.contains("->") && line.split_whitespace().any(|field| field == wanted)
 }
 
 #[cfg(test)]
@@ -304,7 +306,27 @@ mod tests {
         refused(dir.path(), "not a file RocksDB writes");
 
         let dir = rocksdb_dir();
+        std::fs::write(dir.path().join("CURRENT"), "MANIFEST-000005").unwrap();
+        refused(dir.path(), "CURRENT names");
+
+        let dir = rocksdb_dir();
         refused(&dir.path().join("CURRENT"), "not a directory");
+    }
+
+    #[test]
+    fn lock_lines_match_by_device_and_inode() {
+        assert!(holds(
+            "1: POSIX  ADVISORY  WRITE 4242 08:01:1234 0 EOF",
+            "08:01:1234"
+        ));
+        assert!(!holds(
+            "1: POSIX  ADVISORY  WRITE 4242 08:01:12345 0 EOF",
+            "08:01:1234"
+        ));
+        assert!(!holds(
+            "1: -> POSIX  ADVISORY  WRITE 4243 08:01:1234 0 EOF",
+            "08:01:1234"
+        ));
     }
 
     #[test]
@@ -316,6 +338,9 @@ mod tests {
         db.put(b"k", b"v").unwrap();
         let e = scan(&backend(), dir.path()).unwrap_err().to_string();
         assert!(e.contains("open in a running RocksDB"), "{e}");
+        // Asking did not drop the lock (closing a descriptor of LOCK would have).
+        scan(&backend(), dir.path()).unwrap_err();
+        assert!(is_locked(&dir.path().join("LOCK")).unwrap());
         drop(db);
         // Closed, it is a RocksDB directory like any other.
         scan(&backend(), dir.path()).unwrap();

@@ -728,15 +728,12 @@ impl Catalog {
                                 return Ok(());
                             }
                             Ok(Some(record)) => {
-                                Self::adopt_if_unconfirmed(&mut state, record);
-                            }
-                            Ok(None) => {}
-                            Err(_) => {
-                                if state.unconfirmed.len() == MAX_UNCONFIRMED {
-                                    state.unconfirmed.remove(0);
+                                if !Self::adopt_if_unconfirmed(&mut state, record) {
+                                    // A write that timed out may still land later.
+                                    Self::remember_unconfirmed(&mut state, bytes);
                                 }
-                                state.unconfirmed.push(bytes);
                             }
+                            Ok(None) | Err(_) => Self::remember_unconfirmed(&mut state, bytes),
                         }
                     }
                     return Err(e);
@@ -755,6 +752,13 @@ impl Catalog {
             Ok(Some(record)) => Self::adopt_if_unconfirmed(state, record),
             _ => false,
         }
+    }
+
+    fn remember_unconfirmed(state: &mut MetaVersion, bytes: Vec<u8>) {
+        if state.unconfirmed.len() == MAX_UNCONFIRMED {
+            state.unconfirmed.remove(0);
+        }
+        state.unconfirmed.push(bytes);
     }
 
     fn adopt_if_unconfirmed(

@@ -61,6 +61,16 @@ impl Engine {
                         "checkpoint {n} imports backends; try again when it completes"
                     )));
                 }
+                if let Some(hosted) = imports
+                    .iter()
+                    .find(|i| st.meta.backends.contains(&i.backend))
+                {
+                    return Err(Error::Invalid(format!(
+                        "backend {} is hosted (a daemon of this store runs its RocksDB): \
+                         import into another name",
+                        hosted.backend
+                    )));
+                }
                 if !imports.is_empty() && !st.in_flight.is_empty() {
                     return Err(Error::Busy(format!(
                         "an import waits for the checkpoints in flight ({}) to complete; \
@@ -83,12 +93,6 @@ impl Engine {
                 let id = st.meta.next_checkpoint;
                 let mut meta = st.meta.clone();
                 meta.next_checkpoint += 1;
-                for import in &imports {
-                    if !meta.external.contains(&import.backend) {
-                        meta.external.push(import.backend.clone());
-                    }
-                }
-                meta.external.sort();
                 if self.inner.catalog.commits_in_meta() {
                     // Reserved, not committed: a manifest of this id counts only once a
                     // later write of the metadata confirms it.
@@ -267,7 +271,7 @@ fn pin_snapshot(
     if let Some(gone) = objects.iter().find(|id| !st.can_share(id)) {
         return Err(Error::Corrupt(format!(
             "backend {} cannot be carried over: object {gone} of its newest checkpoint is \
-             missing; run `ckptfs fsck`",
+             missing; run `ckptfs fsck`, and import the backend again (which stores it anew)",
             snapshot.name
         )));
     }
@@ -301,9 +305,13 @@ fn import_part(
     );
     part.by_source_only = true;
     for file in &import.files {
+        // Only SSTs and blob files are never rewritten: RocksDB copies the small files
+        // (CURRENT, MANIFEST, OPTIONS) into each checkpoint, where a new copy may get a
+        // freed inode and the same mtime tick as the last; those are read every time.
         let known = part
             .base
             .as_ref()
+            .filter(|_| crate::backend::is_shared_file(&file.name))
             .and_then(|b| b.by_name.get(&file.name))
             .filter(|known| {
                 known.source.as_deref() == Some(&file.source) && known.size == file.size
@@ -498,6 +506,7 @@ impl PendingCheckpoint {
                 crate::failpoint!("checkpoint::before-confirm");
                 let mut meta = engine.state().meta.clone();
                 meta.pending.retain(|p| *p != manifest.id);
+                self.note_external(&mut meta);
                 inner.catalog.save_meta(&meta)?;
                 engine.state().meta = meta;
                 Ok(())
@@ -524,6 +533,22 @@ impl PendingCheckpoint {
                 self.keep_objects = true;
             }
             return Err(e);
+        }
+        if !inner.catalog.commits_in_meta() {
+            // A local store commits with the manifest; a backend imported for the first
+            // time is recorded as external now (if this write is lost, the next start
+            // finds it from the manifest: see `open`).
+            let mut meta = engine.state().meta.clone();
+            if self.note_external(&mut meta) {
+                match inner.catalog.save_meta(&meta) {
+                    Ok(()) => engine.state().meta = meta,
+                    Err(e) => log::warn!(
+                        "checkpoint {}: could not record its imported backends as external \
+                         ({e}); the next start does",
+                        manifest.id
+                    ),
+                }
+            }
         }
         let id = manifest.id;
         crate::failpoint!("checkpoint::after-commit");
@@ -585,6 +610,21 @@ impl PendingCheckpoint {
             engine.record_error(format!("retention after checkpoint {id} failed: {e}"));
         }
         Ok(manifest)
+    }
+
+    /// Record this checkpoint's imported backends as external in `meta`; true if any was
+    /// not yet.
+    fn note_external(&self, meta: &mut crate::catalog::StoreMeta) -> bool {
+        let hosted = self.parts.len() - self.scanned.len();
+        let mut added = false;
+        for part in &self.parts[hosted..] {
+            if !meta.external.contains(&part.name) {
+                meta.external.push(part.name.clone());
+                added = true;
+            }
+        }
+        meta.external.sort();
+        added
     }
 
     fn fail(mut self, error: &Error) {

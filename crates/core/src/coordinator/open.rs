@@ -86,6 +86,14 @@ impl Engine {
         if let Some(retain) = config.retain {
             meta.retain = validate_retain(retain)?;
         }
+        // A backend first imported by a checkpoint whose write of the metadata was lost
+        // after its manifest (a local store's commit point) is external all the same.
+        for name in imported_backends(&manifests) {
+            if !meta.backends.contains(&name) && !meta.external.contains(&name) {
+                meta.external.push(name);
+                meta.external.sort();
+            }
+        }
         if let Some(name) = config.backends.iter().find(|n| meta.external.contains(n)) {
             return Err(Error::Invalid(format!(
                 "backend {name} is external in {root}: its state is imported (`ckptfs \
@@ -124,6 +132,23 @@ impl Engine {
             }
         }
         let (state_dir, state_lock) = (opened.state.path, opened.state.lock);
+        if !config.host_backends {
+            // Only a daemon that hosts the backends can finish an interrupted restore;
+            // writing without it would let retention drop the checkpoint it restores.
+            if let Some(n) = read_restore_intent(&state_dir)? {
+                return Err(Error::Busy(format!(
+                    "a restore from checkpoint {n} was interrupted in {}: mount the store \
+                     to finish it first; nothing was changed",
+                    state_dir.display()
+                )));
+            }
+        }
+        if let Some(name) = meta.backends.iter().find(|n| meta.external.contains(n)) {
+            return Err(Error::Corrupt(format!(
+                "backend {name} is both hosted and external in {root}/ckptfs.json; nothing \
+                 was changed"
+            )));
+        }
 
         let leftovers = store.clear_staging()? + catalog.clear_leftovers()?;
         if leftovers > 0 {
@@ -414,21 +439,35 @@ impl Engine {
 
 /// Store metadata rebuilt from the manifests when `ckptfs.json` is lost: every backend they
 /// hold, ids past the newest, and a retention that keeps every one of them.
-fn rebuild_meta(manifests: &BTreeMap<u64, Manifest>) -> StoreMeta {
-    // Each backend as its newest snapshot has it: imported files record their source.
+/// The backends whose newest snapshot was imported.
+fn imported_backends(manifests: &BTreeMap<u64, Manifest>) -> Vec<BackendName> {
     let mut newest: BTreeMap<&BackendName, &BackendSnapshot> = BTreeMap::new();
     for snapshot in manifests.values().flat_map(|m| &m.backends) {
         newest.insert(&snapshot.name, snapshot);
     }
-    let (external, backends): (Vec<_>, Vec<_>) = newest
+    newest
         .into_iter()
-        .partition(|(_, snapshot)| snapshot.is_imported());
+        .filter(|(_, snapshot)| snapshot.is_imported())
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+fn rebuild_meta(manifests: &BTreeMap<u64, Manifest>) -> StoreMeta {
+    // Each backend as its newest snapshot has it: imported files record their source.
+    let external = imported_backends(manifests);
+    let mut backends: Vec<BackendName> = manifests
+        .values()
+        .flat_map(|m| m.backends.iter().map(|b| b.name.clone()))
+        .filter(|name| !external.contains(name))
+        .collect();
+    backends.sort();
+    backends.dedup();
     let defaults = StoreMeta::default();
     StoreMeta {
         next_checkpoint: manifests.keys().next_back().map_or(1, |n| n + 1),
         retain: defaults.retain.max(manifests.len() as u32),
-        backends: backends.into_iter().map(|(n, _)| n.clone()).collect(),
-        external: external.into_iter().map(|(n, _)| n.clone()).collect(),
+        backends,
+        external,
         ..defaults
     }
 }
