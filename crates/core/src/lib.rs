@@ -14,6 +14,7 @@ pub mod compaction;
 pub mod coordinator;
 pub mod error;
 pub mod failpoint;
+pub mod flink;
 pub mod fsck;
 pub mod fsutil;
 pub mod graph;

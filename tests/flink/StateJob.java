@@ -1,0 +1,402 @@
+// A real Flink DataStream job that keeps keyed state in RocksDB and takes retained incremental
+// checkpoints, for the ckptfs import of Flink checkpoints (chk-N/_metadata + shared/<uuid>).
+// scripts/make-flink-fixtures runs it to make tests/fixtures/flink/job1/.
+//
+// Build and run (Flink 2.3's jars; scripts/env.sh's ckptfs_install_flink_jars sets
+// CKPTFS_FLINK_LIB):
+//
+//   javac -cp "$CKPTFS_FLINK_LIB/*" -d CLASSDIR tests/flink/StateJob.java
+//   java -cp "$CKPTFS_FLINK_LIB/*:CLASSDIR" StateJob CHECKPOINT_DIR [options]
+//   java -cp "$CKPTFS_FLINK_LIB/*:CLASSDIR" StateJob --expected [options]
+//
+// Options (--name value):
+//   --keys K               keys k0..k{K-1}, emitted round-robin (default 50)
+//   --rate R               records per second emitted by the source (default 200)
+//   --records N            stop emitting after N records; 0 = never stop (default 0)
+//   --after idle|finish    once N records are out: keep the job running with the source idle, so
+//                          the state stops changing while checkpoints go on (idle, default), or
+//                          let the source return, so that the job FINISHES (finish)
+//   --interval-ms MS       execution.checkpointing.interval (default 1000)
+//   --retained R           execution.checkpointing.num-retained (default 3)
+//   --parallelism P        parallelism.default of the keyed operators (default 2)
+//   --max-parallelism M    pipeline.max-parallelism (default 128, also Flink's own default for
+//                          parallelism 2: max(128, roundUpToPowerOfTwo(P + P/2)))
+//   --inline-threshold B   execution.checkpointing.data-inline-threshold in bytes (default: Flink's,
+//                          20 kb): state files up to this size are inlined into _metadata
+//   --linger-ms MS         after the job finished, wait MS before the JVM exits (default 5000):
+//                          Flink discards a finished job's checkpoints asynchronously, and an
+//                          immediate exit leaves part of them behind
+//
+// The job runs on a local mini cluster (StreamExecutionEnvironment.getExecutionEnvironment(conf)
+// in a plain JVM) with the RocksDB state backend, incremental checkpoints into
+// file://CHECKPOINT_DIR/<job-id>/ and RETAIN_ON_CANCELLATION. Flink keeps the newest R completed
+// checkpoints only while the job does not reach FINISHED: a finished job discards them (its
+// CheckpointProperties have discardFinished=true). So to keep them, SIGKILL the JVM.
+//
+// Topology:
+//   source (parallelism 1, uid "source"): record i = ("k" + (i % K), i) for i = 0, 1, 2, ...,
+//       throttled to R records/s; operator ListState "emitted" = records emitted so far.
+//   -> keyBy(f0) -> "counter" (KeyedProcessFunction, uid "counter"), per key:
+//       ValueState<Long> "count": records seen; MapState<Long, Long> "seqs": the n-th record
+//       (n = 0, 1, ...) of the key -> its sequence number i. So "count" has one entry per key
+//       seen and "seqs" one entry per record.
+//   -> keyBy(f0) -> "totals" (RichFlatMapFunction, no uid: Flink derives its operator id from
+//       the graph), per key: ValueState<Long> "sum": sum of the i; MapState<String, Long>
+//       "rounds": "r" + ((i / K) % 4) -> records in that bucket, so min(count, 4) entries per
+//       key; ListState<Long> "recent": every i (one RocksDB entry per key, built by merges).
+//   -> discarding sink (chained to "totals").
+// Aligned exactly-once checkpoints: the state in checkpoint C is exactly that of the first
+// "emitted" records, the number the source printed for C.
+//
+// Stdout (nothing per record): "config KEY=VALUE" per setting, "job JOBID", "snapshot C records
+// M" when the source snapshots checkpoint C (M records emitted before its barrier), "complete C"
+// when checkpoint C is complete, "idle M" once the source stopped emitting, and "finished" if
+// the job finished. Any error: a message on stderr, exit 1.
+//
+// --expected prints, without running Flink, what the keyed state holds after M = --records
+// records: "key NAME keyGroup G subtask S records N" per key and "state OPERATOR NAME subtask S
+// entries E" per (operator, state, subtask): E = RocksDB entries in that state's column family
+// of that subtask (subtask S owns key groups [S*M/P, (S+1)*M/P - 1], Flink's
+// KeyGroupRangeAssignment).
+
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
+
+import org.apache.flink.api.common.functions.OpenContext;
+import org.apache.flink.api.common.functions.RichFlatMapFunction;
+import org.apache.flink.api.common.state.CheckpointListener;
+import org.apache.flink.api.common.state.ListState;
+import org.apache.flink.api.common.state.ListStateDescriptor;
+import org.apache.flink.api.common.state.MapState;
+import org.apache.flink.api.common.state.MapStateDescriptor;
+import org.apache.flink.api.common.state.ValueState;
+import org.apache.flink.api.common.state.ValueStateDescriptor;
+import org.apache.flink.api.common.typeinfo.TypeInformation;
+import org.apache.flink.api.common.typeinfo.Types;
+import org.apache.flink.api.java.functions.KeySelector;
+import org.apache.flink.api.java.tuple.Tuple2;
+import org.apache.flink.configuration.CheckpointingOptions;
+import org.apache.flink.configuration.ConfigOption;
+import org.apache.flink.configuration.Configuration;
+import org.apache.flink.configuration.CoreOptions;
+import org.apache.flink.configuration.ExternalizedCheckpointRetention;
+import org.apache.flink.configuration.MemorySize;
+import org.apache.flink.configuration.PipelineOptions;
+import org.apache.flink.configuration.RestartStrategyOptions;
+import org.apache.flink.configuration.StateBackendOptions;
+import org.apache.flink.core.execution.JobClient;
+import org.apache.flink.runtime.state.FunctionInitializationContext;
+import org.apache.flink.runtime.state.FunctionSnapshotContext;
+import org.apache.flink.runtime.state.KeyGroupRangeAssignment;
+import org.apache.flink.streaming.api.checkpoint.CheckpointedFunction;
+import org.apache.flink.streaming.api.datastream.DataStream;
+import org.apache.flink.streaming.api.environment.StreamExecutionEnvironment;
+import org.apache.flink.streaming.api.functions.KeyedProcessFunction;
+import org.apache.flink.streaming.api.functions.sink.v2.DiscardingSink;
+import org.apache.flink.streaming.api.functions.source.legacy.RichSourceFunction;
+import org.apache.flink.util.Collector;
+
+public final class StateJob {
+    static final TypeInformation<Tuple2<String, Long>> RECORD = Types.TUPLE(Types.STRING, Types.LONG);
+
+    /** Buckets of the "rounds" map state of "totals". */
+    static final int ROUND_BUCKETS = 4;
+
+    static synchronized void say(String line) {
+        System.out.println(line);
+        System.out.flush();
+    }
+
+    /** Emits ("k" + (i % keys), i), throttled; keeps the number emitted as operator state. */
+    static final class KeySource extends RichSourceFunction<Tuple2<String, Long>>
+            implements CheckpointedFunction, CheckpointListener {
+        private final int keys;
+        private final double rate;
+        private final long records;
+        private final boolean finish;
+        private transient ListState<Long> emittedState;
+        private long emitted;
+        private volatile boolean running = true;
+
+        KeySource(int keys, double rate, long records, boolean finish) {
+            this.keys = keys;
+            this.rate = rate;
+            this.records = records;
+            this.finish = finish;
+        }
+
+        @Override
+        public void run(SourceContext<Tuple2<String, Long>> ctx) throws Exception {
+            final Object lock = ctx.getCheckpointLock();
+            final long start = System.nanoTime();
+            final long base = emitted;
+            while (running && (records <= 0 || emitted < records)) {
+                long due = start + (long) ((emitted - base) * 1e9 / rate);
+                long wait = due - System.nanoTime();
+                if (wait > 0) {
+                    Thread.sleep(wait / 1_000_000, (int) (wait % 1_000_000));
+                }
+                synchronized (lock) {
+                    ctx.collect(Tuple2.of("k" + (emitted % keys), emitted));
+                    emitted++;
+                }
+            }
+            if (!running) {
+                return;
+            }
+            synchronized (lock) {
+                say("idle " + emitted);
+            }
+            if (finish) {
+                return;
+            }
+            while (running) {
+                Thread.sleep(100);
+            }
+        }
+
+        @Override
+        public void cancel() {
+            running = false;
+        }
+
+        @Override
+        public void initializeState(FunctionInitializationContext context) throws Exception {
+            emittedState = context.getOperatorStateStore()
+                    .getListState(new ListStateDescriptor<>("emitted", Types.LONG));
+            for (Long n : emittedState.get()) {
+                emitted += n;
+            }
+        }
+
+        @Override
+        public void snapshotState(FunctionSnapshotContext context) throws Exception {
+            // Called under the checkpoint lock: no record is emitted meanwhile.
+            emittedState.update(List.of(emitted));
+            say("snapshot " + context.getCheckpointId() + " records " + emitted);
+        }
+
+        @Override
+        public void notifyCheckpointComplete(long checkpointId) {
+            say("complete " + checkpointId);
+        }
+    }
+
+    /** uid "counter": a counter per key and every record's sequence number. */
+    static final class Counter
+            extends KeyedProcessFunction<String, Tuple2<String, Long>, Tuple2<String, Long>> {
+        private transient ValueState<Long> count;
+        private transient MapState<Long, Long> seqs;
+
+        @Override
+        public void open(OpenContext openContext) {
+            count = getRuntimeContext().getState(new ValueStateDescriptor<>("count", Types.LONG));
+            seqs = getRuntimeContext()
+                    .getMapState(new MapStateDescriptor<>("seqs", Types.LONG, Types.LONG));
+        }
+
+        @Override
+        public void processElement(Tuple2<String, Long> rec, Context ctx,
+                Collector<Tuple2<String, Long>> out) throws Exception {
+            Long n = count.value();
+            long seen = n == null ? 0 : n;
+            seqs.put(seen, rec.f1);
+            count.update(seen + 1);
+            out.collect(rec);
+        }
+    }
+
+    /** No uid: a sum, a bucketed map and a list per key. */
+    static final class Totals extends RichFlatMapFunction<Tuple2<String, Long>, Long> {
+        private final int keys;
+        private transient ValueState<Long> sum;
+        private transient MapState<String, Long> rounds;
+        private transient ListState<Long> recent;
+
+        Totals(int keys) {
+            this.keys = keys;
+        }
+
+        @Override
+        public void open(OpenContext openContext) {
+            sum = getRuntimeContext().getState(new ValueStateDescriptor<>("sum", Types.LONG));
+            rounds = getRuntimeContext()
+                    .getMapState(new MapStateDescriptor<>("rounds", Types.STRING, Types.LONG));
+            recent = getRuntimeContext().getListState(new ListStateDescriptor<>("recent", Types.LONG));
+        }
+
+        @Override
+        public void flatMap(Tuple2<String, Long> rec, Collector<Long> out) throws Exception {
+            Long s = sum.value();
+            sum.update((s == null ? 0 : s) + rec.f1);
+            String bucket = "r" + ((rec.f1 / keys) % ROUND_BUCKETS);
+            Long c = rounds.get(bucket);
+            rounds.put(bucket, (c == null ? 0 : c) + 1);
+            recent.add(rec.f1);
+        }
+    }
+
+    static final class ByKey implements KeySelector<Tuple2<String, Long>, String> {
+        @Override
+        public String getKey(Tuple2<String, Long> rec) {
+            return rec.f0;
+        }
+    }
+
+    static void fail(String message) {
+        System.err.println("StateJob: " + message);
+        System.exit(1);
+    }
+
+    static final String USAGE = "usage: StateJob CHECKPOINT_DIR | --expected  [--keys K] [--rate R]"
+            + " [--records N] [--after idle|finish] [--interval-ms MS] [--retained R]"
+            + " [--parallelism P] [--max-parallelism M] [--inline-threshold BYTES] [--linger-ms MS]";
+
+    public static void main(String[] args) throws Exception {
+        String dir = null;
+        boolean expected = false;
+        Map<String, String> opts = new HashMap<>();
+        List<String> known = List.of("--keys", "--rate", "--records", "--after", "--interval-ms",
+                "--retained", "--parallelism", "--max-parallelism", "--inline-threshold", "--linger-ms");
+        for (int i = 0; i < args.length; i++) {
+            String a = args[i];
+            if (a.equals("--expected")) {
+                expected = true;
+            } else if (known.contains(a)) {
+                if (i + 1 >= args.length) {
+                    fail(a + " needs a value\n" + USAGE);
+                }
+                opts.put(a, args[++i]);
+            } else if (a.startsWith("--") || dir != null) {
+                fail("unknown argument " + a + "\n" + USAGE);
+            } else {
+                dir = a;
+            }
+        }
+        if (dir == null && !expected) {
+            fail(USAGE);
+        }
+        int keys = 0, parallelism = 0, maxParallelism = 0, retained = 0;
+        long records = 0, intervalMs = 0, inlineThreshold = -1, lingerMs = 0;
+        double rate = 0;
+        String after = opts.getOrDefault("--after", "idle");
+        try {
+            keys = Integer.parseInt(opts.getOrDefault("--keys", "50"));
+            rate = Double.parseDouble(opts.getOrDefault("--rate", "200"));
+            records = Long.parseLong(opts.getOrDefault("--records", "0"));
+            intervalMs = Long.parseLong(opts.getOrDefault("--interval-ms", "1000"));
+            retained = Integer.parseInt(opts.getOrDefault("--retained", "3"));
+            parallelism = Integer.parseInt(opts.getOrDefault("--parallelism", "2"));
+            maxParallelism = Integer.parseInt(opts.getOrDefault("--max-parallelism", "128"));
+            lingerMs = Long.parseLong(opts.getOrDefault("--linger-ms", "5000"));
+            if (opts.containsKey("--inline-threshold")) {
+                inlineThreshold = Long.parseLong(opts.get("--inline-threshold"));
+            }
+        } catch (NumberFormatException e) {
+            fail("bad number: " + e.getMessage() + "\n" + USAGE);
+        }
+        if (keys < 1 || rate <= 0 || records < 0 || intervalMs < 10 || retained < 1 || lingerMs < 0
+                || parallelism < 1 || maxParallelism < parallelism
+                || !(after.equals("idle") || after.equals("finish"))) {
+            fail("bad option value\n" + USAGE);
+        }
+
+        if (expected) {
+            printExpected(keys, records, parallelism, maxParallelism);
+            return;
+        }
+
+        String uri = dir.startsWith("file:") ? dir
+                : "file://" + java.nio.file.Paths.get(dir).toAbsolutePath().normalize();
+        Configuration conf = new Configuration();
+        List<String> shown = new ArrayList<>();
+        set(conf, shown, StateBackendOptions.STATE_BACKEND, "rocksdb");
+        set(conf, shown, CheckpointingOptions.INCREMENTAL_CHECKPOINTS, true);
+        set(conf, shown, CheckpointingOptions.CHECKPOINTS_DIRECTORY, uri);
+        set(conf, shown, CheckpointingOptions.CHECKPOINTING_INTERVAL, Duration.ofMillis(intervalMs));
+        set(conf, shown, CheckpointingOptions.MAX_RETAINED_CHECKPOINTS, retained);
+        set(conf, shown, CheckpointingOptions.EXTERNALIZED_CHECKPOINT_RETENTION,
+                ExternalizedCheckpointRetention.RETAIN_ON_CANCELLATION);
+        if (inlineThreshold >= 0) {
+            set(conf, shown, CheckpointingOptions.FS_SMALL_FILE_THRESHOLD,
+                    new MemorySize(inlineThreshold));
+        }
+        set(conf, shown, CoreOptions.DEFAULT_PARALLELISM, parallelism);
+        set(conf, shown, PipelineOptions.MAX_PARALLELISM, maxParallelism);
+        // A failure fails the job instead of restarting it forever.
+        set(conf, shown, RestartStrategyOptions.RESTART_STRATEGY, "none");
+        for (String line : shown) {
+            say("config " + line);
+        }
+
+        StreamExecutionEnvironment env = StreamExecutionEnvironment.getExecutionEnvironment(conf);
+        DataStream<Tuple2<String, Long>> source = env
+                .addSource(new KeySource(keys, rate, records, after.equals("finish")), "source", RECORD)
+                .uid("source")
+                .setParallelism(1);
+        DataStream<Tuple2<String, Long>> counted = source
+                .keyBy(new ByKey(), Types.STRING)
+                .process(new Counter(), RECORD)
+                .uid("counter")
+                .name("counter");
+        counted
+                .keyBy(new ByKey(), Types.STRING)
+                .flatMap(new Totals(keys), Types.LONG)
+                .name("totals")
+                .sinkTo(new DiscardingSink<>())
+                .name("discard");
+
+        JobClient client = env.executeAsync("StateJob");
+        say("job " + client.getJobID());
+        try {
+            client.getJobExecutionResult().get();
+        } catch (Exception e) {
+            System.err.println("StateJob: the job failed: " + e);
+            e.printStackTrace();
+            System.exit(1);
+        }
+        say("finished");
+        // The job's end discards its checkpoints asynchronously (CheckpointsCleaner): give that
+        // time to run before the JVM exits, else part of them stays behind.
+        Thread.sleep(lingerMs);
+        System.exit(0);
+    }
+
+    static <T> void set(Configuration conf, List<String> shown, ConfigOption<T> option, T value) {
+        conf.set(option, value);
+        shown.add(option.key() + "=" + value);
+    }
+
+    static void printExpected(int keys, long records, int parallelism, int maxParallelism) {
+        // per subtask: [keys seen, records, sum over keys of min(count, ROUND_BUCKETS)]
+        long[][] perSubtask = new long[parallelism][3];
+        Map<Integer, String> lines = new TreeMap<>();
+        for (int k = 0; k < keys; k++) {
+            String key = "k" + k;
+            long count = records / keys + (k < records % keys ? 1 : 0);
+            int keyGroup = KeyGroupRangeAssignment.assignToKeyGroup(key, maxParallelism);
+            int subtask = KeyGroupRangeAssignment.computeOperatorIndexForKeyGroup(
+                    maxParallelism, parallelism, keyGroup);
+            lines.put(k, "key " + key + " keyGroup " + keyGroup + " subtask " + subtask
+                    + " records " + count);
+            if (count > 0) {
+                perSubtask[subtask][0]++;
+                perSubtask[subtask][1] += count;
+                perSubtask[subtask][2] += Math.min(count, ROUND_BUCKETS);
+            }
+        }
+        lines.values().forEach(System.out::println);
+        for (int s = 0; s < parallelism; s++) {
+            long[] p = perSubtask[s];
+            System.out.println("state counter count subtask " + s + " entries " + p[0]);
+            System.out.println("state counter seqs subtask " + s + " entries " + p[1]);
+            System.out.println("state totals sum subtask " + s + " entries " + p[0]);
+            System.out.println("state totals rounds subtask " + s + " entries " + p[2]);
+            System.out.println("state totals recent subtask " + s + " entries " + p[0]);
+        }
+    }
+}
