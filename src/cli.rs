@@ -82,6 +82,29 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Import a Flink job's completed checkpoints that the store does not hold yet.
+    ///
+    /// SRC is one job's checkpoint directory (`<execution.checkpointing.dir>/<job-id>/`, or
+    /// a copy of it) or a checkpoint root holding one job, on a local filesystem. Oldest
+    /// first, each completed Flink checkpoint (a chk-N with _metadata) becomes one ckptfs
+    /// checkpoint, labelled with the job and checkpoint id, in which every subtask with
+    /// RocksDB incremental keyed state is an external backend OPERATOR/SUBTASK (the
+    /// operator's uid, or its 32-hex id) holding that subtask's RocksDB files under their
+    /// original names and Flink's meta data of it (FLINK-KEYED-META). Prints the ids.
+    /// TARGET is a store no daemon holds (as for import); importing twice imports nothing
+    /// new.
+    ImportFlink {
+        /// The Flink job's checkpoint directory.
+        src: PathBuf,
+        /// A store written directly.
+        target: PathBuf,
+        /// A store on object storage: the local state directory.
+        #[arg(long)]
+        state: Option<PathBuf>,
+        /// Print one JSON answer per imported checkpoint, as import --json does.
+        #[arg(long)]
+        json: bool,
+    },
     /// List the retained checkpoints.
     Ls {
         /// A mountpoint, or a store (a directory or s3://BUCKET/PREFIX) read directly.

@@ -769,14 +769,99 @@ fn import_into_store(
     imports: &[(BackendName, PathBuf)],
     state: Option<PathBuf>,
 ) -> Result<serde_json::Value, Error> {
-    let text = store
-        .to_str()
-        .ok_or_else(|| Error::Invalid(format!("{} is not valid UTF-8", store.display())))?;
     // Every directory is checked before the store is touched.
     let scanned = imports
         .iter()
         .map(|(backend, dir)| ckptfs_core::import::scan(backend, dir))
         .collect::<Result<Vec<_>, Error>>()?;
+    let engine = open_for_import(store, state)?;
+    let spinner = spinner("import in progress");
+    let done = engine
+        .begin_checkpoint_with(scanned)
+        .and_then(|pending| pending.complete_with_imports());
+    spinner.finish_and_clear();
+    let (manifest, reports) = done?;
+    serde_json::from_str(&ckptfs::control::import_json(&manifest, &reports))
+        .map_err(|e| Error::Corrupt(format!("unreadable answer: {e}")))
+}
+
+/// `ckptfs import-flink`: every completed checkpoint of the job under `src` newer than the
+/// newest the store holds from it, oldest first, one checkpoint each.
+pub fn import_flink(
+    src: &Path,
+    target: &Path,
+    state: Option<PathBuf>,
+    json: bool,
+) -> Result<ExitCode, Error> {
+    use ckptfs_core::flink::import as flink;
+    if target.join(".ckptfs/status").exists() {
+        return Err(Error::Invalid(format!(
+            "{} is a mountpoint: import-flink writes to a store no daemon holds, for now \
+             (unmount it, or import into another store)",
+            target.display()
+        )));
+    }
+    let completed = flink::completed(src)?;
+    let jobs: std::collections::BTreeSet<&PathBuf> = completed.iter().map(|c| &c.job_dir).collect();
+    if jobs.len() > 1 {
+        return Err(Error::Invalid(format!(
+            "{} holds checkpoints of {} jobs: import each job's directory into its own store",
+            src.display(),
+            jobs.len()
+        )));
+    }
+    // Every checkpoint's metadata is read before the store is touched.
+    for checkpoint in &completed {
+        let path = checkpoint.metadata_path();
+        let bytes = std::fs::read(&path).ctx("read", &path)?;
+        ckptfs_core::flink::metadata::parse(&bytes).map_err(|e| {
+            Error::Invalid(format!(
+                "Flink checkpoint {} of {}: {e}; nothing was imported",
+                checkpoint.checkpoint,
+                checkpoint.job_dir.display()
+            ))
+        })?;
+    }
+    let engine = open_for_import(target, state)?;
+    let newest = |job: &str| {
+        engine
+            .checkpoints()
+            .iter()
+            .filter_map(|m| m.flink.as_ref())
+            .filter(|label| label.job == job)
+            .map(|label| label.checkpoint)
+            .max()
+    };
+    for checkpoint in completed {
+        let staging = tempfile::Builder::new()
+            .prefix("flink-import-")
+            .tempdir_in(engine.state_dir())
+            .ctx("create staging in", engine.state_dir())?;
+        let (backends, job) = flink::subtasks(&checkpoint, staging.path())?;
+        if newest(&job).is_some_and(|n| n >= checkpoint.checkpoint) {
+            continue;
+        }
+        let mut pending = engine.begin_checkpoint_with(backends)?;
+        pending.set_flink(ckptfs_core::catalog::FlinkLabel {
+            job: job.clone(),
+            checkpoint: checkpoint.checkpoint,
+        });
+        let (manifest, reports) = pending.complete_with_imports()?;
+        if json {
+            println!("{}", ckptfs::control::import_json(&manifest, &reports));
+        } else {
+            println!("{}", manifest.id);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The engine of a store written without a daemon: it hosts nothing and carries every
+/// backend over. An existing directory that is no store is refused.
+fn open_for_import(store: &Path, state: Option<PathBuf>) -> Result<ckptfs_core::Engine, Error> {
+    let text = store
+        .to_str()
+        .ok_or_else(|| Error::Invalid(format!("{} is not valid UTF-8", store.display())))?;
     let location = Location::parse(text)?;
     if let Location::Local(dir) = &location {
         // An unmounted mountpoint is an existing directory that is no store: never turn it
@@ -792,13 +877,5 @@ fn import_into_store(
     let mut config = ckptfs_core::EngineConfig::new(location);
     config.state = state;
     config.host_backends = false;
-    let engine = ckptfs_core::Engine::open(config)?;
-    let spinner = spinner("import in progress");
-    let done = engine
-        .begin_checkpoint_with(scanned)
-        .and_then(|pending| pending.complete_with_imports());
-    spinner.finish_and_clear();
-    let (manifest, reports) = done?;
-    serde_json::from_str(&ckptfs::control::import_json(&manifest, &reports))
-        .map_err(|e| Error::Corrupt(format!("unreadable answer: {e}")))
+    ckptfs_core::Engine::open(config)
 }

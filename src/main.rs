@@ -120,6 +120,12 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             std::time::Duration::from_secs(wait),
             json,
         ),
+        Command::ImportFlink {
+            src,
+            target,
+            state,
+            json,
+        } => client::import_flink(&src, &target, state, json),
         Command::Ls { mountpoint, json } => client::ls(&mountpoint, json),
         Command::Rm {
             mountpoint,

@@ -14,6 +14,7 @@ mod corruption;
 mod crash;
 mod daemon;
 mod fencing;
+mod flink;
 mod import;
 mod metrics;
 mod model;

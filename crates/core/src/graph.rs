@@ -116,6 +116,7 @@ mod tests {
                     .collect(),
             )],
             stats: CheckpointStats::default(),
+            flink: None,
         }
     }
 

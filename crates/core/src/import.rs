@@ -49,17 +49,21 @@ pub struct ScannedFile {
     pub name: String,
     pub path: PathBuf,
     pub size: u64,
-    /// `device:inode:size:mtime` (seconds.nanoseconds): the file's identity and version.
-    pub source: String,
+    /// What the file's entry records as where it came from, by which the backend's next
+    /// import re-references it unread (`None`: a file ckptfs wrote itself, read each time).
+    pub source: Option<String>,
+    /// `device:inode:size:mtime` (seconds.nanoseconds) when listed: the file's identity
+    /// and version, checked again once it is stored.
+    pub stamp: String,
 }
 
 impl ScannedFile {
     /// Fail if the file is no longer what was listed (written, replaced or removed since).
     pub fn check_unchanged(&self) -> Result<()> {
         let now = std::fs::symlink_metadata(&self.path)
-            .map(|m| source_of(&m))
+            .map(|m| stamp_of(&m))
             .unwrap_or_default();
-        if now != self.source {
+        if now != self.stamp {
             return Err(Error::Invalid(format!(
                 "{} changed while it was imported; nothing was imported (import a checkpoint \
                  directory, which nobody writes to)",
@@ -70,7 +74,8 @@ impl ScannedFile {
     }
 }
 
-fn source_of(meta: &std::fs::Metadata) -> String {
+/// `device:inode:size:mtime` of a file.
+pub fn stamp_of(meta: &std::fs::Metadata) -> String {
     format!(
         "{}:{}:{}:{}.{:09}",
         meta.dev(),
@@ -155,7 +160,8 @@ pub fn scan(backend: &BackendName, dir: &Path) -> Result<Scanned> {
         }
         files.push(ScannedFile {
             size: meta.size(),
-            source: source_of(&meta),
+            source: Some(stamp_of(&meta)),
+            stamp: stamp_of(&meta),
             name,
             path,
         });

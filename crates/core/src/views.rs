@@ -37,6 +37,9 @@ pub struct CheckpointRow {
     pub files: u64,
     pub files_new: u64,
     pub files_reused: u64,
+    /// Imported from a Flink checkpoint: which.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flink: Option<crate::catalog::FlinkLabel>,
     pub id: u64,
     pub sync_ms: f64,
 }
@@ -57,6 +60,7 @@ impl CheckpointRow {
             files: s.files_total,
             files_new: s.files_new,
             files_reused: s.files_reused,
+            flink: m.flink.clone(),
             id: m.id,
             sync_ms: s.sync_micros as f64 / 1000.0,
         }
@@ -302,6 +306,7 @@ mod tests {
                 sync_micros: 1500,
                 async_micros: 2250,
             },
+            flink: None,
         }
     }
 

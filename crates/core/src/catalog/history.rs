@@ -240,6 +240,7 @@ mod tests {
                 })
                 .collect(),
             stats: CheckpointStats::default(),
+            flink: None,
         })
     }
 

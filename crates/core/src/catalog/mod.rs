@@ -240,6 +240,16 @@ pub struct Manifest {
     pub completed_unix_ms: u64,
     pub backends: Vec<BackendSnapshot>,
     pub stats: CheckpointStats,
+    /// Imported from a Flink checkpoint (`ckptfs import-flink`): which.
+    pub flink: Option<FlinkLabel>,
+}
+
+/// The Flink checkpoint a ckptfs checkpoint was imported from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlinkLabel {
+    /// The job id (32 hex).
+    pub job: String,
+    pub checkpoint: u64,
 }
 
 /// A manifest as stored: format 3 names a list object per backend, formats 1 and 2 list the
@@ -252,6 +262,9 @@ struct StoredManifest {
     completed_unix_ms: u64,
     backends: Vec<StoredBackend>,
     stats: CheckpointStats,
+    // Last and skipped when absent: the canonical bytes of older manifests are unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    flink: Option<FlinkLabel>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -381,6 +394,7 @@ impl Manifest {
                 })
                 .collect(),
             stats: self.stats.clone(),
+            flink: self.flink.clone(),
         }
     }
 
@@ -424,6 +438,7 @@ impl Manifest {
             completed_unix_ms: stored.completed_unix_ms,
             backends,
             stats: stored.stats,
+            flink: stored.flink,
         })
     }
 
@@ -1093,6 +1108,7 @@ mod tests {
                 )],
             )],
             stats: CheckpointStats::default(),
+            flink: None,
         }
     }
 

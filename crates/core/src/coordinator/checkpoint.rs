@@ -202,6 +202,7 @@ impl Engine {
             parts,
             carried,
             scanned,
+            flink: None,
             staging,
             started: clock,
             started_unix_ms,
@@ -314,7 +315,7 @@ fn import_part(
             .filter(|_| crate::backend::is_shared_file(&file.name))
             .and_then(|b| b.by_name.get(&file.name))
             .filter(|known| {
-                known.source.as_deref() == Some(&file.source) && known.size == file.size
+                file.source.is_some() && known.source == file.source && known.size == file.size
             })
             .cloned();
         if let Some(known) = known {
@@ -332,7 +333,7 @@ fn import_part(
             name: file.name.clone(),
             path: file.path.clone(),
             size: file.size,
-            source: Some(file.source.clone()),
+            source: file.source.clone(),
         });
     }
     (part, import.files)
@@ -356,6 +357,8 @@ pub struct PendingCheckpoint {
     scanned: Vec<Vec<ScannedFile>>,
     /// Figures gathered in the synchronous phase (a background materialization adopted).
     stats: CheckpointStats,
+    /// The Flink checkpoint this one imports, for its manifest.
+    flink: Option<crate::catalog::FlinkLabel>,
     /// Bytes of file lists stored (in `bytes_uploaded`, not in `bytes_total`): the
     /// engine's counters tell file bytes uploaded from reused ones with it.
     list_bytes: u64,
@@ -372,6 +375,11 @@ impl PendingCheckpoint {
 
     pub fn sync_micros(&self) -> u64 {
         self.sync_micros
+    }
+
+    /// Label the checkpoint with the Flink checkpoint it imports.
+    pub fn set_flink(&mut self, label: crate::catalog::FlinkLabel) {
+        self.flink = Some(label);
     }
 
     /// The asynchronous phase: store what is new, re-reference the rest, commit, register,
@@ -395,6 +403,7 @@ impl PendingCheckpoint {
                     completed_unix_ms: now_unix_ms(),
                     backends,
                     stats,
+                    flink: self.flink.take(),
                 };
                 match self.commit(manifest) {
                     Ok(m) => {

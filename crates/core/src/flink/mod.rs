@@ -2,4 +2,5 @@
 //! `_metadata` reader ([`metadata`]) comes first; importing, following a running job and
 //! giving checkpoints back to Flink build on it.
 
+pub mod import;
 pub mod metadata;

@@ -1,0 +1,191 @@
+//! Apache Flink's own checkpoints (`ckptfs import-flink`), from the fixture of a real
+//! Flink 2.3 job (tests/fixtures/flink/job1, made by scripts/make-flink-fixtures): each
+//! completed checkpoint becomes a ckptfs checkpoint whose subtask directories Debian's ldb
+//! opens with every column family holding what the job wrote.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::common::mounted::{ckptfs, ok, Mounted};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/flink/job1")
+}
+
+/// `checkpoint N state OP CF subtask S entries E` lines of EXPECTED: (N, OP, S, CF) -> E.
+fn expected() -> BTreeMap<(u64, String, u32, String), usize> {
+    std::fs::read_to_string(fixture().join("EXPECTED"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.len() == 9 && w[0] == "checkpoint" && w[2] == "state").then(|| {
+                (
+                    (
+                        w[1].parse().unwrap(),
+                        w[3].to_string(),
+                        w[6].parse().unwrap(),
+                        w[4].to_string(),
+                    ),
+                    w[8].parse().unwrap(),
+                )
+            })
+        })
+        .collect()
+}
+
+/// Entries of one column family, as Debian's ldb (RocksDB 7.8) reads them.
+fn ldb_entries(db: &Path, cf: &str) -> usize {
+    let out = Command::new("ldb")
+        .arg(format!("--db={}", db.display()))
+        .args([
+            "--try_load_options",
+            "--ignore_unknown_options",
+            "--hex",
+            "scan",
+        ])
+        .arg(format!("--column_family={cf}"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ldb {}: {}",
+        db.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+#[test]
+fn a_flink_jobs_checkpoints_are_imported_labelled_and_open_in_ldb() {
+    let dir = tempfile::tempdir().unwrap();
+    // A moved copy, under another name: the paths in _metadata point elsewhere.
+    let src = dir.path().join("copied-job");
+    assert!(Command::new("cp")
+        .arg("-a")
+        .arg(fixture())
+        .arg(&src)
+        .status()
+        .unwrap()
+        .success());
+    let store = dir.path().join("store");
+    let args = [
+        "import-flink",
+        src.to_str().unwrap(),
+        store.to_str().unwrap(),
+    ];
+    let ids: Vec<u64> = ok(ckptfs(&args))
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_eq!(ids, [1, 2, 3]);
+    // Twice: nothing new.
+    assert_eq!(ok(ckptfs(&args)), "");
+
+    let rows: Vec<serde_json::Value> =
+        serde_json::from_str(&ok(ckptfs(&["ls", store.to_str().unwrap(), "--json"]))).unwrap();
+    let labels: Vec<(String, u64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["flink"]["job"].as_str().unwrap().to_string(),
+                r["flink"]["checkpoint"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let job = "a312c9034e3e0d2016dae60431b4c9dc".to_string();
+    assert_eq!(
+        labels,
+        [(job.clone(), 4), (job.clone(), 5), (job.clone(), 6)]
+    );
+
+    // Through a mount: cp -r of every subtask, opened by ldb, every column family as the
+    // job wrote it. `counter` is the operator's uid; the other keyed operator has none.
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let m = Mounted::at(&store, &mnt, &[]);
+    let status = m.status();
+    assert_eq!(status["backends"], serde_json::json!([]));
+    assert_eq!(status["external"].as_array().unwrap().len(), 4, "{status}");
+    let expected = expected();
+    let mut checked = 0;
+    for (id, flink_checkpoint) in ids.iter().zip([4u64, 5, 6]) {
+        let tree = mnt.join(format!("cp-{id}"));
+        let mut operators: Vec<String> = std::fs::read_dir(&tree)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        operators.sort();
+        assert_eq!(operators.len(), 2, "{operators:?}");
+        assert!(operators.contains(&"counter".to_string()));
+        for operator in &operators {
+            let name = if operator == "counter" {
+                "counter"
+            } else {
+                assert_eq!(operator.len(), 32, "an operator without uid: its id");
+                "totals"
+            };
+            for subtask in 0..2u32 {
+                let out = dir.path().join(format!("out-{id}-{operator}-{subtask}"));
+                assert!(Command::new("cp")
+                    .arg("-r")
+                    .arg(tree.join(operator).join(subtask.to_string()))
+                    .arg(&out)
+                    .status()
+                    .unwrap()
+                    .success());
+                assert!(out.join("FLINK-KEYED-META").is_file());
+                for ((n, op, s, cf), entries) in &expected {
+                    if *n == flink_checkpoint && op == name && *s == subtask {
+                        assert_eq!(
+                            ldb_entries(&out, cf),
+                            *entries,
+                            "checkpoint {n} {op} subtask {s} column family {cf}"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(checked, expected.len());
+    m.umount();
+}
+
+#[test]
+fn what_is_no_flink_checkpoint_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let out = ckptfs(&[
+        "import-flink",
+        empty.to_str().unwrap(),
+        store.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no Flink job"));
+
+    // A damaged _metadata: refused, naming the checkpoint; the store is not created.
+    let src = dir.path().join("job");
+    assert!(Command::new("cp")
+        .arg("-a")
+        .arg(fixture())
+        .arg(&src)
+        .status()
+        .unwrap()
+        .success());
+    let metadata = src.join("chk-4/_metadata");
+    let bytes = std::fs::read(&metadata).unwrap();
+    std::fs::write(&metadata, &bytes[..bytes.len() / 3]).unwrap();
+    let out = ckptfs(&[
+        "import-flink",
+        src.to_str().unwrap(),
+        store.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("Flink checkpoint 4"), "{e}");
+    assert!(!store.exists());
+}
