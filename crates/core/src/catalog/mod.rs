@@ -719,14 +719,16 @@ impl Catalog {
                 }
                 // An earlier write whose answer was lost may have landed: then the record is
                 // still this writer's, and this write goes again on top of it.
-                Err(Error::Conflict(_) | Error::Exists(_))
-                    if self.adopt_unconfirmed(&mut state) => {}
+                // If the record cannot be read now, nothing is known: an I/O error, not a
+                // takeover (the next write looks again).
                 Err(Error::Conflict(_) | Error::Exists(_)) => {
-                    return Err(Error::Conflict(format!(
-                        "{} was changed by another process: another daemon took over this \
-                         store, and this one no longer writes to it",
-                        self.records.describe(META)
-                    )))
+                    if !self.adopt_unconfirmed(&mut state)? {
+                        return Err(Error::Conflict(format!(
+                            "{} was changed by another process: another daemon took over \
+                             this store, and this one no longer writes to it",
+                            self.records.describe(META)
+                        )));
+                    }
                 }
                 Err(e) => {
                     // Perhaps it landed all the same (a lost response): the record tells, by
@@ -759,13 +761,13 @@ impl Catalog {
 
     /// If one of the writes whose outcome is unknown is what the store holds, take its
     /// version: it landed.
-    fn adopt_unconfirmed(&self, state: &mut MetaVersion) -> bool {
+    fn adopt_unconfirmed(&self, state: &mut MetaVersion) -> Result<bool> {
         if state.unconfirmed.is_empty() {
-            return false;
+            return Ok(false);
         }
-        match self.records.get(META) {
-            Ok(Some(record)) => Self::adopt_if_unconfirmed(state, record),
-            _ => false,
+        match self.records.get(META)? {
+            Some(record) => Ok(Self::adopt_if_unconfirmed(state, record)),
+            None => Ok(false),
         }
     }
 
@@ -1324,6 +1326,30 @@ mod tests {
         catalog.save_meta(&meta).unwrap();
         let read = catalog.load_meta().unwrap().unwrap();
         assert_eq!((read.next_checkpoint, read.revision), (4, 3));
+    }
+
+    /// A write refused as conditional while the record cannot be read back is an I/O
+    /// error, not another writer's takeover: the fence holds, and the next write, once the
+    /// store answers again, adopts the earlier write and succeeds.
+    #[test]
+    fn a_refused_write_that_cannot_be_read_back_is_no_takeover() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let dir = tempfile::tempdir().unwrap();
+        let (records, catalog) = lossy_catalog(dir.path());
+        let mut meta = StoreMeta::default();
+        catalog.save_meta(&meta).unwrap();
+        meta.next_checkpoint = 2;
+        records.lose_next_answer.store(true, SeqCst);
+        records.fail_reads.store(true, SeqCst);
+        assert!(catalog.save_meta(&meta).is_err());
+        // The earlier write landed: this one is refused, and still nothing can be read.
+        meta.next_checkpoint = 3;
+        let refused = catalog.save_meta(&meta).unwrap_err();
+        assert!(!matches!(refused, Error::Conflict(_)), "{refused}");
+        records.fail_reads.store(false, SeqCst);
+        meta.next_checkpoint = 4;
+        catalog.save_meta(&meta).unwrap();
+        assert_eq!(catalog.load_meta().unwrap().unwrap().next_checkpoint, 4);
     }
 
     #[test]

@@ -781,10 +781,21 @@ impl S3Records {
 
     /// A conditional put the server refused may have been our own, landed before a retry
     /// (a timeout, then "exists" or "changed"): it was ours if the record holds our bytes.
-    fn was_ours(&self, key: &str, bytes: &[u8]) -> Option<Option<String>> {
+    ///
+    /// A record that cannot be read is an I/O error: whose it is is unknown, and a refused
+    /// conditional write must not be taken for another writer's while it may be ours.
+    fn was_ours(&self, key: &str, bytes: &[u8]) -> Result<Option<Option<String>>> {
         match self.get(key) {
-            Ok(Some(record)) if record.bytes == bytes => Some(record.version),
-            _ => None,
+            Ok(Some(record)) if record.bytes == bytes => Ok(Some(record.version)),
+            Ok(_) => Ok(None),
+            Err(e) => Err(Error::io(
+                format!(
+                    "write {}: refused as changed, and it cannot be read back to tell \
+                     whether by this writer's own earlier attempt",
+                    self.remote.url(key)
+                ),
+                std::io::Error::other(e.to_string()),
+            )),
         }
     }
 }
@@ -849,7 +860,7 @@ impl Records for S3Records {
             Err(
                 e @ (object_store::Error::AlreadyExists { .. }
                 | object_store::Error::Precondition { .. }),
-            ) => match self.was_ours(key, bytes) {
+            ) => match self.was_ours(key, bytes)? {
                 Some(version) => Ok(version),
                 None => Err(remote_error(&what, e)),
             },
