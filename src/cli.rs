@@ -301,6 +301,12 @@ pub(crate) struct MountArgs {
     /// Take a checkpoint periodically, e.g. 30s or 5m (default: off).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub(crate) interval: Option<std::time::Duration>,
+    /// Follow a running Flink job: import each of its completed checkpoints in this
+    /// directory (the job's <execution.checkpointing.dir>/<job-id>/, local) within
+    /// seconds of its _metadata appearing, keeping them as --retain says. The daemon then
+    /// hosts no RocksDB of its own.
+    #[arg(long, value_name = "SRC", conflicts_with_all = ["backends", "restore", "interval", "read_only"])]
+    pub(crate) flink: Option<PathBuf>,
     /// How often to merge runs of small SSTs (under 1 MiB, once a backend has 64 or
     /// more) that RocksDB would keep apart, e.g. with time-ordered keys, and at once
     /// after a checkpoint that finds 128 or more; 0 turns it off.
@@ -422,6 +428,13 @@ impl MountArgs {
         engine.lease_ttl = self.lease_ttl;
         engine.lease_wait = self.lease_wait;
         engine.backends = self.backends;
+        // A follower of a Flink job hosts nothing: every backend is the job's.
+        engine.host_backends = self.flink.is_none();
+        let flink = self
+            .flink
+            .map(std::path::absolute)
+            .transpose()
+            .map_err(|e| Error::io("resolve --flink path", e))?;
         engine.retain = self.retain;
         engine.max_concurrent = self.max_concurrent;
         engine.restore_from = self.restore;
@@ -442,6 +455,7 @@ impl MountArgs {
             verify: !self.no_verify,
             read_only: self.read_only,
             metrics_listen: self.metrics_listen,
+            flink,
         })
     }
 }

@@ -802,14 +802,6 @@ pub fn import_flink(
         )));
     }
     let completed = flink::completed(src)?;
-    let jobs: std::collections::BTreeSet<&PathBuf> = completed.iter().map(|c| &c.job_dir).collect();
-    if jobs.len() > 1 {
-        return Err(Error::Invalid(format!(
-            "{} holds checkpoints of {} jobs: import each job's directory into its own store",
-            src.display(),
-            jobs.len()
-        )));
-    }
     // Every checkpoint's metadata is read before the store is touched.
     for checkpoint in &completed {
         let path = checkpoint.metadata_path();
@@ -823,30 +815,13 @@ pub fn import_flink(
         })?;
     }
     let engine = open_for_import(target, state)?;
-    let newest = |job: &str| {
-        engine
-            .checkpoints()
-            .iter()
-            .filter_map(|m| m.flink.as_ref())
-            .filter(|label| label.job == job)
-            .map(|label| label.checkpoint)
-            .max()
-    };
-    for checkpoint in completed {
-        let staging = tempfile::Builder::new()
-            .prefix("flink-import-")
-            .tempdir_in(engine.state_dir())
-            .ctx("create staging in", engine.state_dir())?;
-        let (backends, job) = flink::subtasks(&checkpoint, staging.path())?;
-        if newest(&job).is_some_and(|n| n >= checkpoint.checkpoint) {
-            continue;
-        }
-        let mut pending = engine.begin_checkpoint_with(backends)?;
-        pending.set_flink(ckptfs_core::catalog::FlinkLabel {
-            job: job.clone(),
-            checkpoint: checkpoint.checkpoint,
-        });
-        let (manifest, reports) = pending.complete_with_imports()?;
+    for imported in engine.import_flink(src, false)? {
+        let (manifest, reports) = imported.result.map_err(|e| {
+            Error::Invalid(format!(
+                "checkpoint {} of Flink job {}: {e}",
+                imported.checkpoint, imported.job
+            ))
+        })?;
         if json {
             println!("{}", ckptfs::control::import_json(&manifest, &reports));
         } else {

@@ -173,6 +173,7 @@ pub struct Controller {
     compactor: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     sweeper: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     refresher: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    follower: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     on_change: std::sync::Mutex<Option<ChangeHook>>,
     /// The small-file compaction's policy, once it runs.
     small_files: std::sync::Mutex<Option<ckptfs_core::compaction::SmallFilePolicy>>,
@@ -245,6 +246,7 @@ impl Controller {
             compactor: Default::default(),
             sweeper: Default::default(),
             refresher: Default::default(),
+            follower: Default::default(),
             on_change: Default::default(),
             small_files: Default::default(),
             compaction_due: Default::default(),
@@ -618,6 +620,43 @@ impl Controller {
         *self.refresher.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
     }
 
+    /// Follow a Flink job (`mount --flink SRC`): every `period`, import its completed
+    /// checkpoints the store does not hold yet. One that fails is reported in status and
+    /// tried again at the next look (while it is still the newest), never blocking later
+    /// ones.
+    pub fn start_flink_follow(
+        self: &std::sync::Arc<Self>,
+        src: std::path::PathBuf,
+        period: std::time::Duration,
+    ) {
+        let handle = self.every(period, "ckptfs-flink", move |this| {
+            match this.engine.import_flink(&src, true) {
+                Ok(imports) => {
+                    for imported in &imports {
+                        if let Err(e) = &imported.result {
+                            this.engine.record_error(format!(
+                                "could not import checkpoint {} of Flink job {} from {}: {e} \
+                                 (tried again in {})",
+                                imported.checkpoint,
+                                imported.job,
+                                src.display(),
+                                humantime::format_duration(period)
+                            ));
+                        }
+                    }
+                    if imports.iter().any(|i| i.result.is_ok()) {
+                        this.changed();
+                    }
+                }
+                Err(e) => this.engine.record_error(format!(
+                    "could not read Flink checkpoints in {}: {e}",
+                    src.display()
+                )),
+            }
+        });
+        *self.follower.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+    }
+
     /// Run `tick` every `period` on a thread of its own until shutdown; a tick that takes
     /// longer than `period` delays the next one rather than piling up.
     fn every(
@@ -671,7 +710,12 @@ impl Controller {
         {
             let _ = h.join();
         }
-        for handle in [&self.compactor, &self.sweeper, &self.refresher] {
+        for handle in [
+            &self.compactor,
+            &self.sweeper,
+            &self.refresher,
+            &self.follower,
+        ] {
             if let Some(h) = handle.lock().unwrap_or_else(|p| p.into_inner()).take() {
                 let _ = h.join();
             }

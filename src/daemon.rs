@@ -30,7 +30,12 @@ pub struct MountConfig {
     pub read_only: bool,
     /// Serve the metrics over HTTP at this address (`/metrics`).
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Follow the Flink job whose checkpoints are in this directory.
+    pub flink: Option<PathBuf>,
 }
+
+/// How often a daemon following a Flink job looks for its new checkpoints.
+pub const FLINK_POLL: Duration = Duration::from_secs(2);
 
 /// How often a read-only mount looks for the writer's new checkpoints.
 pub const REFRESH_PERIOD: Duration = Duration::from_secs(2);
@@ -206,6 +211,9 @@ pub fn serve(config: MountConfig, ready: impl FnOnce(Result<()>)) -> Result<()> 
             controller.start_refresh(REFRESH_PERIOD);
         } else if engine.location().local().is_none() {
             controller.start_orphan_sweep(config.engine.orphan_grace.max(Duration::from_secs(1)));
+        }
+        if let Some(src) = &config.flink {
+            controller.start_flink_follow(src.clone(), FLINK_POLL);
         }
         if let Some(period) = config.small_file_compaction.filter(|_| !config.read_only) {
             controller.start_small_file_compaction(period, Default::default());

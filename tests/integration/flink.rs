@@ -189,3 +189,83 @@ fn what_is_no_flink_checkpoint_is_refused() {
     assert!(e.contains("Flink checkpoint 4"), "{e}");
     assert!(!store.exists());
 }
+
+/// Copy `from` (a file or directory) to `to` with `cp -a`.
+fn cp_a(from: &Path, to: &Path) {
+    assert!(Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap()
+        .success());
+}
+
+/// The Flink labels of the retained checkpoints, oldest first.
+fn labels(m: &Mounted) -> Vec<u64> {
+    std::fs::read_to_string(m.mnt.join(".ckptfs/checkpoints"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["flink"]["checkpoint"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Wait up to 20 s for `done` (the follower looks every 2 s).
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited in vain for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// `mount --flink SRC` follows a job: each checkpoint that completes (its _metadata
+/// appears) is imported within seconds; one that cannot be read is reported in status and
+/// does not hold back the next.
+#[test]
+fn a_daemon_follows_a_jobs_checkpoints_as_they_complete() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("a312c9034e3e0d2016dae60431b4c9dc");
+    std::fs::create_dir(&job).unwrap();
+    cp_a(&fixture().join("shared"), &job);
+    // In flight: no _metadata yet.
+    std::fs::create_dir(job.join("chk-4")).unwrap();
+    let store = dir.path().join("store");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let m = Mounted::at(&store, &mnt, &["--flink", job.to_str().unwrap()]);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert_eq!(labels(&m), Vec::<u64>::new());
+    assert_eq!(m.status()["backends"], serde_json::json!([]));
+
+    // Completed: its _metadata appears.
+    std::fs::copy(
+        fixture().join("chk-4/_metadata"),
+        job.join("chk-4/_metadata"),
+    )
+    .unwrap();
+    wait_for("checkpoint 4", || labels(&m) == [4]);
+
+    // A damaged checkpoint, then a good one: the good one is imported all the same.
+    std::fs::create_dir(job.join("chk-5")).unwrap();
+    std::fs::write(job.join("chk-5/_metadata"), b"\x49\x60\x67\x2d\0\0\0\x06").unwrap();
+    cp_a(&fixture().join("chk-6"), &job.join("chk-6"));
+    wait_for("checkpoint 6", || labels(&m) == [4, 6]);
+    let status = m.status();
+    let error = status["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains("checkpoint 5 of Flink job"), "{status}");
+    assert_eq!(status["external"].as_array().unwrap().len(), 4, "{status}");
+    // Flink deletes what it no longer retains: the store keeps it.
+    std::fs::remove_dir_all(job.join("chk-4")).unwrap();
+    let out = dir.path().join("out");
+    cp_a(&mnt.join("cp-1/counter/0"), &out);
+    assert_eq!(ldb_entries(&out, "count"), 21);
+    m.umount();
+}

@@ -14,6 +14,7 @@
 
 mod checkpoint;
 pub mod counters;
+mod flink;
 mod ingest;
 mod materialize;
 mod open;
@@ -34,6 +35,7 @@ use crate::store::{Location, ObjectId, ObjectStore, DEFAULT_ORPHAN_GRACE};
 
 pub use crate::repo::ensure_store_dir;
 pub use checkpoint::{ImportReport, PendingCheckpoint};
+pub use flink::FlinkImport;
 pub use materialize::MaterializePolicy;
 pub use restore::materialize;
 

@@ -48,8 +48,8 @@ pub fn is_job_id(name: &str) -> bool {
 }
 
 /// The completed checkpoints under `src`: one job's directory (`<dir>/<job-id>/`, or a copy
-/// of one under another name) or a checkpoint root holding several jobs. Oldest first per
-/// job (by checkpoint id), jobs by id. A `chk-N` without `_metadata` is skipped (in flight
+/// of one under another name) or a checkpoint root holding one job (several are refused:
+/// their backends would mix in one store). Oldest first (by checkpoint id). A `chk-N` without `_metadata` is skipped (in flight
 /// or abandoned).
 pub fn completed(src: &Path) -> Result<Vec<Completed>> {
     let src = std::fs::canonicalize(src).ctx("read Flink checkpoints in", src)?;
@@ -73,6 +73,13 @@ pub fn completed(src: &Path) -> Result<Vec<Completed>> {
             "{} holds no Flink job's checkpoints (no chk-N/ or shared/, nor job directories \
              named by a 32-hex job id)",
             src.display()
+        )));
+    }
+    if jobs.len() > 1 {
+        return Err(Error::Invalid(format!(
+            "{} holds checkpoints of {} jobs: import each job's directory into its own store",
+            src.display(),
+            jobs.len()
         )));
     }
     let mut out = Vec::new();

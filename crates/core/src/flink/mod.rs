@@ -1,6 +1,7 @@
-//! Apache Flink's own checkpoints as a source of backends (issue 20, in progress): the
-//! `_metadata` reader ([`metadata`]) comes first; importing, following a running job and
-//! giving checkpoints back to Flink build on it.
+//! Apache Flink's own checkpoints as a source of backends: [`metadata`] reads a
+//! `_metadata` file, [`import`] turns a completed checkpoint into backends to import (the
+//! engine's side, labels and following a job, is `coordinator/flink.rs`). Giving checkpoints
+//! back to Flink (writing `_metadata`) is still to come.
 
 pub mod import;
 pub mod metadata;
