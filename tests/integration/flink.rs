@@ -62,13 +62,7 @@ fn a_flink_jobs_checkpoints_are_imported_labelled_and_open_in_ldb() {
     let dir = tempfile::tempdir().unwrap();
     // A moved copy, under another name: the paths in _metadata point elsewhere.
     let src = dir.path().join("copied-job");
-    assert!(Command::new("cp")
-        .arg("-a")
-        .arg(fixture())
-        .arg(&src)
-        .status()
-        .unwrap()
-        .success());
+    cp_a(&fixture(), &src);
     let store = dir.path().join("store");
     let args = [
         "import-flink",
@@ -169,13 +163,7 @@ fn what_is_no_flink_checkpoint_is_refused() {
 
     // A damaged _metadata: refused, naming the checkpoint; the store is not created.
     let src = dir.path().join("job");
-    assert!(Command::new("cp")
-        .arg("-a")
-        .arg(fixture())
-        .arg(&src)
-        .status()
-        .unwrap()
-        .success());
+    cp_a(&fixture(), &src);
     let metadata = src.join("chk-4/_metadata");
     let bytes = std::fs::read(&metadata).unwrap();
     std::fs::write(&metadata, &bytes[..bytes.len() / 3]).unwrap();

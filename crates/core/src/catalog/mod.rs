@@ -1275,6 +1275,20 @@ mod tests {
         (records, catalog)
     }
 
+    /// A catalog in `dir` whose second write of the metadata (next checkpoint 2) landed
+    /// with its answer lost and could not be read back; reads still fail.
+    fn a_write_landed_unanswered(dir: &Path) -> (Arc<LossyRecords>, Catalog, StoreMeta) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (records, catalog) = lossy_catalog(dir);
+        let mut meta = StoreMeta::default();
+        catalog.save_meta(&meta).unwrap();
+        meta.next_checkpoint = 2;
+        records.lose_next_answer.store(true, SeqCst);
+        records.fail_reads.store(true, SeqCst);
+        assert!(catalog.save_meta(&meta).is_err());
+        (records, catalog, meta)
+    }
+
     /// A write of the metadata that landed but whose answer was lost (and could not be read
     /// back at once) is found to be this writer's at the next write, which then succeeds:
     /// it never looks like another writer's takeover.
@@ -1282,13 +1296,7 @@ mod tests {
     fn a_metadata_write_whose_answer_was_lost_is_adopted() {
         use std::sync::atomic::Ordering::SeqCst;
         let dir = tempfile::tempdir().unwrap();
-        let (records, catalog) = lossy_catalog(dir.path());
-        let mut meta = StoreMeta::default();
-        catalog.save_meta(&meta).unwrap();
-        meta.next_checkpoint = 2;
-        records.lose_next_answer.store(true, SeqCst);
-        records.fail_reads.store(true, SeqCst);
-        assert!(catalog.save_meta(&meta).is_err());
+        let (records, catalog, mut meta) = a_write_landed_unanswered(dir.path());
         records.fail_reads.store(false, SeqCst);
         meta.next_checkpoint = 3;
         catalog.save_meta(&meta).unwrap();
@@ -1335,13 +1343,7 @@ mod tests {
     fn a_refused_write_that_cannot_be_read_back_is_no_takeover() {
         use std::sync::atomic::Ordering::SeqCst;
         let dir = tempfile::tempdir().unwrap();
-        let (records, catalog) = lossy_catalog(dir.path());
-        let mut meta = StoreMeta::default();
-        catalog.save_meta(&meta).unwrap();
-        meta.next_checkpoint = 2;
-        records.lose_next_answer.store(true, SeqCst);
-        records.fail_reads.store(true, SeqCst);
-        assert!(catalog.save_meta(&meta).is_err());
+        let (records, catalog, mut meta) = a_write_landed_unanswered(dir.path());
         // The earlier write landed: this one is refused, and still nothing can be read.
         meta.next_checkpoint = 3;
         let refused = catalog.save_meta(&meta).unwrap_err();
