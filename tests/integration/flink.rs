@@ -257,3 +257,152 @@ fn a_daemon_follows_a_jobs_checkpoints_as_they_complete() {
     assert_eq!(ldb_entries(&out, "count"), 21);
     m.umount();
 }
+
+/// `StateJob --expected` for `records` records: (operator name, column family, subtask) ->
+/// entries.
+fn job_expected(classpath: &str, records: u64) -> BTreeMap<(String, String, u32), usize> {
+    let out = Command::new("java")
+        .args(["-cp", classpath, "StateJob", "--expected", "--keys", "50"])
+        .args(["--records", &records.to_string()])
+        .args(["--parallelism", "2", "--max-parallelism", "128"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.len() == 7 && w[0] == "state").then(|| {
+                (
+                    (w[1].to_string(), w[2].to_string(), w[4].parse().unwrap()),
+                    w[6].parse().unwrap(),
+                )
+            })
+        })
+        .collect()
+}
+
+/// A real Flink 2.3 job (tests/flink/StateJob.java on a local mini cluster, RocksDB
+/// incremental checkpoints every second) followed by `mount --flink`: its checkpoints are
+/// imported while it runs, and the newest one, taken after the job's last record, holds in
+/// every column family of every subtask what the job wrote (Debian's ldb counts).
+#[test]
+fn a_running_flink_job_is_followed_and_its_state_reads_back() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let classes = dir.path().join("classes");
+    let lib = crate::import::flink_lib();
+    let javac = Command::new("javac")
+        .args(["-nowarn", "-cp", &format!("{}/*", lib.display()), "-d"])
+        .arg(&classes)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/flink/StateJob.java"))
+        .output()
+        .expect("javac (openjdk-17-jdk-headless; scripts/test installs it)");
+    assert!(
+        javac.status.success(),
+        "{}",
+        String::from_utf8_lossy(&javac.stderr)
+    );
+    let classpath = format!("{}/*:{}", lib.display(), classes.display());
+    let (ck, store, mnt) = (
+        dir.path().join("ck"),
+        dir.path().join("store"),
+        dir.path().join("mnt"),
+    );
+    std::fs::create_dir_all(&ck).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    // Following the checkpoint root before the job has made its directory.
+    let m = Mounted::at(&store, &mnt, &["--flink", ck.to_str().unwrap()]);
+    let records = 600u64;
+    let mut job = Command::new("java")
+        .args(["-Xmx768m", "-cp", &classpath, "StateJob"])
+        .arg(&ck)
+        .args([
+            "--keys",
+            "50",
+            "--records",
+            &records.to_string(),
+            "--rate",
+            "300",
+        ])
+        .args([
+            "--interval-ms",
+            "1000",
+            "--retained",
+            "2",
+            "--parallelism",
+            "2",
+        ])
+        .args(["--max-parallelism", "128", "--inline-threshold", "2048"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The first checkpoint whose snapshot holds every record, once complete.
+    let mut idle = None;
+    let mut lines = std::io::BufReader::new(job.stdout.take().unwrap()).lines();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    let mut last_record_snapshots = Vec::new();
+    while idle.is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job made no idle checkpoint"
+        );
+        let Some(Ok(line)) = lines.next() else {
+            let _ = job.kill();
+            panic!("the Flink job ended early");
+        };
+        let w: Vec<&str> = line.split_whitespace().collect();
+        match w.as_slice() {
+            ["snapshot", n, "records", m] if m.parse::<u64>() == Ok(records) => {
+                last_record_snapshots.push(n.parse::<u64>().unwrap())
+            }
+            ["complete", n] if last_record_snapshots.contains(&n.parse().unwrap()) => {
+                idle = Some(n.parse::<u64>().unwrap())
+            }
+            _ => {}
+        }
+    }
+    let idle = idle.unwrap();
+    wait_for("the idle checkpoint imported", || {
+        labels(&m).contains(&idle)
+    });
+    let _ = job.kill();
+    let _ = job.wait();
+    let imported = labels(&m);
+    assert!(imported.len() >= 2, "{imported:?}");
+    let id = imported.iter().position(|c| *c == idle).unwrap() + 1;
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(mnt.join(".ckptfs/checkpoints"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let cp = rows[id - 1]["id"].as_u64().unwrap();
+    let expected = job_expected(&classpath, records);
+    let mut checked = 0;
+    let tree = mnt.join(format!("cp-{cp}"));
+    for operator in std::fs::read_dir(&tree).unwrap() {
+        let operator = operator.unwrap().file_name().into_string().unwrap();
+        let name = if operator == "counter" {
+            "counter"
+        } else {
+            "totals"
+        };
+        for subtask in 0..2u32 {
+            let out = dir.path().join(format!("out-{operator}-{subtask}"));
+            cp_a(&tree.join(&operator).join(subtask.to_string()), &out);
+            for ((op, cf, s), entries) in &expected {
+                if op == name && *s == subtask {
+                    assert_eq!(ldb_entries(&out, cf), *entries, "{op} {cf} subtask {s}");
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(checked, expected.len());
+    m.umount();
+}

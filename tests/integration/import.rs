@@ -488,7 +488,7 @@ fn imports_go_to_object_storage_too() {
 /// The directory of the Flink distribution's jars (RocksJava inside flink-dist): from
 /// `CKPTFS_FLINK_LIB` (scripts/test sets it), else found where pip put
 /// apache-flink-libraries.
-fn flink_lib() -> PathBuf {
+pub(crate) fn flink_lib() -> PathBuf {
     if let Ok(lib) = std::env::var("CKPTFS_FLINK_LIB") {
         return lib.into();
     }
