@@ -294,20 +294,8 @@ fn job_expected(classpath: &str, records: u64) -> BTreeMap<(String, String, u32)
 fn a_running_flink_job_is_followed_and_its_state_reads_back() {
     use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
-    let classes = dir.path().join("classes");
-    let lib = crate::import::flink_lib();
-    let javac = Command::new("javac")
-        .args(["-nowarn", "-cp", &format!("{}/*", lib.display()), "-d"])
-        .arg(&classes)
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/flink/StateJob.java"))
-        .output()
-        .expect("javac (openjdk-17-jdk-headless; scripts/test installs it)");
-    assert!(
-        javac.status.success(),
-        "{}",
-        String::from_utf8_lossy(&javac.stderr)
-    );
-    let classpath = format!("{}/*:{}", lib.display(), classes.display());
+    let classpath =
+        crate::common::java::compile_java("tests/flink/StateJob.java", &dir.path().join("classes"));
     let (ck, store, mnt) = (
         dir.path().join("ck"),
         dir.path().join("store"),

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use crate::common::java::compile_java;
 use crate::common::moto::moto;
 use crate::common::mounted::{ckptfs, errno_of, ok, Ctl, Mounted, BIN};
 use crate::common::read_with_ldb;
@@ -485,49 +486,6 @@ fn imports_go_to_object_storage_too() {
     assert!(e.contains("--state"), "{e}");
 }
 
-/// The directory of the Flink distribution's jars (RocksJava inside flink-dist): from
-/// `CKPTFS_FLINK_LIB` (scripts/test sets it), else found where pip put
-/// apache-flink-libraries.
-pub(crate) fn flink_lib() -> PathBuf {
-    if let Ok(lib) = std::env::var("CKPTFS_FLINK_LIB") {
-        return lib.into();
-    }
-    let script = "import glob, os, pyflink\n\
-dirs = [os.path.join(d, 'lib') for d in pyflink.__path__]\n\
-print(next(d for d in dirs if glob.glob(os.path.join(d, 'flink-dist*.jar'))))\n";
-    let out = Command::new("python3")
-        .args(["-c", script])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the Flink jars are missing: run `. scripts/env.sh; ckptfs_install_flink_jars` \
-         (pip install --no-deps apache-flink-libraries==2.3.0): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().into()
-}
-
-/// tests/java/RocksCheckpoints.java compiled into `classes`; the class path to run it.
-fn compile_java(classes: &Path) -> String {
-    let lib = flink_lib();
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/java/RocksCheckpoints.java");
-    let out = Command::new("javac")
-        .arg("-cp")
-        .arg(format!("{}/*", lib.display()))
-        .arg("-d")
-        .arg(classes)
-        .arg(&source)
-        .output()
-        .expect("javac (openjdk-17-jdk-headless; scripts/test installs it)");
-    assert!(
-        out.status.success(),
-        "javac: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    format!("{}/*:{}", lib.display(), classes.display())
-}
-
 /// The keys a RocksJava checkpoint held as the application recorded them (`cp-N.keys`),
 /// in the form `read_with_ldb` gives.
 fn recorded_keys(file: &Path) -> Vec<(String, String)> {
@@ -549,7 +507,10 @@ fn recorded_keys(file: &Path) -> Vec<(String, String)> {
 #[test]
 fn checkpoints_of_a_rocksjava_application_restore_to_the_keys_it_recorded() {
     let dir = tempfile::tempdir().unwrap();
-    let classpath = compile_java(&dir.path().join("classes"));
+    let classpath = compile_java(
+        "tests/java/RocksCheckpoints.java",
+        &dir.path().join("classes"),
+    );
     let (db, out, store) = (
         dir.path().join("db"),
         dir.path().join("out"),

@@ -32,7 +32,6 @@ pub struct ImportDir {
 #[derive(Debug, Clone)]
 pub struct Scanned {
     pub backend: BackendName,
-    pub dir: PathBuf,
     /// Sorted by name.
     pub files: Vec<ScannedFile>,
 }
@@ -199,7 +198,6 @@ pub fn scan(backend: &BackendName, dir: &Path) -> Result<Scanned> {
     }
     Ok(Scanned {
         backend: backend.clone(),
-        dir: dir.to_path_buf(),
         files,
     })
 }

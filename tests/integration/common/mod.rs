@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod java;
 pub mod moto;
 pub mod mounted;
 pub mod s3;

@@ -208,11 +208,7 @@ pub fn subtasks(completed: &Completed, staging: &Path) -> Result<(Vec<Scanned>, 
                     completed.checkpoint
                 )));
             }
-            out.push(Scanned {
-                backend,
-                dir: completed.job_dir.clone(),
-                files,
-            });
+            out.push(Scanned { backend, files });
         }
     }
     Ok((out, job.unwrap_or_else(|| completed.job.clone())))
