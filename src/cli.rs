@@ -85,23 +85,43 @@ pub(crate) enum Command {
     /// Import a Flink job's completed checkpoints that the store does not hold yet.
     ///
     /// SRC is one job's checkpoint directory (`<execution.checkpointing.dir>/<job-id>/`, or
-    /// a copy of it) or a checkpoint root holding one job, on a local filesystem. Oldest
+    /// a copy of it) or a checkpoint root holding one job: a directory, a file:// URL or
+    /// s3://BUCKET/PREFIX (configured from the AWS environment, as for stores). Oldest
     /// first, each completed Flink checkpoint (a chk-N with _metadata) becomes one ckptfs
     /// checkpoint, labelled with the job and checkpoint id, in which every subtask with
     /// RocksDB incremental keyed state is an external backend OPERATOR/SUBTASK (the
     /// operator's uid, or its 32-hex id) holding that subtask's RocksDB files under their
-    /// original names and Flink's meta data of it (FLINK-KEYED-META). Prints the ids.
-    /// TARGET is a store no daemon holds (as for import); importing twice imports nothing
-    /// new.
+    /// original names and Flink's meta data of it (FLINK-KEYED-META); the backend _flink/0
+    /// keeps the checkpoint's _metadata and its other files (operator state), which
+    /// export-flink needs. An operator the job no longer has is not carried over. Prints
+    /// the ids. TARGET is a mountpoint (its daemon imports) or a store no daemon holds (as
+    /// for import); importing twice imports nothing new.
     ImportFlink {
         /// The Flink job's checkpoint directory.
         src: PathBuf,
-        /// A store written directly.
+        /// A mountpoint, or a store written directly.
         target: PathBuf,
         /// A store on object storage: the local state directory.
         #[arg(long)]
         state: Option<PathBuf>,
         /// Print one JSON answer per imported checkpoint, as import --json does.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Give checkpoint N, imported from Flink, back to Flink.
+    ///
+    /// Writes DEST/<job-id>/chk-<flink-checkpoint>/ with its _metadata (Flink's own, with
+    /// every file's path pointing into DEST) and the files (under DEST/<job-id>/shared/),
+    /// then prints that directory's path: give it to Flink as execution.state-recovery.path.
+    /// DEST must be missing or empty; a failed export leaves nothing. TARGET is a mountpoint
+    /// or a store (a directory or s3://BUCKET/PREFIX, read directly).
+    ExportFlink {
+        /// A mountpoint, or a store read directly.
+        target: PathBuf,
+        checkpoint: u64,
+        /// Destination directory; must be missing or empty.
+        dest: PathBuf,
+        /// Print what was written as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -302,9 +322,10 @@ pub(crate) struct MountArgs {
     #[arg(long, value_parser = humantime::parse_duration)]
     pub(crate) interval: Option<std::time::Duration>,
     /// Follow a running Flink job: import each of its completed checkpoints in this
-    /// directory (the job's <execution.checkpointing.dir>/<job-id>/, local) within
-    /// seconds of its _metadata appearing, keeping them as --retain says. The daemon then
-    /// hosts no RocksDB of its own.
+    /// directory (the job's <execution.checkpointing.dir>/<job-id>/, or the checkpoint root
+    /// holding it; a path, a file:// URL or s3://BUCKET/PREFIX) within seconds of its
+    /// _metadata appearing, keeping them as --retain says. The daemon then hosts no RocksDB
+    /// of its own.
     #[arg(long, value_name = "SRC", conflicts_with_all = ["backends", "restore", "interval", "read_only"])]
     pub(crate) flink: Option<PathBuf>,
     /// How often to merge runs of small SSTs (under 1 MiB, once a backend has 64 or
@@ -432,9 +453,9 @@ impl MountArgs {
         engine.host_backends = self.flink.is_none();
         let flink = self
             .flink
-            .map(std::path::absolute)
-            .transpose()
-            .map_err(|e| Error::io("resolve --flink path", e))?;
+            .as_deref()
+            .map(ckptfs_core::flink::import::Source::absolute)
+            .transpose()?;
         engine.retain = self.retain;
         engine.max_concurrent = self.max_concurrent;
         engine.restore_from = self.restore;

@@ -786,7 +786,8 @@ fn import_into_store(
 }
 
 /// `ckptfs import-flink`: every completed checkpoint of the job under `src` newer than the
-/// newest the store holds from it, oldest first, one checkpoint each.
+/// newest the store holds from it, oldest first, one checkpoint each; through the daemon
+/// when `target` is a mountpoint.
 pub fn import_flink(
     src: &Path,
     target: &Path,
@@ -794,39 +795,71 @@ pub fn import_flink(
     json: bool,
 ) -> Result<ExitCode, Error> {
     use ckptfs_core::flink::import as flink;
-    if target.join(".ckptfs/status").exists() {
-        return Err(Error::Invalid(format!(
-            "{} is a mountpoint: import-flink writes to a store no daemon holds, for now \
-             (unmount it, or import into another store)",
-            target.display()
-        )));
-    }
-    let completed = flink::completed(src)?;
-    // Every checkpoint's metadata is read before the store is touched.
-    for checkpoint in &completed {
-        let path = checkpoint.metadata_path();
-        let bytes = std::fs::read(&path).ctx("read", &path)?;
-        ckptfs_core::flink::metadata::parse(&bytes).map_err(|e| {
-            Error::Invalid(format!(
-                "Flink checkpoint {} of {}: {e}; nothing was imported",
-                checkpoint.checkpoint,
-                checkpoint.job_dir.display()
-            ))
-        })?;
-    }
-    let engine = open_for_import(target, state)?;
-    for imported in engine.import_flink(src, false)? {
-        let (manifest, reports) = imported.result.map_err(|e| {
-            Error::Invalid(format!(
-                "checkpoint {} of Flink job {}: {e}",
-                imported.checkpoint, imported.job
-            ))
-        })?;
-        if json {
-            println!("{}", ckptfs::control::import_json(&manifest, &reports));
-        } else {
-            println!("{}", manifest.id);
+    let answers: Vec<serde_json::Value> = if target.join(".ckptfs/status").exists() {
+        use std::os::unix::ffi::OsStrExt;
+        // The daemon runs elsewhere: it needs the whole path.
+        let src = flink::Source::absolute(src)?;
+        let line = format!(
+            "import-flink {}",
+            percent::encode(src.as_os_str().as_bytes())
+        );
+        let spinner = spinner("import in progress");
+        let answer = request(target, &line);
+        spinner.finish_and_clear();
+        match answer?["imported"].take() {
+            serde_json::Value::Array(done) => done,
+            other => return Err(Error::Corrupt(format!("unreadable answer: {other}"))),
         }
+    } else {
+        // Every checkpoint's metadata is read before the store is touched.
+        let src = flink::Source::parse(src)?;
+        flink::check_all(&flink::completed(&src)?)?;
+        let engine = open_for_import(target, state)?;
+        let mut done = Vec::new();
+        for imported in engine.import_flink(&src, false)? {
+            let (manifest, reports) = imported.result.map_err(|e| {
+                Error::Invalid(format!(
+                    "checkpoint {} of Flink job {}: {e}",
+                    imported.checkpoint, imported.job
+                ))
+            })?;
+            let line = ckptfs::control::import_json(&manifest, &reports);
+            done.push(serde_json::from_str(&line).expect("an answer is JSON"));
+        }
+        done
+    };
+    for answer in answers {
+        if json {
+            println!("{answer}");
+        } else {
+            println!("{}", answer["id"]);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ckptfs export-flink`: from a mount, its `cp-N/` files and its label of N; from a store,
+/// read directly.
+pub fn export_flink(target: &Path, id: u64, dest: &Path, json: bool) -> Result<ExitCode, Error> {
+    use ckptfs_core::flink::export;
+    let exported = match self::target(target)? {
+        Target::Mount(mountpoint) => {
+            let row = read_checkpoints(&mountpoint)?
+                .into_iter()
+                .find(|row| row.id == id)
+                .ok_or_else(|| {
+                    Error::NotFound(format!("no checkpoint {id} in {}", mountpoint.display()))
+                })?;
+            let label = row.flink.ok_or_else(|| export::not_flink(id))?;
+            let files = export::MountedCheckpoint(mountpoint.join(format!("cp-{id}")));
+            export::export(&files, &label.job, label.checkpoint, dest)?
+        }
+        Target::Store(location) => export::export_from_store(&location, id, dest)?,
+    };
+    if json {
+        println!("{}", serde_json::to_string(&exported).expect("json"));
+    } else {
+        println!("{}", exported.path.display());
     }
     Ok(ExitCode::SUCCESS)
 }

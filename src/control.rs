@@ -30,6 +30,9 @@ pub enum Command {
     /// Stage a RocksDB checkpoint directory as the state of an external backend in the
     /// next `checkpoint` of this handle.
     Import(ImportDir),
+    /// Import the completed checkpoints of the Flink job in this directory that the store
+    /// does not hold yet, one checkpoint each (`ckptfs import-flink SRC MOUNTPOINT`).
+    ImportFlink(std::path::PathBuf),
 }
 
 impl Command {
@@ -41,7 +44,7 @@ impl Command {
 }
 
 pub const USAGE: &str = "commands: checkpoint | put BACKEND KEY VALUE | del BACKEND KEY | \
-flush BACKEND | compact BACKEND | retain N | delete N | import BACKEND DIR";
+flush BACKEND | compact BACKEND | retain N | delete N | import BACKEND DIR | import-flink DIR";
 
 /// Parse one line (without its newline).
 pub fn parse_line(line: &str) -> Result<Command> {
@@ -126,6 +129,21 @@ pub fn parse_line(line: &str) -> Result<Command> {
                 dir,
             }))
         }
+        "import-flink" => {
+            arity(2)?;
+            let dir =
+                std::path::PathBuf::from(std::ffi::OsString::from_vec(percent::decode(fields[1])?));
+            let url = ["s3://", "file:"]
+                .iter()
+                .any(|scheme| dir.to_string_lossy().starts_with(scheme));
+            if !dir.is_absolute() && !url {
+                return Err(Error::Invalid(format!(
+                    "import-flink needs an absolute directory or a URL, got {:?}",
+                    dir.display().to_string()
+                )));
+            }
+            Ok(Command::ImportFlink(dir))
+        }
         "" => Err(Error::Invalid(format!("empty command; {USAGE}"))),
         other => {
             let shown: String = other.chars().take(40).collect();
@@ -162,6 +180,9 @@ pub struct StagedImports {
     /// set dropped), so that a script never gets a checkpoint without what it staged.
     pub refused: Option<String>,
 }
+
+/// How long `import-flink` through a mount waits for a checkpoint slot (one in flight).
+pub const FLINK_IMPORT_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Runs control commands against an engine. Checkpoint uploads run on their own threads,
 /// never on the caller's (a FUSE thread): answers are delivered through a callback.
@@ -397,6 +418,7 @@ impl Controller {
                     };
                     answer(i, answer_line);
                 }
+                Command::ImportFlink(src) => self.start_flink_import(i, answer.clone(), src),
                 Command::Flush(b) => answer(i, self.simple(self.engine.flush(b))),
                 Command::Compact(b) => answer(i, self.simple(self.engine.compact(b))),
                 Command::Retain(n) => {
@@ -500,29 +522,115 @@ impl Controller {
         };
         let this = self.clone();
         let answer_later = answer.clone();
-        let handle = std::thread::Builder::new()
-            .name("ckptfs-checkpoint".into())
-            .spawn(move || {
-                let result = pending.complete_with_imports();
+        let started = self.spawn_worker("ckptfs-checkpoint", move || {
+            let result = pending.complete_with_imports();
+            this.changed();
+            this.check_small_files();
+            answer_later(
+                index,
+                match result {
+                    Ok((m, imports)) => import_json(&m, &imports),
+                    Err(e) => error_json(&e),
+                },
+            );
+        });
+        // The pending checkpoint moved into the closure that failed to start and was
+        // dropped there, which aborted it.
+        if let Err(e) = started {
+            answer(index, error_json(&Error::io("spawn checkpoint thread", e)));
+        }
+    }
+
+    /// Run `work` on a thread of its own, joined at shutdown.
+    fn spawn_worker(
+        &self,
+        name: &str,
+        work: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<()> {
+        let handle = std::thread::Builder::new().name(name.into()).spawn(work)?;
+        let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        workers.retain(|w| !w.is_finished());
+        workers.push(handle);
+        Ok(())
+    }
+
+    /// `import-flink SRC`: every completed checkpoint of the job that the store does not
+    /// hold yet, on a thread of its own. Every `_metadata` is read first (a bad one is
+    /// refused with nothing imported); a checkpoint slot taken (another checkpoint in
+    /// flight) is waited for, up to [`FLINK_IMPORT_WAIT`]. The answer lists what was
+    /// imported, or the error of the first checkpoint that failed (those before it stay).
+    fn start_flink_import(
+        self: &std::sync::Arc<Self>,
+        index: usize,
+        answer: AnswerSink,
+        src: &std::path::Path,
+    ) {
+        let this = self.clone();
+        let src = src.to_path_buf();
+        let answer_later = answer.clone();
+        let started = self.spawn_worker("ckptfs-import-flink", move || {
+            let result = this.import_flink_waiting(&src);
+            if result.as_ref().map_or(true, |done| !done.is_empty()) {
                 this.changed();
-                this.check_small_files();
-                answer_later(
-                    index,
-                    match result {
-                        Ok((m, imports)) => import_json(&m, &imports),
-                        Err(e) => error_json(&e),
-                    },
-                );
-            });
-        match handle {
-            Ok(h) => {
-                let mut workers = self.workers.lock().unwrap_or_else(|p| p.into_inner());
-                workers.retain(|w| !w.is_finished());
-                workers.push(h);
             }
-            // The pending checkpoint moved into the closure that failed to start and was
-            // dropped there, which aborted it.
-            Err(e) => answer(index, error_json(&Error::io("spawn checkpoint thread", e))),
+            answer_later(
+                index,
+                match result {
+                    Ok(done) => {
+                        let mut m = serde_json::Map::new();
+                        let done: Vec<serde_json::Value> = done
+                            .iter()
+                            .map(|line| serde_json::from_str(line).expect("an answer is JSON"))
+                            .collect();
+                        m.insert("imported".into(), done.into());
+                        ok_json(m)
+                    }
+                    Err(e) => {
+                        this.engine.record_error(e.to_string());
+                        error_json(&e)
+                    }
+                },
+            );
+        });
+        if let Err(e) = started {
+            answer(index, error_json(&Error::io("spawn import thread", e)));
+        }
+    }
+
+    /// [`ckptfs_core::Engine::import_flink`], retried while a checkpoint slot is taken: the
+    /// answer of each imported checkpoint ([`import_json`]).
+    fn import_flink_waiting(&self, src: &std::path::Path) -> Result<Vec<String>> {
+        use ckptfs_core::flink::import as flink;
+        let src = flink::Source::parse(src)?;
+        flink::check_all(&flink::completed(&src)?)?;
+        let deadline = std::time::Instant::now() + FLINK_IMPORT_WAIT;
+        let mut pause = std::time::Duration::from_millis(20);
+        let mut done = Vec::new();
+        loop {
+            let mut busy = false;
+            for imported in self.engine.import_flink(&src, false)? {
+                match imported.result {
+                    Ok((manifest, reports)) => done.push(import_json(&manifest, &reports)),
+                    Err(Error::Busy(_)) if std::time::Instant::now() + pause < deadline => {
+                        busy = true
+                    }
+                    Err(e) if done.is_empty() => return Err(e),
+                    Err(e) => {
+                        return Err(Error::Invalid(format!(
+                            "checkpoint {} of Flink job {}: {e} (the {} checkpoints before it \
+                             were imported)",
+                            imported.checkpoint,
+                            imported.job,
+                            done.len()
+                        )))
+                    }
+                }
+            }
+            if !busy || self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                return Ok(done);
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_millis(500));
         }
     }
 
@@ -629,8 +737,21 @@ impl Controller {
         src: std::path::PathBuf,
         period: std::time::Duration,
     ) {
+        let source = std::sync::OnceLock::new();
         let handle = self.every(period, "ckptfs-flink", move |this| {
-            match this.engine.import_flink(&src, true) {
+            // Connected here, in the daemon (an S3 client's threads do not survive a fork).
+            let source = match source.get() {
+                Some(s) => s,
+                None => match ckptfs_core::flink::import::Source::parse(&src) {
+                    Ok(s) => source.get_or_init(|| s),
+                    Err(e) => {
+                        this.engine
+                            .record_error(format!("--flink {}: {e}", src.display()));
+                        return;
+                    }
+                },
+            };
+            match this.engine.import_flink(source, true) {
                 Ok(imports) => {
                     for imported in &imports {
                         if let Err(e) = &imported.result {

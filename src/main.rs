@@ -126,6 +126,12 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             state,
             json,
         } => client::import_flink(&src, &target, state, json),
+        Command::ExportFlink {
+            target,
+            checkpoint,
+            dest,
+            json,
+        } => client::export_flink(&target, checkpoint, &dest, json),
         Command::Ls { mountpoint, json } => client::ls(&mountpoint, json),
         Command::Rm {
             mountpoint,

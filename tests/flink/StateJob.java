@@ -23,6 +23,13 @@
 //                          parallelism 2: max(128, roundUpToPowerOfTwo(P + P/2)))
 //   --inline-threshold B   execution.checkpointing.data-inline-threshold in bytes (default: Flink's,
 //                          20 kb): state files up to this size are inlined into _metadata
+//   --restore PATH         execution.state-recovery.path: start from the checkpoint (or savepoint)
+//                          directory PATH (the one holding _metadata); the source goes on from
+//                          the number of records it had emitted, each key's state from what it
+//                          held
+//   --payload-bytes B      B > 0: "counter" also keeps per key a B-byte payload, rewritten with
+//                          every record (default 0: no payload state at all), so that the keyed
+//                          state is about K x B bytes and changes with every record (benchmarks)
 //   --linger-ms MS         after the job finished, wait MS before the JVM exits (default 5000):
 //                          Flink discards a finished job's checkpoints asynchronously, and an
 //                          immediate exit leaves part of them behind
@@ -39,7 +46,9 @@
 //   -> keyBy(f0) -> "counter" (KeyedProcessFunction, uid "counter"), per key:
 //       ValueState<Long> "count": records seen; MapState<Long, Long> "seqs": the n-th record
 //       (n = 0, 1, ...) of the key -> its sequence number i. So "count" has one entry per key
-//       seen and "seqs" one entry per record.
+//       seen and "seqs" one entry per record. With --payload-bytes B > 0 also
+//       ValueState<byte[]> "payload": B bytes, rewritten on every record with bytes that do not
+//       compress (xorshift64* seeded by the record's sequence number i), one entry per key seen.
 //   -> keyBy(f0) -> "totals" (RichFlatMapFunction, no uid: Flink derives its operator id from
 //       the graph), per key: ValueState<Long> "sum": sum of the i; MapState<String, Long>
 //       "rounds": "r" + ((i / K) % 4) -> records in that bucket, so min(count, 4) entries per
@@ -48,7 +57,8 @@
 // Aligned exactly-once checkpoints: the state in checkpoint C is exactly that of the first
 // "emitted" records, the number the source printed for C.
 //
-// Stdout (nothing per record): "config KEY=VALUE" per setting, "job JOBID", "snapshot C records
+// Stdout (nothing per record): "config KEY=VALUE" per setting, "job JOBID", "restored records M"
+// when the source starts from restored state (M records emitted before), "snapshot C records
 // M" when the source snapshots checkpoint C (M records emitted before its barrier), "complete C"
 // when checkpoint C is complete, "idle M" once the source stopped emitting, and "finished" if
 // the job finished. Any error: a message on stderr, exit 1.
@@ -57,7 +67,8 @@
 // records: "key NAME keyGroup G subtask S records N" per key and "state OPERATOR NAME subtask S
 // entries E" per (operator, state, subtask): E = RocksDB entries in that state's column family
 // of that subtask (subtask S owns key groups [S*M/P, (S+1)*M/P - 1], Flink's
-// KeyGroupRangeAssignment).
+// KeyGroupRangeAssignment); "state counter payload subtask S entries E" only when
+// --payload-bytes is above 0.
 
 import java.time.Duration;
 import java.util.ArrayList;
@@ -75,6 +86,7 @@ import org.apache.flink.api.common.state.MapState;
 import org.apache.flink.api.common.state.MapStateDescriptor;
 import org.apache.flink.api.common.state.ValueState;
 import org.apache.flink.api.common.state.ValueStateDescriptor;
+import org.apache.flink.api.common.typeinfo.PrimitiveArrayTypeInfo;
 import org.apache.flink.api.common.typeinfo.TypeInformation;
 import org.apache.flink.api.common.typeinfo.Types;
 import org.apache.flink.api.java.functions.KeySelector;
@@ -88,6 +100,7 @@ import org.apache.flink.configuration.MemorySize;
 import org.apache.flink.configuration.PipelineOptions;
 import org.apache.flink.configuration.RestartStrategyOptions;
 import org.apache.flink.configuration.StateBackendOptions;
+import org.apache.flink.configuration.StateRecoveryOptions;
 import org.apache.flink.core.execution.JobClient;
 import org.apache.flink.runtime.state.FunctionInitializationContext;
 import org.apache.flink.runtime.state.FunctionSnapshotContext;
@@ -171,6 +184,9 @@ public final class StateJob {
             for (Long n : emittedState.get()) {
                 emitted += n;
             }
+            if (context.isRestored()) {
+                say("restored records " + emitted);
+            }
         }
 
         @Override
@@ -186,17 +202,31 @@ public final class StateJob {
         }
     }
 
-    /** uid "counter": a counter per key and every record's sequence number. */
+    /**
+     * uid "counter": a counter per key and every record's sequence number; with payloadBytes
+     * above 0 also a payload per key, rewritten by every record.
+     */
     static final class Counter
             extends KeyedProcessFunction<String, Tuple2<String, Long>, Tuple2<String, Long>> {
+        private final int payloadBytes;
         private transient ValueState<Long> count;
         private transient MapState<Long, Long> seqs;
+        private transient ValueState<byte[]> payload;
+
+        Counter(int payloadBytes) {
+            this.payloadBytes = payloadBytes;
+        }
 
         @Override
         public void open(OpenContext openContext) {
             count = getRuntimeContext().getState(new ValueStateDescriptor<>("count", Types.LONG));
             seqs = getRuntimeContext()
                     .getMapState(new MapStateDescriptor<>("seqs", Types.LONG, Types.LONG));
+            // Registered only when used: with no payload the state is what it always was.
+            if (payloadBytes > 0) {
+                payload = getRuntimeContext().getState(new ValueStateDescriptor<>("payload",
+                        PrimitiveArrayTypeInfo.BYTE_PRIMITIVE_ARRAY_TYPE_INFO));
+            }
         }
 
         @Override
@@ -206,8 +236,33 @@ public final class StateJob {
             long seen = n == null ? 0 : n;
             seqs.put(seen, rec.f1);
             count.update(seen + 1);
+            if (payloadBytes > 0) {
+                payload.update(payloadOf(rec.f1, payloadBytes));
+            }
             out.collect(rec);
         }
+    }
+
+    /**
+     * The payload of record i: xorshift64* seeded by the SplitMix64 finalizer of i, so
+     * deterministic and incompressible.
+     */
+    static byte[] payloadOf(long i, int bytes) {
+        long x = i + 0x9E3779B97F4A7C15L;
+        x = (x ^ (x >>> 30)) * 0xBF58476D1CE4E5B9L;
+        x = (x ^ (x >>> 27)) * 0x94D049BB133111EBL;
+        x = (x ^ (x >>> 31)) | 1;
+        byte[] out = new byte[bytes];
+        for (int at = 0; at < bytes; at += 8) {
+            x ^= x >>> 12;
+            x ^= x << 25;
+            x ^= x >>> 27;
+            long word = x * 0x2545F4914F6CDD1DL;
+            for (int b = 0; b < 8 && at + b < bytes; b++) {
+                out[at + b] = (byte) (word >>> (8 * b));
+            }
+        }
+        return out;
     }
 
     /** No uid: a sum, a bucketed map and a list per key. */
@@ -254,14 +309,16 @@ public final class StateJob {
 
     static final String USAGE = "usage: StateJob CHECKPOINT_DIR | --expected  [--keys K] [--rate R]"
             + " [--records N] [--after idle|finish] [--interval-ms MS] [--retained R]"
-            + " [--parallelism P] [--max-parallelism M] [--inline-threshold BYTES] [--linger-ms MS]";
+            + " [--parallelism P] [--max-parallelism M] [--inline-threshold BYTES] [--linger-ms MS]"
+            + " [--restore PATH] [--payload-bytes B]";
 
     public static void main(String[] args) throws Exception {
         String dir = null;
         boolean expected = false;
         Map<String, String> opts = new HashMap<>();
         List<String> known = List.of("--keys", "--rate", "--records", "--after", "--interval-ms",
-                "--retained", "--parallelism", "--max-parallelism", "--inline-threshold", "--linger-ms");
+                "--retained", "--parallelism", "--max-parallelism", "--inline-threshold", "--linger-ms",
+                "--restore", "--payload-bytes");
         for (int i = 0; i < args.length; i++) {
             String a = args[i];
             if (a.equals("--expected")) {
@@ -280,7 +337,7 @@ public final class StateJob {
         if (dir == null && !expected) {
             fail(USAGE);
         }
-        int keys = 0, parallelism = 0, maxParallelism = 0, retained = 0;
+        int keys = 0, parallelism = 0, maxParallelism = 0, retained = 0, payloadBytes = 0;
         long records = 0, intervalMs = 0, inlineThreshold = -1, lingerMs = 0;
         double rate = 0;
         String after = opts.getOrDefault("--after", "idle");
@@ -293,6 +350,7 @@ public final class StateJob {
             parallelism = Integer.parseInt(opts.getOrDefault("--parallelism", "2"));
             maxParallelism = Integer.parseInt(opts.getOrDefault("--max-parallelism", "128"));
             lingerMs = Long.parseLong(opts.getOrDefault("--linger-ms", "5000"));
+            payloadBytes = Integer.parseInt(opts.getOrDefault("--payload-bytes", "0"));
             if (opts.containsKey("--inline-threshold")) {
                 inlineThreshold = Long.parseLong(opts.get("--inline-threshold"));
             }
@@ -300,13 +358,14 @@ public final class StateJob {
             fail("bad number: " + e.getMessage() + "\n" + USAGE);
         }
         if (keys < 1 || rate <= 0 || records < 0 || intervalMs < 10 || retained < 1 || lingerMs < 0
+                || payloadBytes < 0
                 || parallelism < 1 || maxParallelism < parallelism
                 || !(after.equals("idle") || after.equals("finish"))) {
             fail("bad option value\n" + USAGE);
         }
 
         if (expected) {
-            printExpected(keys, records, parallelism, maxParallelism);
+            printExpected(keys, records, parallelism, maxParallelism, payloadBytes);
             return;
         }
 
@@ -325,6 +384,9 @@ public final class StateJob {
             set(conf, shown, CheckpointingOptions.FS_SMALL_FILE_THRESHOLD,
                     new MemorySize(inlineThreshold));
         }
+        if (opts.containsKey("--restore")) {
+            set(conf, shown, StateRecoveryOptions.SAVEPOINT_PATH, opts.get("--restore"));
+        }
         set(conf, shown, CoreOptions.DEFAULT_PARALLELISM, parallelism);
         set(conf, shown, PipelineOptions.MAX_PARALLELISM, maxParallelism);
         // A failure fails the job instead of restarting it forever.
@@ -340,7 +402,7 @@ public final class StateJob {
                 .setParallelism(1);
         DataStream<Tuple2<String, Long>> counted = source
                 .keyBy(new ByKey(), Types.STRING)
-                .process(new Counter(), RECORD)
+                .process(new Counter(payloadBytes), RECORD)
                 .uid("counter")
                 .name("counter");
         counted
@@ -371,7 +433,8 @@ public final class StateJob {
         shown.add(option.key() + "=" + value);
     }
 
-    static void printExpected(int keys, long records, int parallelism, int maxParallelism) {
+    static void printExpected(int keys, long records, int parallelism, int maxParallelism,
+            int payloadBytes) {
         // per subtask: [keys seen, records, sum over keys of min(count, ROUND_BUCKETS)]
         long[][] perSubtask = new long[parallelism][3];
         Map<Integer, String> lines = new TreeMap<>();
@@ -394,6 +457,9 @@ public final class StateJob {
             long[] p = perSubtask[s];
             System.out.println("state counter count subtask " + s + " entries " + p[0]);
             System.out.println("state counter seqs subtask " + s + " entries " + p[1]);
+            if (payloadBytes > 0) {
+                System.out.println("state counter payload subtask " + s + " entries " + p[0]);
+            }
             System.out.println("state totals sum subtask " + s + " entries " + p[0]);
             System.out.println("state totals rounds subtask " + s + " entries " + p[2]);
             System.out.println("state totals recent subtask " + s + " entries " + p[0]);

@@ -101,7 +101,8 @@ fn a_flink_jobs_checkpoints_are_imported_labelled_and_open_in_ldb() {
     let m = Mounted::at(&store, &mnt, &[]);
     let status = m.status();
     assert_eq!(status["backends"], serde_json::json!([]));
-    assert_eq!(status["external"].as_array().unwrap().len(), 4, "{status}");
+    // Two operators of two subtasks, and the job's own files.
+    assert_eq!(status["external"].as_array().unwrap().len(), 5, "{status}");
     let expected = expected();
     let mut checked = 0;
     for (id, flink_checkpoint) in ids.iter().zip([4u64, 5, 6]) {
@@ -111,9 +112,15 @@ fn a_flink_jobs_checkpoints_are_imported_labelled_and_open_in_ldb() {
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         operators.sort();
-        assert_eq!(operators.len(), 2, "{operators:?}");
+        assert_eq!(operators.len(), 3, "{operators:?}");
+        assert_eq!(operators[0], "_flink", "{operators:?}");
+        // Flink's _metadata of the checkpoint, as Flink wrote it (export-flink needs it).
+        assert_eq!(
+            std::fs::read(tree.join("_flink/0/_metadata")).unwrap(),
+            std::fs::read(fixture().join(format!("chk-{flink_checkpoint}/_metadata"))).unwrap()
+        );
         assert!(operators.contains(&"counter".to_string()));
-        for operator in &operators {
+        for operator in &operators[1..] {
             let name = if operator == "counter" {
                 "counter"
             } else {
@@ -202,9 +209,9 @@ fn labels(m: &Mounted) -> Vec<u64> {
         .collect()
 }
 
-/// Wait up to 20 s for `done` (the follower looks every 2 s).
+/// Wait up to 60 s for `done` (the follower looks every 2 s; a loaded machine slows it).
 fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !done() {
         assert!(
             std::time::Instant::now() < deadline,
@@ -249,7 +256,7 @@ fn a_daemon_follows_a_jobs_checkpoints_as_they_complete() {
     let status = m.status();
     let error = status["last_error"].as_str().unwrap_or_default();
     assert!(error.contains("checkpoint 5 of Flink job"), "{status}");
-    assert_eq!(status["external"].as_array().unwrap().len(), 4, "{status}");
+    assert_eq!(status["external"].as_array().unwrap().len(), 5, "{status}");
     // Flink deletes what it no longer retains: the store keeps it.
     std::fs::remove_dir_all(job.join("chk-4")).unwrap();
     let out = dir.path().join("out");
@@ -286,13 +293,119 @@ fn job_expected(classpath: &str, records: u64) -> BTreeMap<(String, String, u32)
         .collect()
 }
 
+/// A StateJob (tests/flink/StateJob.java) running on a Flink 2.3 mini cluster, its
+/// stdout read line by line.
+struct Job {
+    child: std::process::Child,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    /// "restored records M", if the job started from a checkpoint.
+    restored: Option<u64>,
+}
+
+impl Job {
+    /// StateJob writing checkpoints under `ck` (every second, 50 keys, parallelism 2,
+    /// files over 2 KiB uploaded), until `records` records are out; `extra` options added.
+    fn start(classpath: &str, ck: &Path, records: u64, extra: &[&str]) -> Job {
+        let mut child = Command::new("java")
+            .args(["-Xmx768m", "-cp", classpath, "StateJob"])
+            .arg(ck)
+            .args([
+                "--keys",
+                "50",
+                "--records",
+                &records.to_string(),
+                "--rate",
+                "300",
+            ])
+            .args([
+                "--interval-ms",
+                "1000",
+                "--retained",
+                "2",
+                "--parallelism",
+                "2",
+            ])
+            .args(["--max-parallelism", "128", "--inline-threshold", "2048"])
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        use std::io::BufRead;
+        let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        Job {
+            child,
+            lines,
+            restored: None,
+        }
+    }
+
+    /// The id of the first completed checkpoint whose snapshot holds `records` records.
+    fn checkpoint_with(&mut self, records: u64) -> u64 {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+        let mut snapshots = Vec::new();
+        loop {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the job made no checkpoint of {records} records"
+            );
+            let Some(Ok(line)) = self.lines.next() else {
+                let _ = self.child.kill();
+                panic!("the Flink job ended early");
+            };
+            let w: Vec<&str> = line.split_whitespace().collect();
+            match w.as_slice() {
+                ["restored", "records", m] => self.restored = m.parse().ok(),
+                ["snapshot", n, "records", m] if m.parse::<u64>() == Ok(records) => {
+                    snapshots.push(n.parse::<u64>().unwrap())
+                }
+                ["complete", n] if snapshots.contains(&n.parse().unwrap()) => {
+                    return n.parse().unwrap()
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// SIGKILL: Flink keeps the retained checkpoints of a job that did not finish.
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Every subtask directory of `tree` (`cp-N/` of a mount) copied out and each column
+/// family counted by Debian's ldb against StateJob's `--expected` figures for `records`.
+fn check_tree(classpath: &str, tree: &Path, records: u64, scratch: &Path) {
+    let expected = job_expected(classpath, records);
+    let mut checked = 0;
+    for operator in std::fs::read_dir(tree).unwrap() {
+        let operator = operator.unwrap().file_name().into_string().unwrap();
+        let name = match operator.as_str() {
+            "counter" => "counter",
+            "_flink" => continue,
+            _ => "totals",
+        };
+        for subtask in 0..2u32 {
+            let out = scratch.join(format!("out-{operator}-{subtask}"));
+            cp_a(&tree.join(&operator).join(subtask.to_string()), &out);
+            for ((op, cf, s), entries) in &expected {
+                if op == name && *s == subtask {
+                    assert_eq!(ldb_entries(&out, cf), *entries, "{op} {cf} subtask {s}");
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(checked, expected.len());
+}
+
 /// A real Flink 2.3 job (tests/flink/StateJob.java on a local mini cluster, RocksDB
 /// incremental checkpoints every second) followed by `mount --flink`: its checkpoints are
 /// imported while it runs, and the newest one, taken after the job's last record, holds in
 /// every column family of every subtask what the job wrote (Debian's ldb counts).
 #[test]
 fn a_running_flink_job_is_followed_and_its_state_reads_back() {
-    use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let classpath =
         crate::common::java::compile_java("tests/flink/StateJob.java", &dir.path().join("classes"));
@@ -306,91 +419,368 @@ fn a_running_flink_job_is_followed_and_its_state_reads_back() {
     // Following the checkpoint root before the job has made its directory.
     let m = Mounted::at(&store, &mnt, &["--flink", ck.to_str().unwrap()]);
     let records = 600u64;
-    let mut job = Command::new("java")
-        .args(["-Xmx768m", "-cp", &classpath, "StateJob"])
-        .arg(&ck)
-        .args([
-            "--keys",
-            "50",
-            "--records",
-            &records.to_string(),
-            "--rate",
-            "300",
-        ])
-        .args([
-            "--interval-ms",
-            "1000",
-            "--retained",
-            "2",
-            "--parallelism",
-            "2",
-        ])
-        .args(["--max-parallelism", "128", "--inline-threshold", "2048"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    // The first checkpoint whose snapshot holds every record, once complete.
-    let mut idle = None;
-    let mut lines = std::io::BufReader::new(job.stdout.take().unwrap()).lines();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
-    let mut last_record_snapshots = Vec::new();
-    while idle.is_none() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the job made no idle checkpoint"
-        );
-        let Some(Ok(line)) = lines.next() else {
-            let _ = job.kill();
-            panic!("the Flink job ended early");
-        };
-        let w: Vec<&str> = line.split_whitespace().collect();
-        match w.as_slice() {
-            ["snapshot", n, "records", m] if m.parse::<u64>() == Ok(records) => {
-                last_record_snapshots.push(n.parse::<u64>().unwrap())
-            }
-            ["complete", n] if last_record_snapshots.contains(&n.parse().unwrap()) => {
-                idle = Some(n.parse::<u64>().unwrap())
-            }
-            _ => {}
-        }
-    }
-    let idle = idle.unwrap();
-    wait_for("the idle checkpoint imported", || {
-        labels(&m).contains(&idle)
+    let mut job = Job::start(&classpath, &ck, records, &[]);
+    // The first checkpoint whose snapshot holds every record, once complete. Every later
+    // one holds the same state (the source is idle); a follower that falls behind under
+    // load may find it deleted by Flink already (the job retains 2) and import later ones.
+    let idle = job.checkpoint_with(records);
+    wait_for("a checkpoint after the last record imported", || {
+        labels(&m).iter().any(|c| *c >= idle)
     });
-    let _ = job.kill();
-    let _ = job.wait();
+    job.kill();
     let imported = labels(&m);
     assert!(imported.len() >= 2, "{imported:?}");
-    let id = imported.iter().position(|c| *c == idle).unwrap() + 1;
     let rows: Vec<serde_json::Value> = std::fs::read_to_string(mnt.join(".ckptfs/checkpoints"))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    let cp = rows[id - 1]["id"].as_u64().unwrap();
-    let expected = job_expected(&classpath, records);
-    let mut checked = 0;
-    let tree = mnt.join(format!("cp-{cp}"));
-    for operator in std::fs::read_dir(&tree).unwrap() {
-        let operator = operator.unwrap().file_name().into_string().unwrap();
-        let name = if operator == "counter" {
-            "counter"
-        } else {
-            "totals"
-        };
-        for subtask in 0..2u32 {
-            let out = dir.path().join(format!("out-{operator}-{subtask}"));
-            cp_a(&tree.join(&operator).join(subtask.to_string()), &out);
-            for ((op, cf, s), entries) in &expected {
-                if op == name && *s == subtask {
-                    assert_eq!(ldb_entries(&out, cf), *entries, "{op} {cf} subtask {s}");
-                    checked += 1;
+    let row = rows
+        .iter()
+        .find(|r| r["flink"]["checkpoint"].as_u64() >= Some(idle))
+        .unwrap();
+    let cp = row["id"].as_u64().unwrap();
+    check_tree(
+        &classpath,
+        &mnt.join(format!("cp-{cp}")),
+        records,
+        dir.path(),
+    );
+    m.umount();
+}
+
+/// `ckptfs export-flink` gives a checkpoint back to Flink: checkpoint 4 of the fixture job
+/// (933 records; imported from a moved copy, so no path in its _metadata is valid any
+/// more), exported out of a mount, restores a real Flink job: its source goes on from
+/// record 933 and every key's state from what it held, so that once 1200 records are out
+/// the job's state is that of 1200 records, as if it had never stopped.
+#[test]
+fn an_exported_checkpoint_restores_a_flink_job_with_its_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let classpath =
+        crate::common::java::compile_java("tests/flink/StateJob.java", &dir.path().join("classes"));
+    let src = dir.path().join("copied-job");
+    cp_a(&fixture(), &src);
+    let store = dir.path().join("store");
+    ok(ckptfs(&[
+        "import-flink",
+        src.to_str().unwrap(),
+        store.to_str().unwrap(),
+    ]));
+    // Flink's files are gone: only ckptfs has them.
+    std::fs::remove_dir_all(&src).unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let m = Mounted::at(&store, &mnt, &[]);
+    let dest = dir.path().join("restore-from");
+    let printed = ok(ckptfs(&[
+        "export-flink",
+        mnt.to_str().unwrap(),
+        "1",
+        dest.to_str().unwrap(),
+    ]));
+    let chk = PathBuf::from(printed.trim());
+    assert_eq!(
+        chk,
+        dest.join("a312c9034e3e0d2016dae60431b4c9dc/chk-4"),
+        "{printed}"
+    );
+    assert!(chk.join("_metadata").is_file());
+    m.umount();
+
+    let ck = dir.path().join("ck2");
+    let mut job = Job::start(&classpath, &ck, 1200, &["--restore", chk.to_str().unwrap()]);
+    let done = job.checkpoint_with(1200);
+    let restored = job.restored;
+    job.kill();
+    assert_eq!(
+        restored,
+        Some(933),
+        "the source starts where checkpoint 4 was"
+    );
+    // Into the same store: the restored job is another job (its own id and checkpoint
+    // ids); the files it uploads anew under other names but with the bytes the store
+    // holds (its first checkpoint after a restore is a full one) are stored once.
+    let answers: Vec<serde_json::Value> = ok(ckptfs(&[
+        "import-flink",
+        ck.to_str().unwrap(),
+        store.to_str().unwrap(),
+        "--json",
+    ]))
+    .lines()
+    .map(|l| serde_json::from_str(l).unwrap())
+    .collect();
+    let first = &answers[0];
+    assert!(
+        first["bytes_uploaded"].as_u64() < first["bytes"].as_u64(),
+        "nothing deduplicated: {first}"
+    );
+    let m2 = Mounted::at(&store, &mnt, &[]);
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(mnt.join(".ckptfs/checkpoints"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let row = rows
+        .iter()
+        .find(|r| {
+            r["flink"]["checkpoint"].as_u64() == Some(done)
+                && r["flink"]["job"] != "a312c9034e3e0d2016dae60431b4c9dc"
+        })
+        .unwrap_or_else(|| panic!("checkpoint {done} not imported: {rows:?}"));
+    let cp = row["id"].as_u64().unwrap();
+    check_tree(&classpath, &mnt.join(format!("cp-{cp}")), 1200, dir.path());
+    m2.umount();
+}
+
+/// `ckptfs import-flink SRC MOUNTPOINT`: the daemon imports (a bad checkpoint refused with
+/// nothing imported, twice imports nothing new), and `export-flink` from the store read
+/// directly writes a checkpoint directory whose `_metadata` names only files it holds, with
+/// their sizes; what cannot be exported is refused with nothing written.
+#[test]
+fn import_flink_through_a_mount_and_export_from_the_store() {
+    use ckptfs_core::flink::metadata::{self, KeyedHandle, StreamHandle};
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("job");
+    cp_a(&fixture(), &src);
+    let m = Mounted::new(&["--backend", "app/0"]);
+    let import = |src: &Path| {
+        ckptfs(&[
+            "import-flink",
+            src.to_str().unwrap(),
+            m.mnt.to_str().unwrap(),
+        ])
+    };
+
+    // A damaged _metadata among them: refused, nothing imported.
+    let bad = dir.path().join("bad");
+    cp_a(&fixture(), &bad);
+    let metadata_of_5 = bad.join("chk-5/_metadata");
+    let bytes = std::fs::read(&metadata_of_5).unwrap();
+    std::fs::write(&metadata_of_5, &bytes[..bytes.len() / 2]).unwrap();
+    let out = import(&bad);
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("Flink checkpoint 5") && e.contains("nothing was imported"),
+        "{e}"
+    );
+    assert_eq!(labels(&m), Vec::<u64>::new());
+
+    let ids: Vec<u64> = ok(import(&src))
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    assert_eq!(labels(&m), [4, 5, 6]);
+    assert_eq!(ok(import(&src)), "");
+    // The daemon's own backend is in every checkpoint beside the job's.
+    assert!(m.mnt.join(format!("cp-{}/app/0/CURRENT", ids[2])).is_file());
+    m.umount();
+
+    let store = m.store.to_str().unwrap();
+    let dest = dir.path().join("export");
+    let out = ckptfs(&[
+        "export-flink",
+        store,
+        &ids[1].to_string(),
+        dest.to_str().unwrap(),
+        "--json",
+    ]);
+    let exported: serde_json::Value = serde_json::from_str(&ok(out)).unwrap();
+    let chk = dest.join("a312c9034e3e0d2016dae60431b4c9dc/chk-5");
+    assert_eq!(exported["path"], chk.to_str().unwrap());
+    assert_eq!(exported["checkpoint"], 5);
+    let parsed = metadata::parse(&std::fs::read(chk.join("_metadata")).unwrap()).unwrap();
+    assert_eq!(parsed.checkpoint_id, 5);
+    let mut named = 0;
+    for op in &parsed.operators {
+        for subtask in &op.subtasks {
+            let Some(KeyedHandle::Incremental(h)) = &subtask.managed_keyed else {
+                continue;
+            };
+            for (_, stream) in h.shared.iter().chain(&h.private) {
+                if let StreamHandle::File { path, size, .. } = stream {
+                    let local = path.strip_prefix("file:").unwrap();
+                    assert!(local.starts_with(dest.to_str().unwrap()), "{path}");
+                    assert_eq!(std::fs::metadata(local).unwrap().len(), *size, "{path}");
+                    named += 1;
                 }
             }
         }
     }
-    assert_eq!(checked, expected.len());
+    assert!(named > 4, "the fixture uploads files: {named}");
+    let written = walk_files(&dest);
+    assert_eq!(written as u64, exported["files"].as_u64().unwrap());
+
+    // Refused, nothing written: a destination that is not empty, a checkpoint that is no
+    // Flink checkpoint, one the store does not have.
+    let out = ckptfs(&[
+        "export-flink",
+        store,
+        &ids[1].to_string(),
+        dest.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert_eq!(walk_files(&dest), written);
+    let other = Mounted::new(&["--backend", "app/0"]);
+    ok(ckptfs(&["checkpoint", other.mnt.to_str().unwrap()]));
+    let nowhere = dir.path().join("nowhere");
+    let out = ckptfs(&[
+        "export-flink",
+        other.mnt.to_str().unwrap(),
+        "1",
+        nowhere.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not imported from Flink"));
+    let out = ckptfs(&["export-flink", store, "99", nowhere.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(!nowhere.exists());
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with(".ckptfs-export-"))
+        .collect();
+    assert_eq!(leftovers, Vec::<String>::new());
+    other.umount();
+}
+
+/// Regular files under `dir`, at any depth.
+fn walk_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                walk_files(&e.path())
+            } else {
+                1
+            }
+        })
+        .sum()
+}
+
+/// A Flink job that checkpoints to object storage (`execution.checkpointing.dir:
+/// s3://...`): the fixture job's files put into a bucket of a real S3 server, each
+/// `_metadata` naming its files by `s3://` URI as Flink on S3 writes them. `import-flink
+/// s3://BUCKET/PREFIX` imports every checkpoint; a file the store holds from the previous
+/// checkpoint (same key and size) is not fetched again; the state reads back in ldb.
+#[test]
+fn a_flink_job_on_object_storage_is_imported_fetching_each_file_once() {
+    use ckptfs_core::flink::metadata::{self, KeyedHandle, StreamHandle};
+    let moto = crate::common::moto::moto();
+    let url = moto.store();
+    let bucket = url
+        .strip_prefix("s3://")
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap();
+    let job = "a312c9034e3e0d2016dae60431b4c9dc";
+    let prefix = format!("flink/ck/{job}");
+    let put = |key: &str, bytes: &[u8]| {
+        crate::common::moto::put_object(moto.port, bucket, &format!("{prefix}/{key}"), bytes)
+    };
+    for entry in std::fs::read_dir(fixture().join("shared")).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        put(
+            &format!("shared/{name}"),
+            &std::fs::read(entry.path()).unwrap(),
+        );
+    }
+    for n in [4, 5, 6] {
+        let chk = fixture().join(format!("chk-{n}"));
+        let bytes = std::fs::read(chk.join("_metadata")).unwrap();
+        let parsed = metadata::parse(&bytes).unwrap();
+        let mut paths = Vec::new();
+        for op in &parsed.operators {
+            for subtask in &op.subtasks {
+                if let Some(KeyedHandle::Incremental(h)) = &subtask.managed_keyed {
+                    for (_, stream) in h.shared.iter().chain(&h.private) {
+                        if let StreamHandle::File { path, at, .. } = stream {
+                            let uuid = path.rsplit('/').next().unwrap();
+                            paths.push((*at, format!("s3://{bucket}/{prefix}/shared/{uuid}")));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(!paths.is_empty());
+        put(
+            &format!("chk-{n}/_metadata"),
+            &metadata::with_paths(&bytes, paths).unwrap(),
+        );
+        for entry in std::fs::read_dir(&chk).unwrap() {
+            let entry = entry.unwrap();
+            let name = entry.file_name().into_string().unwrap();
+            if name != "_metadata" {
+                put(
+                    &format!("chk-{n}/{name}"),
+                    &std::fs::read(entry.path()).unwrap(),
+                );
+            }
+        }
+    }
+    // In flight: a chk-7 without _metadata.
+    put("chk-7/0b8e3c52-2f1e-4c1a-9d7e-000000000000", b"partial");
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let src = format!("s3://{bucket}/flink/ck");
+    // Through a proxy that counts the requests.
+    let proxy = crate::common::moto::HttpProxy::start(moto.port);
+    let out = std::process::Command::new(crate::common::mounted::BIN)
+        .args(["import-flink", &src, store.to_str().unwrap()])
+        .env(
+            "AWS_ENDPOINT_URL",
+            format!("http://127.0.0.1:{}", proxy.port),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(ok(out).lines().count(), 3);
+    // Every uploaded file is fetched once, though the later checkpoints name most of them
+    // again.
+    let mut named = Vec::new();
+    for n in [4, 5, 6] {
+        let bytes = std::fs::read(fixture().join(format!("chk-{n}/_metadata"))).unwrap();
+        for op in metadata::parse(&bytes).unwrap().operators {
+            for subtask in op.subtasks {
+                if let Some(KeyedHandle::Incremental(h)) = subtask.managed_keyed {
+                    for (_, stream) in h.shared.into_iter().chain(h.private) {
+                        if let StreamHandle::File { path, .. } = stream {
+                            named.push(path);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let distinct: std::collections::BTreeSet<&String> = named.iter().collect();
+    assert!(
+        distinct.len() < named.len(),
+        "later checkpoints reuse files"
+    );
+    assert_eq!(proxy.seen("GET", "/shared/"), distinct.len());
+    assert_eq!(
+        ok(ckptfs(&["import-flink", &src, store.to_str().unwrap()])),
+        ""
+    );
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let m = Mounted::at(&store, &mnt, &[]);
+    assert_eq!(labels(&m), [4, 5, 6]);
+    let out = dir.path().join("out");
+    cp_a(&mnt.join("cp-3/counter/0"), &out);
+    let expected = expected();
+    let mut checked = 0;
+    for ((n, op, s, cf), entries) in &expected {
+        if *n == 6 && op == "counter" && *s == 0 {
+            assert_eq!(ldb_entries(&out, cf), *entries, "{cf}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2);
     m.umount();
 }

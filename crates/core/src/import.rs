@@ -57,8 +57,30 @@ pub struct ScannedFile {
 }
 
 impl ScannedFile {
+    /// A file on object storage under an immutable name (`source`) that the backend's
+    /// newest snapshot already holds under this name, source and size: re-referenced, never
+    /// fetched. It has no local path (an import that cannot re-reference it fails, see
+    /// [`ScannedFile::is_stored`]) and nothing local to check.
+    pub fn stored(name: &str, source: String, size: u64) -> Self {
+        ScannedFile {
+            name: name.to_string(),
+            path: PathBuf::new(),
+            size,
+            source: Some(source),
+            stamp: String::new(),
+        }
+    }
+
+    /// Made by [`ScannedFile::stored`]: there are no local bytes to read.
+    pub fn is_stored(&self) -> bool {
+        self.path.as_os_str().is_empty()
+    }
+
     /// Fail if the file is no longer what was listed (written, replaced or removed since).
     pub fn check_unchanged(&self) -> Result<()> {
+        if self.is_stored() {
+            return Ok(());
+        }
         let now = std::fs::symlink_metadata(&self.path)
             .map(|m| stamp_of(&m))
             .unwrap_or_default();

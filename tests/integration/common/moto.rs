@@ -111,6 +111,23 @@ pub fn create_bucket(port: u16, bucket: &str) {
     );
 }
 
+/// Put an object with a plain (unsigned) request, as another application would have
+/// written it (a Flink job's checkpoint files).
+pub fn put_object(port: u16, bucket: &str, key: &str, bytes: &[u8]) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        stream,
+        "PUT /{bucket}/{key} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n",
+        bytes.len()
+    )
+    .unwrap();
+    stream.write_all(bytes).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "put {key}: {answer}");
+}
+
 /// A TCP proxy in front of a server: `cut` closes every connection and refuses new ones
 /// until `restore`; `cut_after` lets that many more bytes through towards the server first.
 pub struct Proxy {

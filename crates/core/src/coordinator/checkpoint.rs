@@ -32,6 +32,17 @@ impl Engine {
     /// external one from now on. Every backend neither hosted nor imported is carried over
     /// unchanged from the newest checkpoint. An import is the only checkpoint in flight.
     pub fn begin_checkpoint_with(&self, imports: Vec<Scanned>) -> Result<PendingCheckpoint> {
+        self.begin_importing(imports, true)
+    }
+
+    /// [`Engine::begin_checkpoint_with`] of a checkpoint that holds the hosted backends and
+    /// `imports`, nothing carried over: an application's checkpoint that names every
+    /// backend it has (a Flink checkpoint: an operator no longer in the job is gone).
+    pub fn begin_checkpoint_of(&self, imports: Vec<Scanned>) -> Result<PendingCheckpoint> {
+        self.begin_importing(imports, false)
+    }
+
+    fn begin_importing(&self, imports: Vec<Scanned>, carry: bool) -> Result<PendingCheckpoint> {
         self.check_writable()?;
         let mut seen = BTreeSet::new();
         for import in &imports {
@@ -178,7 +189,11 @@ impl Engine {
         // (nothing the newest checkpoint holds can be deleted before).
         let (carried, pinned, imported) = {
             let mut st = self.state();
-            let carried = self.carry_over(&st, &imports);
+            let carried = if carry {
+                self.carry_over(&st, &imports)
+            } else {
+                Vec::new()
+            };
             let pinned = carried
                 .iter()
                 .try_for_each(|snapshot| pin_snapshot(&mut st, snapshot, &mut pins));
@@ -193,6 +208,17 @@ impl Engine {
         }
         let mut scanned = Vec::new();
         for (part, files) in imported {
+            let kept = |name: &str| part.kept.iter().any(|k| k.name == name);
+            if let (Some(lost), true) = (
+                files.iter().find(|f| f.is_stored() && !kept(&f.name)),
+                sync.is_ok(),
+            ) {
+                sync = Err(Error::Busy(format!(
+                    "{}/{} was in the store when listed and is being deleted now: import again \
+                     (it is then fetched)",
+                    part.name, lost.name
+                )));
+            }
             parts.push(part);
             scanned.push(files);
         }
@@ -328,6 +354,11 @@ fn import_part(
                 part.kept.push(known);
                 continue;
             }
+        }
+        if file.is_stored() {
+            // Expected in the store and no longer there to share (being deleted): the
+            // checkpoint fails below; the next one fetches the file.
+            continue;
         }
         part.files.push(StagedFile {
             name: file.name.clone(),

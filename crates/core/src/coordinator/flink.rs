@@ -1,15 +1,16 @@
 //! Importing a Flink job's completed checkpoints (`ckptfs import-flink`, and a daemon that
 //! follows a job with `mount --flink`): each one newer than the newest the store holds from
 //! that job becomes one checkpoint, labelled with the job and checkpoint id, whose backends
-//! are the job's subtasks ([`crate::flink::import`]).
+//! are the job's subtasks and its own files ([`crate::flink::import`]): nothing else is
+//! carried over, so an operator the job no longer has is not in its later checkpoints.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use super::{Engine, ImportReport};
 use crate::catalog::{FlinkLabel, Manifest};
 use crate::error::{IoContext, Result};
-use crate::flink::import::{self as flink, Completed};
+use crate::flink::import::{self as flink, Completed, Source};
+use crate::names::BackendName;
 
 /// What importing one Flink checkpoint gave.
 pub struct FlinkImport {
@@ -24,7 +25,7 @@ impl Engine {
     /// fails is reported and the later ones are still imported (a follower tries it again
     /// at its next look, while it is still newer than what the store holds); without, the
     /// first failure ends the import.
-    pub fn import_flink(&self, src: &Path, keep_going: bool) -> Result<Vec<FlinkImport>> {
+    pub fn import_flink(&self, src: &Source, keep_going: bool) -> Result<Vec<FlinkImport>> {
         let completed = flink::completed(src)?;
         let mut out = Vec::new();
         for checkpoint in completed {
@@ -57,6 +58,19 @@ impl Engine {
             .max()
     }
 
+    /// Whether the newest snapshot of `backend` lists file `name` read from `source`, of
+    /// `size` bytes: the next import re-references it without reading it.
+    fn holds_source(&self, backend: &BackendName, name: &str, source: &str, size: u64) -> bool {
+        let st = self.state();
+        let newest = st.manifests.values().rev().find_map(|m| m.backend(backend));
+        newest.is_some_and(|snapshot| {
+            snapshot
+                .files
+                .iter()
+                .any(|f| f.name == name && f.size == size && f.source.as_deref() == Some(source))
+        })
+    }
+
     /// One checkpoint, unless the store holds it or a newer one of its job.
     #[allow(clippy::type_complexity)]
     fn import_flink_checkpoint(
@@ -72,11 +86,14 @@ impl Engine {
             .prefix("flink-import-")
             .tempdir_in(self.state_dir())
             .ctx("create a staging directory in", self.state_dir())?;
-        let (backends, job) = flink::subtasks(checkpoint, staging.path())?;
+        let known = |backend: &BackendName, name: &str, source: &str, size: u64| {
+            self.holds_source(backend, name, source, size)
+        };
+        let (backends, job) = flink::subtasks(checkpoint, staging.path(), &known)?;
         if held(&job) {
             return Ok(None);
         }
-        let mut pending = self.begin_checkpoint_with(backends)?;
+        let mut pending = self.begin_checkpoint_of(backends)?;
         pending.set_flink(FlinkLabel {
             job: job.clone(),
             checkpoint: checkpoint.checkpoint,

@@ -63,6 +63,7 @@ pub enum KeyedHandle {
         type_byte: u8,
         start: u32,
         count: u32,
+        handle: Option<StreamHandle>,
     },
 }
 
@@ -87,15 +88,18 @@ pub struct IncrementalHandle {
 pub enum StreamHandle {
     /// In `_metadata` itself (files up to the inline threshold, 20 KiB by default).
     Inline(Vec<u8>),
-    /// A file, by absolute URI (`file:/…/shared/<uuid>`, `s3://…`).
+    /// A file, by absolute URI (`file:/…/shared/<uuid>`, `s3://…`). `at`: where the path
+    /// is in `_metadata` (its length prefix), so that an export can write another.
     File {
         path: String,
         size: u64,
+        at: usize,
     },
-    /// A file in the checkpoint's own directory.
+    /// A file in the checkpoint's own directory (the one holding `_metadata`).
     Relative {
         path: String,
         size: u64,
+        at: usize,
     },
     /// A range of a file shared by several (file merging).
     Segment {
@@ -301,12 +305,15 @@ fn stream(r: &mut Reader<'_>) -> Result<Option<StreamHandle>> {
         }
         2 => {
             let size = r.size("file size")?;
+            let at = r.at;
             StreamHandle::File {
                 path: r.utf()?,
                 size,
+                at,
             }
         }
         6 => StreamHandle::Relative {
+            at: r.at,
             path: r.utf()?,
             size: r.size("file size")?,
         },
@@ -403,7 +410,7 @@ fn keyed(r: &mut Reader<'_>) -> Result<Option<KeyedHandle>> {
             for _ in 0..count {
                 r.i64()?;
             }
-            stream(r)?;
+            let handle = stream(r)?;
             if type_byte == 12 {
                 r.utf()?;
             }
@@ -411,6 +418,7 @@ fn keyed(r: &mut Reader<'_>) -> Result<Option<KeyedHandle>> {
                 type_byte,
                 start,
                 count,
+                handle,
             }
         }
         8 | 14 => {
@@ -425,6 +433,35 @@ fn keyed(r: &mut Reader<'_>) -> Result<Option<KeyedHandle>> {
             )))
         }
     }))
+}
+
+/// `bytes` (a `_metadata` file) with the paths at the given offsets (the `at` of
+/// [`StreamHandle::File`] and [`StreamHandle::Relative`] as [`parse`] read them) replaced:
+/// the same checkpoint, naming its files elsewhere. Nothing else changes (handles carry no
+/// lengths of what they hold, so a longer or shorter path moves the rest unharmed).
+pub fn with_paths(bytes: &[u8], mut paths: Vec<(usize, String)>) -> Result<Vec<u8>> {
+    paths.sort_by_key(|(at, _)| *at);
+    let mut out = Vec::with_capacity(bytes.len() + paths.len() * 64);
+    let mut from = 0;
+    for (at, path) in paths {
+        let old = bytes
+            .get(at..at + 2)
+            .filter(|_| at >= from)
+            .map(|len| u16::from_be_bytes([len[0], len[1]]) as usize)
+            .ok_or_else(|| bad(format!("no path at byte {at}")))?;
+        let encoded = cesu8::to_java_cesu8(&path);
+        let len = u16::try_from(encoded.len())
+            .map_err(|_| bad(format!("path {path} is longer than 65535 bytes")))?;
+        out.extend_from_slice(&bytes[from..at]);
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(&encoded);
+        from = at + 2 + old;
+        if from > bytes.len() {
+            return Err(bad(format!("the path at byte {at} ends past the end")));
+        }
+    }
+    out.extend_from_slice(&bytes[from..]);
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -485,6 +522,59 @@ mod tests {
                 assert_eq!(groups, 128);
             }
         }
+    }
+
+    /// The file handles of every subtask's incremental keyed state.
+    fn keyed_files(m: &mut Metadata) -> Vec<&mut StreamHandle> {
+        let mut out = Vec::new();
+        for op in &mut m.operators {
+            for s in &mut op.subtasks {
+                if let Some(KeyedHandle::Incremental(h)) = &mut s.managed_keyed {
+                    out.push(&mut h.meta);
+                    out.extend(
+                        h.shared
+                            .iter_mut()
+                            .chain(h.private.iter_mut())
+                            .map(|(_, f)| f),
+                    );
+                }
+            }
+        }
+        out
+    }
+
+    /// Every file's path rewritten (longer, and non-ASCII): the same checkpoint naming
+    /// the new paths, every other field as it was.
+    #[test]
+    fn paths_are_rewritten_and_nothing_else() {
+        const PREFIX: &str = "file:/elsewhere/\u{e9}t\u{e9}/";
+        let bytes = fixture(6);
+        let mut before = parse(&bytes).unwrap();
+        let mut paths = Vec::new();
+        for f in keyed_files(&mut before) {
+            if let StreamHandle::File { path, at, .. } | StreamHandle::Relative { path, at, .. } = f
+            {
+                paths.push((*at, format!("{PREFIX}{path}")));
+                *at = 0;
+            }
+        }
+        assert!(paths.len() > 4, "the fixture names files");
+        let expected: Vec<String> = paths.iter().map(|(_, p)| p.clone()).collect();
+        let mut after = parse(&with_paths(&bytes, paths).unwrap()).unwrap();
+        let mut seen = Vec::new();
+        for f in keyed_files(&mut after) {
+            if let StreamHandle::File { path, at, .. } | StreamHandle::Relative { path, at, .. } = f
+            {
+                seen.push(path.clone());
+                *path = path.trim_start_matches(PREFIX).to_string();
+                *at = 0;
+            }
+        }
+        assert_eq!(seen, expected);
+        assert_eq!(after, before);
+        // No paths: the same bytes, the trailer (Java-serialized properties) included.
+        assert_eq!(with_paths(&bytes, Vec::new()).unwrap(), bytes);
+        assert!(with_paths(&bytes, vec![(bytes.len() - 1, "x".into())]).is_err());
     }
 
     #[test]

@@ -1,7 +1,8 @@
-//! Apache Flink's own checkpoints as a source of backends: [`metadata`] reads a
-//! `_metadata` file, [`import`] turns a completed checkpoint into backends to import (the
-//! engine's side, labels and following a job, is `coordinator/flink.rs`). Nothing writes
-//! `_metadata` back for Flink.
+//! Apache Flink's own checkpoints: [`metadata`] reads a `_metadata` file (and writes it
+//! with its files elsewhere), [`import`] turns a completed checkpoint into backends to
+//! import (the engine's side, labels and following a job, is `coordinator/flink.rs`),
+//! [`export`] gives an imported checkpoint back to Flink as a checkpoint directory.
 
+pub mod export;
 pub mod import;
 pub mod metadata;

@@ -168,6 +168,96 @@ impl Remote {
     }
 }
 
+/// Reading objects that are not ckptfs's own (a Flink job's checkpoints, `ckptfs
+/// import-flink s3://...`): keys are whole keys of the bucket, the prefix is not added.
+impl Remote {
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    /// The keys under `prefix` (a whole key prefix, ending in `/` for a directory) and
+    /// their sizes; with `delimiter`, only the next level (keys, and "directories" ending
+    /// in `/` with size 0).
+    pub fn list_keys(&self, prefix: &str, delimiter: bool) -> Result<Vec<(String, u64)>> {
+        let what = format!("list s3://{}/{prefix}", self.bucket);
+        // object_store lists whole path segments: "a/b" lists under "a/b/".
+        let dir = Key::from(prefix.trim_end_matches('/'));
+        self.block_on(async {
+            let mut out = Vec::new();
+            if delimiter {
+                let listed = self
+                    .client
+                    .list_with_delimiter(Some(&dir))
+                    .await
+                    .map_err(|e| remote_error(&what, e))?;
+                for p in listed.common_prefixes {
+                    out.push((format!("{}/", p.as_ref()), 0));
+                }
+                for o in listed.objects {
+                    out.push((o.location.as_ref().to_string(), o.size));
+                }
+            } else {
+                let mut stream = self.client.list(Some(&dir));
+                while let Some(meta) = stream.next().await {
+                    let meta = meta.map_err(|e| remote_error(&what, e))?;
+                    out.push((meta.location.as_ref().to_string(), meta.size));
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    /// The size of object `key`, or `None` if there is none.
+    pub fn size_of(&self, key: &str) -> Result<Option<u64>> {
+        let what = format!("look up s3://{}/{key}", self.bucket);
+        match self.block_on(self.client.head(&Key::from(key))) {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(remote_error(&what, e)),
+        }
+    }
+
+    /// Object `key`, whole.
+    pub fn get_bytes(&self, key: &str) -> Result<Vec<u8>> {
+        let what = format!("read s3://{}/{key}", self.bucket);
+        self.block_on(async {
+            let got = self
+                .client
+                .get(&Key::from(key))
+                .await
+                .map_err(|e| remote_error(&what, e))?;
+            let bytes = got.bytes().await.map_err(|e| remote_error(&what, e))?;
+            Ok(bytes.to_vec())
+        })
+    }
+
+    /// Object `key` written to `to` (a new file), durably; its length.
+    pub fn download(&self, key: &str, to: &Path) -> Result<u64> {
+        let what = format!("read s3://{}/{key}", self.bucket);
+        let mut out = create_new_private().open(to).ctx("create", to)?;
+        let total: Result<u64> = self.block_on(async {
+            let got = self
+                .client
+                .get(&Key::from(key))
+                .await
+                .map_err(|e| remote_error(&what, e))?;
+            let mut stream = got.into_stream();
+            let mut total = 0u64;
+            while let Some(piece) = stream.next().await {
+                let piece = piece.map_err(|e| remote_error(&what, e))?;
+                out.write_all(&piece).ctx("write", to)?;
+                total += piece.len() as u64;
+            }
+            Ok(total)
+        });
+        let total = total.and_then(|n| out.sync_all().ctx("fsync", to).map(|()| n));
+        if total.is_err() {
+            let _ = fs::remove_file(to);
+        }
+        total
+    }
+}
+
 /// An `object_store` error as ours: the operation and the key in the message, errno EIO
 /// (or ENOENT, EEXIST, ESTALE where the kind says so).
 fn remote_error(what: &str, e: object_store::Error) -> Error {

@@ -1,0 +1,228 @@
+//! A checkpoint imported from Flink, given back to Flink (`ckptfs export-flink`): a Flink
+//! checkpoint directory, `DEST/<job-id>/chk-<N>/`, whose `_metadata` is the one Flink wrote
+//! with every file's path pointing into DEST, and those files:
+//!
+//! - a file Flink named by absolute path (`shared/<uuid>`, the RocksDB files and whatever
+//!   else it uploaded) goes to `DEST/<job-id>/shared/<last part of its path>`;
+//! - a file named relative to its checkpoint's directory goes there, `chk-<N>/<path>`;
+//! - files Flink inlined into `_metadata` stay there.
+//!
+//! Where each file is in the store is what the import wrote ([`super::import::layout`]):
+//! a subtask's files in its backend under their RocksDB names, the job's own files (and
+//! `_metadata`) in [`super::import::job_backend`]. Flink restores the job from the
+//! directory (`execution.state-recovery.path`); it never needs ckptfs to read it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::import::{job_backend, layout, METADATA};
+use super::metadata::{self, StreamHandle};
+use crate::error::{Error, IoContext, Result};
+use crate::names::BackendName;
+
+/// Where the files of one checkpoint are read from: a store, or a mount's `cp-N/`.
+pub trait CheckpointFiles {
+    /// Copy file `name` of `backend` to `to` (a new file), durably; its length.
+    fn copy(&self, backend: &BackendName, name: &str, to: &Path) -> Result<u64>;
+}
+
+/// The files of checkpoint N as a mount shows them (`MOUNTPOINT/cp-N/`).
+pub struct MountedCheckpoint(pub PathBuf);
+
+impl CheckpointFiles for MountedCheckpoint {
+    fn copy(&self, backend: &BackendName, name: &str, to: &Path) -> Result<u64> {
+        let from = self.0.join(backend.rel_path()).join(name);
+        let mut input = std::fs::File::open(&from).ctx("open", &from)?;
+        let mut output = crate::fsutil::create_new_private()
+            .open(to)
+            .ctx("create", to)?;
+        let n = std::io::copy(&mut input, &mut output).ctx("copy", &from)?;
+        output.sync_all().ctx("fsync", to)?;
+        Ok(n)
+    }
+}
+
+/// What an export wrote.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Exported {
+    /// The Flink checkpoint directory (holding `_metadata`): what Flink restores from.
+    pub path: PathBuf,
+    pub job: String,
+    pub checkpoint: u64,
+    /// Files written (`_metadata` included) and their bytes.
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// Write checkpoint `checkpoint` of Flink job `job`, whose files `stored` reads, as a Flink
+/// checkpoint directory under `dest` (missing or empty). Everything is written into a
+/// temporary directory beside `dest` and renamed into place last: a failed export leaves
+/// nothing.
+pub fn export(
+    stored: &dyn CheckpointFiles,
+    job: &str,
+    checkpoint: u64,
+    dest: &Path,
+) -> Result<Exported> {
+    if !super::import::is_job_id(job) {
+        return Err(Error::Invalid(format!("{job:?} is not a Flink job id")));
+    }
+    let dest = absolute(dest)?;
+    if !crate::fsutil::is_empty_or_missing(&dest)? {
+        return Err(Error::NotEmpty(dest.display().to_string()));
+    }
+    let parent = dest
+        .parent()
+        .expect("an absolute path that is not / has a parent");
+    let tmp = tempfile::Builder::new()
+        .prefix(".ckptfs-export-")
+        .tempdir_in(parent)
+        .ctx("create a directory in", parent)?;
+    let chk = format!("chk-{checkpoint}");
+    let (tmp_job, job_dir) = (tmp.path().join(job), dest.join(job));
+    for dir in [tmp_job.join("shared"), tmp_job.join(&chk)] {
+        std::fs::create_dir_all(&dir).ctx("create", &dir)?;
+    }
+    let original = tmp.path().join(METADATA);
+    stored
+        .copy(&job_backend(), METADATA, &original)
+        .map_err(|e| match e {
+            Error::NotFound(_) => Error::NotFound(format!(
+                "the checkpoint holds no Flink _metadata (imported before ckptfs kept it: import \
+             the Flink checkpoint again into a new store): {e}"
+            )),
+            e => e,
+        })?;
+    let bytes = std::fs::read(&original).ctx("read", &original)?;
+    std::fs::remove_file(&original).ctx("remove", &original)?;
+    let parsed = metadata::parse(&bytes)?;
+    if parsed.checkpoint_id != checkpoint {
+        return Err(Error::Corrupt(format!(
+            "the stored _metadata is of Flink checkpoint {}, the checkpoint's label says \
+             {checkpoint}",
+            parsed.checkpoint_id
+        )));
+    }
+    let layout = layout(&parsed)?;
+    let job_backend = job_backend();
+    let homes = layout
+        .subtasks
+        .iter()
+        .flat_map(|(backend, files)| files.iter().map(move |(n, s)| (backend, n, *s)))
+        .chain(layout.job_files.iter().map(|(n, s)| (&job_backend, n, *s)));
+    // Each destination once (one file may be named by several subtasks after a rescale).
+    let mut copies: BTreeMap<PathBuf, (&BackendName, &String, &str)> = BTreeMap::new();
+    let mut paths = Vec::new();
+    for (backend, name, stream) in homes {
+        let (rel, at, path) = match stream {
+            StreamHandle::File { path, at, .. } => {
+                let file = path.rsplit('/').next().unwrap_or(path);
+                crate::catalog::validate_file_name(file)?;
+                (Path::new("shared").join(file), Some(*at), path)
+            }
+            StreamHandle::Relative { path, .. } => {
+                crate::catalog::validate_file_name(path)?;
+                (Path::new(&chk).join(path), None, path)
+            }
+            // Inline: in _metadata; file merging was refused by the layout.
+            _ => continue,
+        };
+        if let Some(at) = at {
+            paths.push((at, format!("file:{}", job_dir.join(&rel).display())));
+        }
+        match copies.get(&rel) {
+            Some((_, _, known)) if *known != path.as_str() => {
+                return Err(Error::Invalid(format!(
+                    "{path} and {known} would both be exported as {}",
+                    rel.display()
+                )))
+            }
+            Some(_) => {}
+            None => {
+                copies.insert(rel, (backend, name, path));
+            }
+        }
+    }
+    let mut out = Exported {
+        path: job_dir.join(&chk),
+        job: job.to_string(),
+        checkpoint,
+        files: 0,
+        bytes: 0,
+    };
+    for (rel, (backend, name, _)) in &copies {
+        out.bytes += stored.copy(backend, name, &tmp_job.join(rel))?;
+        out.files += 1;
+    }
+    let rewritten = metadata::with_paths(&bytes, paths)?;
+    crate::fsutil::write_atomic(&tmp_job.join(&chk).join(METADATA), &rewritten)?;
+    out.files += 1;
+    out.bytes += rewritten.len() as u64;
+    for dir in [tmp_job.join("shared"), tmp_job.join(&chk), tmp_job.clone()] {
+        crate::fsutil::fsync_dir(&dir)?;
+    }
+    if dest.exists() {
+        std::fs::remove_dir(&dest).ctx("replace the empty directory", &dest)?;
+    }
+    let tmp = tmp.keep();
+    std::fs::rename(&tmp, &dest).ctx("rename into place", &dest)?;
+    crate::fsutil::fsync_dir(parent)?;
+    Ok(out)
+}
+
+/// `path` made absolute without following a last component that does not exist yet.
+fn absolute(path: &Path) -> Result<PathBuf> {
+    let name = path
+        .file_name()
+        .filter(|n| *n != "..")
+        .ok_or_else(|| Error::Invalid(format!("{} names no directory", path.display())))?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let parent = std::fs::canonicalize(parent).ctx("find", parent)?;
+    Ok(parent.join(name))
+}
+
+/// The files of one checkpoint in a store, read directly (verified).
+struct StoredCheckpoint<'a> {
+    objects: &'a dyn crate::store::ObjectStore,
+    manifest: &'a crate::catalog::Manifest,
+}
+
+impl CheckpointFiles for StoredCheckpoint<'_> {
+    fn copy(&self, backend: &BackendName, name: &str, to: &Path) -> Result<u64> {
+        let file = self
+            .manifest
+            .backend(backend)
+            .and_then(|b| b.files.iter().find(|f| f.name == name))
+            .ok_or_else(|| {
+                Error::NotFound(format!(
+                    "checkpoint {} has no file {backend}/{name}",
+                    self.manifest.id
+                ))
+            })?;
+        file.copy_verified(self.objects, to)?;
+        Ok(file.size)
+    }
+}
+
+/// [`export`] checkpoint `id` of a store (a directory or a URL, read without a daemon).
+pub fn export_from_store(store: &crate::store::Location, id: u64, dest: &Path) -> Result<Exported> {
+    let repo = crate::repo::Repo::reader(store)?;
+    let manifest = repo.catalog.load(id)?;
+    let label = manifest.flink.clone().ok_or_else(|| not_flink(id))?;
+    let stored = StoredCheckpoint {
+        objects: repo.objects.as_ref(),
+        manifest: &manifest,
+    };
+    export(&stored, &label.job, label.checkpoint, dest)
+}
+
+/// The refusal of a checkpoint that is no Flink checkpoint.
+pub fn not_flink(id: u64) -> Error {
+    Error::Invalid(format!(
+        "checkpoint {id} was not imported from Flink (ckptfs import-flink or mount --flink): \
+         there is no Flink checkpoint to give back"
+    ))
+}
