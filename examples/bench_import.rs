@@ -50,13 +50,12 @@ mod common;
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
-use std::fmt::Display;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::Instant;
 
-use common::{key, mix, percentile, value, KEY_SIZE, VALUE_SIZE};
+use common::{key, mix, percentile, value, Context, Mount, Result, KEY_SIZE, VALUE_SIZE};
 use rocksdb::backup::{BackupEngine, BackupEngineOptions, RestoreOptions};
 use rocksdb::checkpoint::Checkpoint;
 use serde_json::{json, Value};
@@ -66,18 +65,6 @@ const BATCH: usize = 1000;
 const BACKEND: &str = "bench/0";
 /// Target: ckptfs reads at most this multiple of the new SST bytes.
 const TARGET_READ_RATIO: f64 = 1.5;
-
-type Result<T> = std::result::Result<T, String>;
-
-trait Context<T> {
-    fn ctx(self, what: impl Display) -> Result<T>;
-}
-
-impl<T, E: Display> Context<T> for std::result::Result<T, E> {
-    fn ctx(self, what: impl Display) -> Result<T> {
-        self.map_err(|e| format!("{what}: {e}"))
-    }
-}
 
 struct Args {
     db_mib: u64,
@@ -358,7 +345,7 @@ fn import(
 ) -> Result<Import> {
     let mut source = OsString::from(format!("{BACKEND}="));
     source.push(dir);
-    let daemon_before = daemon.and_then(Mount::daemon_rchar);
+    let daemon_before = daemon.and_then(|m| m.proc_field("io", "rchar:"));
     let t = Instant::now();
     // The shell reaps ckptfs, so its own rchar then includes ckptfs's (and its few own reads).
     let out = Command::new("sh")
@@ -375,7 +362,7 @@ fn import(
         .ctx(format!("run sh -c {} import", bin.display()))?;
     let seconds = t.elapsed().as_secs_f64();
     let daemon_rchar = daemon
-        .and_then(Mount::daemon_rchar)
+        .and_then(|m| m.proc_field("io", "rchar:"))
         .zip(daemon_before)
         .map(|(after, before)| after.saturating_sub(before));
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -401,99 +388,6 @@ fn import(
         daemon_rchar,
         seconds,
     })
-}
-
-/// A mount of the store (BENCH_MOUNT=1), unmounted when dropped unless `unmount` did it.
-struct Mount {
-    bin: PathBuf,
-    mnt: PathBuf,
-    /// The daemon's pid (`pid` of MNT/.ckptfs/status).
-    pid: u32,
-    mounted: bool,
-}
-
-impl Mount {
-    /// `ckptfs mount STORE MNT [EXTRA]`, MNT a new directory: the mount and its time.
-    fn new(bin: &Path, store: &Path, mnt: &Path, extra: &[String]) -> Result<(Mount, f64)> {
-        std::fs::create_dir(mnt).ctx(format!("create the mountpoint {}", mnt.display()))?;
-        let t = Instant::now();
-        let out = Command::new(bin)
-            .arg("mount")
-            .arg(store)
-            .arg(mnt)
-            .args(extra)
-            .stdin(Stdio::null())
-            .output()
-            .ctx("run ckptfs mount")?;
-        let seconds = t.elapsed().as_secs_f64();
-        if !out.status.success() {
-            return Err(format!(
-                "`ckptfs mount {} {}` failed ({}):\n{}",
-                store.display(),
-                mnt.display(),
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        let mut mount = Mount {
-            bin: bin.to_path_buf(),
-            mnt: mnt.to_path_buf(),
-            pid: 0,
-            mounted: true,
-        };
-        let status_path = mnt.join(".ckptfs").join("status");
-        let status: Value = serde_json::from_str(
-            &std::fs::read_to_string(&status_path)
-                .ctx(format!("read {}", status_path.display()))?,
-        )
-        .ctx(format!("read {}", status_path.display()))?;
-        mount.pid = status["pid"]
-            .as_u64()
-            .and_then(|p| u32::try_from(p).ok())
-            .ok_or_else(|| format!("{} names no pid", status_path.display()))?;
-        Ok((mount, seconds))
-    }
-
-    /// The daemon's `rchar` (all its threads, exited ones included).
-    fn daemon_rchar(&self) -> Option<u64> {
-        rchar(&Path::new("/proc").join(self.pid.to_string()).join("io"))
-    }
-
-    /// `ckptfs umount MNT`: its time.
-    fn unmount(&mut self) -> Result<f64> {
-        self.mounted = false;
-        let t = Instant::now();
-        let out = Command::new(&self.bin)
-            .arg("umount")
-            .arg(&self.mnt)
-            .stdin(Stdio::null())
-            .output()
-            .ctx("run ckptfs umount")?;
-        let seconds = t.elapsed().as_secs_f64();
-        if !out.status.success() {
-            return Err(format!(
-                "`ckptfs umount {}` failed ({}):\n{}",
-                self.mnt.display(),
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        Ok(seconds)
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        if self.mounted {
-            let _ = Command::new(&self.bin)
-                .arg("umount")
-                .arg(&self.mnt)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-        }
-    }
 }
 
 /// The newest checkpoint of a ckptfs store, from `ckptfs ls STORE --json`.

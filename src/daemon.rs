@@ -34,8 +34,10 @@ pub struct MountConfig {
     pub flink: Option<PathBuf>,
 }
 
-/// How often a daemon following a Flink job looks for its new checkpoints.
-pub const FLINK_POLL: Duration = Duration::from_secs(2);
+/// How often a daemon following a Flink job looks for its new checkpoints: in a directory
+/// (a few stat calls), and on object storage (a few LIST and HEAD requests each time).
+pub const FLINK_POLL: Duration = Duration::from_secs(1);
+pub const FLINK_POLL_S3: Duration = Duration::from_secs(2);
 
 /// How often a read-only mount looks for the writer's new checkpoints.
 pub const REFRESH_PERIOD: Duration = Duration::from_secs(2);
@@ -213,7 +215,9 @@ pub fn serve(config: MountConfig, ready: impl FnOnce(Result<()>)) -> Result<()> 
             controller.start_orphan_sweep(config.engine.orphan_grace.max(Duration::from_secs(1)));
         }
         if let Some(src) = &config.flink {
-            controller.start_flink_follow(src.clone(), FLINK_POLL);
+            let on_s3 = src.to_string_lossy().starts_with("s3://");
+            let poll = if on_s3 { FLINK_POLL_S3 } else { FLINK_POLL };
+            controller.start_flink_follow(src.clone(), poll);
         }
         if let Some(period) = config.small_file_compaction.filter(|_| !config.read_only) {
             controller.start_small_file_compaction(period, Default::default());

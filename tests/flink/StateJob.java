@@ -23,6 +23,11 @@
 //                          parallelism 2: max(128, roundUpToPowerOfTwo(P + P/2)))
 //   --inline-threshold B   execution.checkpointing.data-inline-threshold in bytes (default: Flink's,
 //                          20 kb): state files up to this size are inlined into _metadata
+//   --incremental BOOL     execution.checkpointing.incremental (default true; false: full
+//                          snapshots, which Flink 2.3 writes in RocksDB's own format too, every file
+//                          of the database in chk-N/ each time)
+//   --state-backend NAME   state.backend.type (default rocksdb; hashmap: the heap backend, whose
+//                          keyed snapshots are streams of key groups, not RocksDB files)
 //   --restore PATH         execution.state-recovery.path: start from the checkpoint (or savepoint)
 //                          directory PATH (the one holding _metadata); the source goes on from
 //                          the number of records it had emitted, each key's state from what it
@@ -310,13 +315,13 @@ public final class StateJob {
     static final String USAGE = "usage: StateJob CHECKPOINT_DIR | --expected  [--keys K] [--rate R]"
             + " [--records N] [--after idle|finish] [--interval-ms MS] [--retained R]"
             + " [--parallelism P] [--max-parallelism M] [--inline-threshold BYTES] [--linger-ms MS]"
-            + " [--restore PATH] [--payload-bytes B]";
+            + " [--restore PATH] [--payload-bytes B] [--incremental BOOL] [--state-backend NAME]";
 
     public static void main(String[] args) throws Exception {
         String dir = null;
         boolean expected = false;
         Map<String, String> opts = new HashMap<>();
-        List<String> known = List.of("--keys", "--rate", "--records", "--after", "--interval-ms",
+        List<String> known = List.of("--incremental", "--state-backend", "--keys", "--rate", "--records", "--after", "--interval-ms",
                 "--retained", "--parallelism", "--max-parallelism", "--inline-threshold", "--linger-ms",
                 "--restore", "--payload-bytes");
         for (int i = 0; i < args.length; i++) {
@@ -360,7 +365,9 @@ public final class StateJob {
         if (keys < 1 || rate <= 0 || records < 0 || intervalMs < 10 || retained < 1 || lingerMs < 0
                 || payloadBytes < 0
                 || parallelism < 1 || maxParallelism < parallelism
-                || !(after.equals("idle") || after.equals("finish"))) {
+                || !(after.equals("idle") || after.equals("finish"))
+                || !List.of("true", "false").contains(opts.getOrDefault("--incremental", "true"))
+                || !List.of("rocksdb", "hashmap").contains(opts.getOrDefault("--state-backend", "rocksdb"))) {
             fail("bad option value\n" + USAGE);
         }
 
@@ -373,8 +380,10 @@ public final class StateJob {
                 : "file://" + java.nio.file.Paths.get(dir).toAbsolutePath().normalize();
         Configuration conf = new Configuration();
         List<String> shown = new ArrayList<>();
-        set(conf, shown, StateBackendOptions.STATE_BACKEND, "rocksdb");
-        set(conf, shown, CheckpointingOptions.INCREMENTAL_CHECKPOINTS, true);
+        set(conf, shown, StateBackendOptions.STATE_BACKEND,
+                opts.getOrDefault("--state-backend", "rocksdb"));
+        set(conf, shown, CheckpointingOptions.INCREMENTAL_CHECKPOINTS,
+                !opts.getOrDefault("--incremental", "true").equals("false"));
         set(conf, shown, CheckpointingOptions.CHECKPOINTS_DIRECTORY, uri);
         set(conf, shown, CheckpointingOptions.CHECKPOINTING_INTERVAL, Duration.ofMillis(intervalMs));
         set(conf, shown, CheckpointingOptions.MAX_RETAINED_CHECKPOINTS, retained);

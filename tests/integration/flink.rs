@@ -209,7 +209,7 @@ fn labels(m: &Mounted) -> Vec<u64> {
         .collect()
 }
 
-/// Wait up to 60 s for `done` (the follower looks every 2 s; a loaded machine slows it).
+/// Wait up to 60 s for `done` (the follower looks every second; a loaded machine slows it).
 fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !done() {
@@ -368,7 +368,14 @@ impl Job {
     }
 
     /// SIGKILL: Flink keeps the retained checkpoints of a job that did not finish.
-    fn kill(mut self) {
+    fn kill(self) {
+        drop(self)
+    }
+}
+
+impl Drop for Job {
+    /// Also when a test fails: no JVM outlives its test.
+    fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -428,6 +435,15 @@ fn a_running_flink_job_is_followed_and_its_state_reads_back() {
         labels(&m).iter().any(|c| *c >= idle)
     });
     job.kill();
+    // Started before the job made its directory: that was no error.
+    let status = m.status();
+    assert!(
+        !status["last_error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("holds no Flink job"),
+        "{status}"
+    );
     let imported = labels(&m);
     assert!(imported.len() >= 2, "{imported:?}");
     let rows: Vec<serde_json::Value> = std::fs::read_to_string(mnt.join(".ckptfs/checkpoints"))
@@ -782,5 +798,121 @@ fn a_flink_job_on_object_storage_is_imported_fetching_each_file_once() {
         }
     }
     assert!(checked >= 2);
+    m.umount();
+}
+
+/// Full (not incremental) checkpoints: Flink 2.3's RocksDB backend writes them in RocksDB's
+/// own format too (every file of the database, beside `_metadata` in chk-N/, each time):
+/// they import like incremental ones and read back with the job's state. The heap state
+/// backend's keyed snapshots are streams of key groups, not RocksDB files: refused, naming
+/// the checkpoint and the reason, with nothing changed.
+#[test]
+fn full_snapshots_import_when_rocksdb_and_are_refused_when_heap() {
+    let dir = tempfile::tempdir().unwrap();
+    let classpath =
+        crate::common::java::compile_java("tests/flink/StateJob.java", &dir.path().join("classes"));
+    let ck = dir.path().join("ck");
+    let mut job = Job::start(&classpath, &ck, 100, &["--incremental", "false"]);
+    let done = job.checkpoint_with(100);
+    job.kill();
+    let store = dir.path().join("store");
+    let ids = ok(ckptfs(&[
+        "import-flink",
+        ck.to_str().unwrap(),
+        store.to_str().unwrap(),
+    ]));
+    assert!(!ids.is_empty());
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let m = Mounted::at(&store, &mnt, &[]);
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(mnt.join(".ckptfs/checkpoints"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let row = rows
+        .iter()
+        .find(|r| r["flink"]["checkpoint"].as_u64() >= Some(done))
+        .unwrap_or_else(|| panic!("no checkpoint from {done} on: {rows:?}"));
+    let cp = row["id"].as_u64().unwrap();
+    check_tree(&classpath, &mnt.join(format!("cp-{cp}")), 100, dir.path());
+    m.umount();
+
+    let heap = dir.path().join("heap");
+    let mut job = Job::start(&classpath, &heap, 100, &["--state-backend", "hashmap"]);
+    job.checkpoint_with(100);
+    job.kill();
+    let store = dir.path().join("store-heap");
+    let out = ckptfs(&[
+        "import-flink",
+        heap.to_str().unwrap(),
+        store.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("keyed state as key groups")
+            && e.contains("state.backend.type: rocksdb")
+            && e.contains("nothing was imported")
+            && e.contains("Flink checkpoint "),
+        "{e}"
+    );
+    assert!(!store.exists());
+}
+
+/// Flink deletes a checkpoint it no longer retains, files and all, possibly while ckptfs
+/// imports it: the files are held open once listed, so the import completes and the state
+/// reads back (held at a failpoint before the first file is read, the job's directory is
+/// removed).
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_checkpoint_flink_deletes_while_it_is_imported_is_imported_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("a312c9034e3e0d2016dae60431b4c9dc");
+    std::fs::create_dir(&src).unwrap();
+    cp_a(&fixture().join("shared"), &src);
+    cp_a(&fixture().join("chk-4"), &src);
+    let store = dir.path().join("store");
+    let child = std::process::Command::new(crate::common::mounted::BIN)
+        .args([
+            "import-flink",
+            src.to_str().unwrap(),
+            store.to_str().unwrap(),
+        ])
+        .env("FAILPOINTS", "ingest::before-file=1*sleep(2000)")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    std::fs::remove_dir_all(&src).unwrap();
+    assert_eq!(ok(child.wait_with_output().unwrap()).trim(), "1");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let m = Mounted::at(&store, &mnt, &[]);
+    let expected = expected();
+    let mut checked = 0;
+    for operator in std::fs::read_dir(mnt.join("cp-1")).unwrap() {
+        let operator = operator.unwrap().file_name().into_string().unwrap();
+        let name = match operator.as_str() {
+            "counter" => "counter",
+            "_flink" => continue,
+            _ => "totals",
+        };
+        for subtask in 0..2u32 {
+            let out = dir.path().join(format!("out-{operator}-{subtask}"));
+            cp_a(
+                &mnt.join("cp-1").join(&operator).join(subtask.to_string()),
+                &out,
+            );
+            for ((n, op, s, cf), entries) in &expected {
+                if *n == 4 && op == name && *s == subtask {
+                    assert_eq!(ldb_entries(&out, cf), *entries, "{op} {cf} subtask {s}");
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(checked, expected.keys().filter(|k| k.0 == 4).count());
     m.umount();
 }

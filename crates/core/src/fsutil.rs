@@ -204,6 +204,23 @@ pub fn release_free_memory() {
     }
 }
 
+/// Raise this process's soft limit of open files to its hard limit (once is enough; a
+/// failure leaves the limit as it was).
+pub fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write the one struct given.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -56,6 +56,9 @@ pub struct ScannedFile {
     pub stamp: String,
 }
 
+/// Where a file held open is read from ([`ScannedFile::held_open`]).
+const HELD: &str = "/proc/self/fd/";
+
 impl ScannedFile {
     /// A file on object storage under an immutable name (`source`) that the backend's
     /// newest snapshot already holds under this name, source and size: re-referenced, never
@@ -76,20 +79,44 @@ impl ScannedFile {
         self.path.as_os_str().is_empty()
     }
 
-    /// Fail if the file is no longer what was listed (written, replaced or removed since).
+    /// This file opened now and held open in `open` (keep it until the import is stored):
+    /// its bytes are read through the descriptor (`/proc/self/fd/N`), so the application
+    /// may delete the file meanwhile (Flink drops a checkpoint it no longer retains).
+    /// Refused if it is no longer what was listed.
+    pub fn held_open(self, open: &mut Vec<std::fs::File>) -> Result<ScannedFile> {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::File::open(&self.path).ctx("open", &self.path)?;
+        let meta = file.metadata().ctx("stat", &self.path)?;
+        if stamp_of(&meta) != self.stamp {
+            return Err(self.changed());
+        }
+        let path = PathBuf::from(format!("{HELD}{}", file.as_raw_fd()));
+        open.push(file);
+        Ok(ScannedFile { path, ..self })
+    }
+
+    fn changed(&self) -> Error {
+        Error::Invalid(format!(
+            "{} changed while it was imported; nothing was imported (import a checkpoint \
+             directory, which nobody writes to)",
+            self.path.display()
+        ))
+    }
+
+    /// Fail if the file is no longer what was listed (written, replaced or removed since;
+    /// a file held open only if written).
     pub fn check_unchanged(&self) -> Result<()> {
         if self.is_stored() {
             return Ok(());
         }
-        let now = std::fs::symlink_metadata(&self.path)
-            .map(|m| stamp_of(&m))
-            .unwrap_or_default();
+        let now = if self.path.starts_with(HELD) {
+            std::fs::metadata(&self.path)
+        } else {
+            std::fs::symlink_metadata(&self.path)
+        };
+        let now = now.map(|m| stamp_of(&m)).unwrap_or_default();
         if now != self.stamp {
-            return Err(Error::Invalid(format!(
-                "{} changed while it was imported; nothing was imported (import a checkpoint \
-                 directory, which nobody writes to)",
-                self.path.display()
-            )));
+            return Err(self.changed());
         }
         Ok(())
     }

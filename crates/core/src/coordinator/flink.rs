@@ -21,12 +21,21 @@ pub struct FlinkImport {
 
 impl Engine {
     /// Import every completed checkpoint of the Flink job under `src` that is newer than
-    /// the newest the store holds from that job, oldest first. With `keep_going`, one that
+    /// the newest the store holds from that job, oldest first. With `keep_going` (a
+    /// follower), a source no job has written to yet holds nothing to import, and one that
     /// fails is reported and the later ones are still imported (a follower tries it again
     /// at its next look, while it is still newer than what the store holds); without, the
     /// first failure ends the import.
     pub fn import_flink(&self, src: &Source, keep_going: bool) -> Result<Vec<FlinkImport>> {
-        let completed = flink::completed(src)?;
+        // A checkpoint's files to read are held open while it is imported: a large job's
+        // first checkpoint has thousands.
+        crate::fsutil::raise_open_files_limit();
+        // A follower may look before the job has written anything.
+        let completed = if keep_going {
+            flink::completed_if_any(src)?.unwrap_or_default()
+        } else {
+            flink::completed(src)?
+        };
         let mut out = Vec::new();
         for checkpoint in completed {
             let (job, result) = match self.import_flink_checkpoint(&checkpoint) {
@@ -61,6 +70,10 @@ impl Engine {
     /// Whether the newest snapshot of `backend` lists file `name` read from `source`, of
     /// `size` bytes: the next import re-references it without reading it.
     fn holds_source(&self, backend: &BackendName, name: &str, source: &str, size: u64) -> bool {
+        // Only these are re-referenced by their source (see `import_part`).
+        if !crate::backend::is_shared_file(name) {
+            return false;
+        }
         let st = self.state();
         let newest = st.manifests.values().rev().find_map(|m| m.backend(backend));
         newest.is_some_and(|snapshot| {
@@ -89,7 +102,9 @@ impl Engine {
         let known = |backend: &BackendName, name: &str, source: &str, size: u64| {
             self.holds_source(backend, name, source, size)
         };
-        let (backends, job) = flink::subtasks(checkpoint, staging.path(), &known)?;
+        // Held open (`listed.open`) until the checkpoint is stored.
+        let listed = flink::subtasks(checkpoint, staging.path(), &known)?;
+        let (backends, job, _open) = (listed.backends, listed.job, listed.open);
         if held(&job) {
             return Ok(None);
         }

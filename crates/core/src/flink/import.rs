@@ -140,6 +140,18 @@ pub fn is_job_id(name: &str) -> bool {
 /// their backends would mix in one store). Oldest first (by checkpoint id). A `chk-N`
 /// without `_metadata` is skipped (in flight or abandoned).
 pub fn completed(src: &Source) -> Result<Vec<Completed>> {
+    completed_if_any(src)?.ok_or_else(|| {
+        Error::Invalid(format!(
+            "{} holds no Flink job's checkpoints (no chk-N/ or shared/, nor job directories \
+             named by a 32-hex job id)",
+            src.describe()
+        ))
+    })
+}
+
+/// [`completed`], or `None` where no job has written yet (a follower started before the
+/// job, which makes its directory with its first checkpoint).
+pub fn completed_if_any(src: &Source) -> Result<Option<Vec<Completed>>> {
     let jobs = match src {
         Source::Local(dir) => {
             local_jobs(&std::fs::canonicalize(dir).ctx("read Flink checkpoints in", dir)?)?
@@ -147,11 +159,7 @@ pub fn completed(src: &Source) -> Result<Vec<Completed>> {
         Source::S3 { remote, prefix } => s3_jobs(remote, prefix)?,
     };
     if jobs.is_empty() {
-        return Err(Error::Invalid(format!(
-            "{} holds no Flink job's checkpoints (no chk-N/ or shared/, nor job directories \
-             named by a 32-hex job id)",
-            src.describe()
-        )));
+        return Ok(None);
     }
     if jobs.len() > 1 {
         return Err(Error::Invalid(format!(
@@ -181,7 +189,7 @@ pub fn completed(src: &Source) -> Result<Vec<Completed>> {
             });
         }
     }
-    Ok(out)
+    Ok(Some(out))
 }
 
 /// `N` of a `chk-N` name.
@@ -381,10 +389,10 @@ pub fn layout(metadata: &metadata::Metadata) -> Result<Layout<'_>> {
                 Some(KeyedHandle::Incremental(h)) => incremental.push(h),
                 Some(KeyedHandle::KeyGroups { .. }) => {
                     return Err(Error::Invalid(format!(
-                        "operator {} holds a full (not RocksDB incremental) keyed snapshot \
-                         (a heap state backend, or a savepoint in canonical format); use \
-                         state.backend.type: rocksdb with execution.checkpointing.incremental: \
-                         true",
+                        "operator {} holds its keyed state as key groups (the heap state \
+                         backend's snapshot, or a savepoint in canonical format), not as \
+                         RocksDB files; ckptfs imports checkpoints of state.backend.type: \
+                         rocksdb",
                         op.id
                     )))
                 }
@@ -482,7 +490,8 @@ pub fn subtasks(
     completed: &Completed,
     staging: &Path,
     known: &dyn Fn(&BackendName, &str, &str, u64) -> bool,
-) -> Result<(Vec<Scanned>, String)> {
+) -> Result<Listed> {
+    let mut open = Vec::new();
     let bytes = completed.read_metadata()?;
     let in_checkpoint = |e: Error| {
         Error::Invalid(format!(
@@ -509,7 +518,7 @@ pub fn subtasks(
                     .map(|(_, id)| id.to_string())
                     .filter(|id| is_job_id(id));
             }
-            files.push(file(completed, &to, name, stream)?);
+            files.push(file(completed, &to, name, stream, &mut open)?);
         }
         out.push(Scanned {
             backend: backend.clone(),
@@ -522,25 +531,34 @@ pub fn subtasks(
         backend: &backend,
         known,
     };
-    let metadata_file = match &completed.source {
-        Source::Local(_) => on_disk(METADATA, completed.metadata_path(), None)?,
-        // As read and parsed (the next read could see another object).
-        Source::S3 { .. } => {
-            crate::fsutil::create_private_dir_all(&to.dir)?;
-            let path = to.dir.join(METADATA);
-            std::fs::write(&path, &bytes).ctx("write", &path)?;
-            on_disk(METADATA, path, None)?
-        }
-    };
-    let mut files = vec![metadata_file];
+    // As read and parsed (Flink may delete it meanwhile).
+    crate::fsutil::create_private_dir_all(&to.dir)?;
+    let path = to.dir.join(METADATA);
+    std::fs::write(&path, &bytes).ctx("write", &path)?;
+    let mut files = vec![on_disk(METADATA, path, None)?];
     for (name, stream) in &layout.job_files {
         if !files.iter().any(|f| &f.name == name) {
-            files.push(file(completed, &to, name, stream)?);
+            files.push(file(completed, &to, name, stream, &mut open)?);
         }
     }
     files.sort_by(|a, b| a.name.cmp(&b.name));
     out.push(Scanned { backend, files });
-    Ok((out, job.unwrap_or_else(|| completed.job.clone())))
+    Ok(Listed {
+        backends: out,
+        job: job.unwrap_or_else(|| completed.job.clone()),
+        open,
+    })
+}
+
+/// A completed checkpoint listed for import ([`subtasks`]).
+pub struct Listed {
+    /// Its subtasks, then [`job_backend`].
+    pub backends: Vec<Scanned>,
+    /// The job's id.
+    pub job: String,
+    /// The files to read, held open until the import is stored: Flink deletes the files of
+    /// a checkpoint it no longer retains, possibly while ckptfs imports it.
+    pub open: Vec<std::fs::File>,
 }
 
 /// Where the files of one backend that must be written out go, and what the store holds.
@@ -556,6 +574,7 @@ fn file(
     to: &Staging<'_>,
     name: &str,
     stream: &StreamHandle,
+    open: &mut Vec<std::fs::File>,
 ) -> Result<ScannedFile> {
     let (found, size) = match stream {
         StreamHandle::Inline(bytes) => {
@@ -584,7 +603,16 @@ fn file(
         }
     };
     let found = match (found, &completed.source) {
-        (Found::Local(path), _) => on_disk(name, path, None)?,
+        (Found::Local(path), _) => {
+            let listed = on_disk(name, path, None)?;
+            let source = listed.source.clone().unwrap_or_default();
+            if (to.known)(to.backend, name, &source, listed.size) {
+                // Re-referenced unread under its immutable name: Flink may delete it now.
+                ScannedFile::stored(name, source, listed.size)
+            } else {
+                listed.held_open(open)?
+            }
+        }
         (Found::Key(key), Source::S3 { remote, .. }) => {
             let source = format!("s3://{}/{key}", remote.bucket());
             if (to.known)(to.backend, name, &source, size) {
@@ -743,7 +771,8 @@ mod tests {
             [4, 5, 6]
         );
         let staging = tempfile::tempdir().unwrap();
-        let (backends, job) = subtasks(&found[2], staging.path(), &|_, _, _, _| false).unwrap();
+        let listed = subtasks(&found[2], staging.path(), &|_, _, _, _| false).unwrap();
+        let (backends, job) = (listed.backends, listed.job);
         assert_eq!(job, "a312c9034e3e0d2016dae60431b4c9dc");
         let names: Vec<String> = backends.iter().map(|b| b.backend.to_string()).collect();
         assert_eq!(names.len(), 5, "{names:?}");
