@@ -26,6 +26,8 @@
 //   --incremental BOOL     execution.checkpointing.incremental (default true; false: full
 //                          snapshots, which Flink 2.3 writes in RocksDB's own format too, every file
 //                          of the database in chk-N/ each time)
+//   --file-merging BOOL    execution.checkpointing.file-merging.enabled (default false; true: every
+//                          state file a segment of a shared physical file, which ckptfs refuses)
 //   --state-backend NAME   state.backend.type (default rocksdb; hashmap: the heap backend, whose
 //                          keyed snapshots are streams of key groups, not RocksDB files)
 //   --restore PATH         execution.state-recovery.path: start from the checkpoint (or savepoint)
@@ -315,13 +317,14 @@ public final class StateJob {
     static final String USAGE = "usage: StateJob CHECKPOINT_DIR | --expected  [--keys K] [--rate R]"
             + " [--records N] [--after idle|finish] [--interval-ms MS] [--retained R]"
             + " [--parallelism P] [--max-parallelism M] [--inline-threshold BYTES] [--linger-ms MS]"
-            + " [--restore PATH] [--payload-bytes B] [--incremental BOOL] [--state-backend NAME]";
+            + " [--restore PATH] [--payload-bytes B] [--incremental BOOL] [--state-backend NAME]"
+            + " [--file-merging BOOL]";
 
     public static void main(String[] args) throws Exception {
         String dir = null;
         boolean expected = false;
         Map<String, String> opts = new HashMap<>();
-        List<String> known = List.of("--incremental", "--state-backend", "--keys", "--rate", "--records", "--after", "--interval-ms",
+        List<String> known = List.of("--incremental", "--state-backend", "--file-merging", "--keys", "--rate", "--records", "--after", "--interval-ms",
                 "--retained", "--parallelism", "--max-parallelism", "--inline-threshold", "--linger-ms",
                 "--restore", "--payload-bytes");
         for (int i = 0; i < args.length; i++) {
@@ -367,6 +370,7 @@ public final class StateJob {
                 || parallelism < 1 || maxParallelism < parallelism
                 || !(after.equals("idle") || after.equals("finish"))
                 || !List.of("true", "false").contains(opts.getOrDefault("--incremental", "true"))
+                || !List.of("true", "false").contains(opts.getOrDefault("--file-merging", "false"))
                 || !List.of("rocksdb", "hashmap").contains(opts.getOrDefault("--state-backend", "rocksdb"))) {
             fail("bad option value\n" + USAGE);
         }
@@ -392,6 +396,9 @@ public final class StateJob {
         if (inlineThreshold >= 0) {
             set(conf, shown, CheckpointingOptions.FS_SMALL_FILE_THRESHOLD,
                     new MemorySize(inlineThreshold));
+        }
+        if (opts.getOrDefault("--file-merging", "false").equals("true")) {
+            set(conf, shown, CheckpointingOptions.FILE_MERGING_ENABLED, true);
         }
         if (opts.containsKey("--restore")) {
             set(conf, shown, StateRecoveryOptions.SAVEPOINT_PATH, opts.get("--restore"));

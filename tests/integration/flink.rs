@@ -57,6 +57,51 @@ fn ldb_entries(db: &Path, cf: &str) -> usize {
     String::from_utf8_lossy(&out.stdout).lines().count()
 }
 
+/// Entries of every column family, as the `rocksdb` crate (RocksDB 10) reads them: opened
+/// read-only (never created), with Flink's merge operator for list state
+/// (`stringappendtest`, `,` between values).
+fn rocksdb_entries(db: &Path) -> BTreeMap<String, usize> {
+    fn append(
+        _key: &[u8],
+        existing: Option<&[u8]>,
+        operands: &rocksdb::MergeOperands,
+    ) -> Option<Vec<u8>> {
+        let mut out = existing.map(<[u8]>::to_vec);
+        for op in operands {
+            match &mut out {
+                Some(v) => {
+                    v.push(b',');
+                    v.extend_from_slice(op);
+                }
+                None => out = Some(op.to_vec()),
+            }
+        }
+        out
+    }
+    let mut options = rocksdb::Options::default();
+    options.create_if_missing(false);
+    let names = rocksdb::DB::list_cf(&options, db).unwrap();
+    let cfs = names.iter().map(|name| {
+        let mut cf = rocksdb::Options::default();
+        cf.set_merge_operator_associative("stringappendtest", append);
+        rocksdb::ColumnFamilyDescriptor::new(name, cf)
+    });
+    let opened = rocksdb::DB::open_cf_descriptors_read_only(&options, db, cfs, false)
+        .unwrap_or_else(|e| panic!("rocksdb opens {}: {e}", db.display()));
+    names
+        .iter()
+        .map(|name| {
+            let cf = opened.cf_handle(name).unwrap();
+            let mut count = 0;
+            for item in opened.iterator_cf(&cf, rocksdb::IteratorMode::Start) {
+                item.unwrap_or_else(|e| panic!("rocksdb reads {} {name}: {e}", db.display()));
+                count += 1;
+            }
+            (name.clone(), count)
+        })
+        .collect()
+}
+
 #[test]
 fn a_flink_jobs_checkpoints_are_imported_labelled_and_open_in_ldb() {
     let dir = tempfile::tempdir().unwrap();
@@ -137,6 +182,7 @@ fn a_flink_jobs_checkpoints_are_imported_labelled_and_open_in_ldb() {
                     .unwrap()
                     .success());
                 assert!(out.join("FLINK-KEYED-META").is_file());
+                let by_crate = rocksdb_entries(&out);
                 for ((n, op, s, cf), entries) in &expected {
                     if *n == flink_checkpoint && op == name && *s == subtask {
                         assert_eq!(
@@ -144,6 +190,7 @@ fn a_flink_jobs_checkpoints_are_imported_labelled_and_open_in_ldb() {
                             *entries,
                             "checkpoint {n} {op} subtask {s} column family {cf}"
                         );
+                        assert_eq!(by_crate.get(cf), Some(entries), "rocksdb crate: {cf}");
                         checked += 1;
                     }
                 }
@@ -167,6 +214,15 @@ fn what_is_no_flink_checkpoint_is_refused() {
     ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no Flink job"));
+    // One checkpoint's directory (as a savepoint's would be): said so.
+    let out = ckptfs(&[
+        "import-flink",
+        fixture().join("chk-4").to_str().unwrap(),
+        store.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("savepoint") && e.contains("chk-N"), "{e}");
 
     // A damaged _metadata: refused, naming the checkpoint; the store is not created.
     let src = dir.path().join("job");
@@ -396,9 +452,11 @@ fn check_tree(classpath: &str, tree: &Path, records: u64, scratch: &Path) {
         for subtask in 0..2u32 {
             let out = scratch.join(format!("out-{operator}-{subtask}"));
             cp_a(&tree.join(&operator).join(subtask.to_string()), &out);
+            let by_crate = rocksdb_entries(&out);
             for ((op, cf, s), entries) in &expected {
                 if op == name && *s == subtask {
                     assert_eq!(ldb_entries(&out, cf), *entries, "{op} {cf} subtask {s}");
+                    assert_eq!(by_crate.get(cf), Some(entries), "rocksdb crate: {cf}");
                     checked += 1;
                 }
             }
@@ -804,10 +862,11 @@ fn a_flink_job_on_object_storage_is_imported_fetching_each_file_once() {
 /// Full (not incremental) checkpoints: Flink 2.3's RocksDB backend writes them in RocksDB's
 /// own format too (every file of the database, beside `_metadata` in chk-N/, each time):
 /// they import like incremental ones and read back with the job's state. The heap state
-/// backend's keyed snapshots are streams of key groups, not RocksDB files: refused, naming
-/// the checkpoint and the reason, with nothing changed.
+/// backend's keyed snapshots are streams of key groups, not RocksDB files, and file merging
+/// makes every file a segment of a shared one: both refused, naming the checkpoint and the
+/// reason, with nothing changed.
 #[test]
-fn full_snapshots_import_when_rocksdb_and_are_refused_when_heap() {
+fn full_snapshots_import_when_rocksdb_and_are_refused_when_heap_or_merged() {
     let dir = tempfile::tempdir().unwrap();
     let classpath =
         crate::common::java::compile_java("tests/flink/StateJob.java", &dir.path().join("classes"));
@@ -855,6 +914,25 @@ fn full_snapshots_import_when_rocksdb_and_are_refused_when_heap() {
             && e.contains("state.backend.type: rocksdb")
             && e.contains("nothing was imported")
             && e.contains("Flink checkpoint "),
+        "{e}"
+    );
+    assert!(!store.exists());
+
+    // File merging (FLIP-306): every state file a segment of a shared physical file.
+    let merged = dir.path().join("merged");
+    let mut job = Job::start(&classpath, &merged, 100, &["--file-merging", "true"]);
+    job.checkpoint_with(100);
+    job.kill();
+    let store = dir.path().join("store-merged");
+    let out = ckptfs(&[
+        "import-flink",
+        merged.to_str().unwrap(),
+        store.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("file merging") && e.contains("nothing was imported"),
         "{e}"
     );
     assert!(!store.exists());

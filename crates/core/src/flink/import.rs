@@ -140,13 +140,29 @@ pub fn is_job_id(name: &str) -> bool {
 /// their backends would mix in one store). Oldest first (by checkpoint id). A `chk-N`
 /// without `_metadata` is skipped (in flight or abandoned).
 pub fn completed(src: &Source) -> Result<Vec<Completed>> {
-    completed_if_any(src)?.ok_or_else(|| {
-        Error::Invalid(format!(
+    if let Some(found) = completed_if_any(src)? {
+        return Ok(found);
+    }
+    let holds_metadata = match src {
+        Source::Local(dir) => dir.join(METADATA).is_file(),
+        Source::S3 { remote, prefix } => {
+            let key = Path::new(prefix).join(METADATA);
+            remote.size_of(&key.to_string_lossy())?.is_some()
+        }
+    };
+    Err(Error::Invalid(if holds_metadata {
+        format!(
+            "{} is one checkpoint's or savepoint's directory (it holds _metadata): give the \
+             job's checkpoint directory, which holds its chk-N/ (savepoints are not imported)",
+            src.describe()
+        )
+    } else {
+        format!(
             "{} holds no Flink job's checkpoints (no chk-N/ or shared/, nor job directories \
              named by a 32-hex job id)",
             src.describe()
-        ))
-    })
+        )
+    }))
 }
 
 /// [`completed`], or `None` where no job has written yet (a follower started before the
