@@ -265,6 +265,23 @@ fn labels(m: &Mounted) -> Vec<u64> {
         .collect()
 }
 
+/// The id of the first retained checkpoint imported from Flink checkpoint `from` or a
+/// later one, of a job other than `not_job` (if given).
+fn imported_from(mnt: &Path, from: u64, not_job: Option<&str>) -> u64 {
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(mnt.join(".ckptfs/checkpoints"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    rows.iter()
+        .find(|r| {
+            r["flink"]["checkpoint"].as_u64() >= Some(from)
+                && not_job.is_none_or(|job| r["flink"]["job"] != job)
+        })
+        .and_then(|r| r["id"].as_u64())
+        .unwrap_or_else(|| panic!("no checkpoint from Flink's {from} on: {rows:?}"))
+}
+
 /// Wait up to 60 s for `done` (the follower looks every second; a loaded machine slows it).
 fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -504,16 +521,7 @@ fn a_running_flink_job_is_followed_and_its_state_reads_back() {
     );
     let imported = labels(&m);
     assert!(imported.len() >= 2, "{imported:?}");
-    let rows: Vec<serde_json::Value> = std::fs::read_to_string(mnt.join(".ckptfs/checkpoints"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let row = rows
-        .iter()
-        .find(|r| r["flink"]["checkpoint"].as_u64() >= Some(idle))
-        .unwrap();
-    let cp = row["id"].as_u64().unwrap();
+    let cp = imported_from(&mnt, idle, None);
     check_tree(
         &classpath,
         &mnt.join(format!("cp-{cp}")),
@@ -590,19 +598,7 @@ fn an_exported_checkpoint_restores_a_flink_job_with_its_state() {
         "nothing deduplicated: {first}"
     );
     let m2 = Mounted::at(&store, &mnt, &[]);
-    let rows: Vec<serde_json::Value> = std::fs::read_to_string(mnt.join(".ckptfs/checkpoints"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let row = rows
-        .iter()
-        .find(|r| {
-            r["flink"]["checkpoint"].as_u64() == Some(done)
-                && r["flink"]["job"] != "a312c9034e3e0d2016dae60431b4c9dc"
-        })
-        .unwrap_or_else(|| panic!("checkpoint {done} not imported: {rows:?}"));
-    let cp = row["id"].as_u64().unwrap();
+    let cp = imported_from(&mnt, done, Some("a312c9034e3e0d2016dae60431b4c9dc"));
     check_tree(&classpath, &mnt.join(format!("cp-{cp}")), 1200, dir.path());
     m2.umount();
 }
@@ -884,16 +880,7 @@ fn full_snapshots_import_when_rocksdb_and_are_refused_when_heap_or_merged() {
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
     let m = Mounted::at(&store, &mnt, &[]);
-    let rows: Vec<serde_json::Value> = std::fs::read_to_string(mnt.join(".ckptfs/checkpoints"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let row = rows
-        .iter()
-        .find(|r| r["flink"]["checkpoint"].as_u64() >= Some(done))
-        .unwrap_or_else(|| panic!("no checkpoint from {done} on: {rows:?}"));
-    let cp = row["id"].as_u64().unwrap();
+    let cp = imported_from(&mnt, done, None);
     check_tree(&classpath, &mnt.join(format!("cp-{cp}")), 100, dir.path());
     m.umount();
 
