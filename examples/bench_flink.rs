@@ -127,20 +127,6 @@ fn unix_ms(t: SystemTime) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// The ckptfs binary: CKPTFS_BIN, else release/ckptfs in CARGO_TARGET_DIR, else in the
-/// package's target/.
-fn ckptfs_bin() -> PathBuf {
-    if let Some(bin) = std::env::var_os("CKPTFS_BIN") {
-        return bin.into();
-    }
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let target = match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => manifest.join(dir),
-        None => manifest.join("target"),
-    };
-    target.join("release").join("ckptfs")
-}
-
 /// Flink's lib/ (flink-dist and RocksJava): CKPTFS_FLINK_LIB, else pip's
 /// apache-flink-libraries.
 fn flink_lib() -> Result<PathBuf> {
@@ -515,7 +501,7 @@ struct Imported {
 }
 
 fn run(args: &Args) -> Result<()> {
-    let bin = ckptfs_bin();
+    let bin = common::ckptfs_bin("release");
     if !bin.is_file() {
         return Err(format!(
             "no ckptfs binary at {} (`cargo build --release --bin ckptfs`, or set CKPTFS_BIN)",

@@ -254,20 +254,6 @@ fn ssts(dir: &Path) -> Result<HashMap<String, u64>> {
     Ok(out)
 }
 
-/// The ckptfs binary: CKPTFS_BIN, else debug/ckptfs in CARGO_TARGET_DIR, else in the
-/// package's target/.
-fn ckptfs_bin() -> PathBuf {
-    if let Some(bin) = std::env::var_os("CKPTFS_BIN") {
-        return bin.into();
-    }
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let target = match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => manifest.join(dir),
-        None => manifest.join("target"),
-    };
-    target.join("debug").join("ckptfs")
-}
-
 /// Checks that `bin` has the `import` command; returns extra arguments for it (`--retain N`
 /// when RETAIN is not ckptfs's default of 3 and the command takes that option).
 fn check_import(bin: &Path, retain: usize) -> Result<Vec<String>> {
@@ -515,7 +501,7 @@ fn p50_p99(v: impl Iterator<Item = f64>) -> (f64, f64) {
 }
 
 fn run(args: &Args) -> Result<()> {
-    let bin = ckptfs_bin();
+    let bin = common::ckptfs_bin("debug");
     let mount_mode = args.ckptfs && args.mount;
     // Through a mount, RETAIN is the mount's --retain (the store's setting); the one store
     // import before the mount (round 0) needs none: retention drops nothing that early.

@@ -192,3 +192,17 @@ impl Drop for Mount {
         }
     }
 }
+
+/// The ckptfs binary: CKPTFS_BIN, else `PROFILE/ckptfs` in CARGO_TARGET_DIR, else in the
+/// package's target/.
+pub fn ckptfs_bin(profile: &str) -> PathBuf {
+    if let Some(bin) = std::env::var_os("CKPTFS_BIN") {
+        return bin.into();
+    }
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let target = match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => manifest.join(dir),
+        None => manifest.join("target"),
+    };
+    target.join(profile).join("ckptfs")
+}

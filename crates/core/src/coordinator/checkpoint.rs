@@ -309,6 +309,23 @@ fn pin_snapshot(
     Ok(())
 }
 
+/// Whether an imported file `name` read from `source`, of `size` bytes, is `known` (the
+/// backend's newest snapshot's entry of that name) and is re-referenced without being read.
+/// Only SSTs and blob files are never rewritten: RocksDB copies the small files (CURRENT,
+/// MANIFEST, OPTIONS) into each checkpoint, where a new copy may get a freed inode and the
+/// same mtime tick as the last; those are read every time.
+pub(super) fn reusable_by_source(
+    known: &crate::catalog::FileEntry,
+    name: &str,
+    source: Option<&str>,
+    size: u64,
+) -> bool {
+    crate::backend::is_shared_file(name)
+        && source.is_some()
+        && known.source.as_deref() == source
+        && known.size == size
+}
+
 /// An import as a backend of checkpoint `id`: a file whose source and name are those of
 /// the backend's newest snapshot is re-referenced (pinned now, not read); the others are
 /// read in the asynchronous phase. The base is that snapshot (its file list is the base of
@@ -332,16 +349,12 @@ fn import_part(
     );
     part.by_source_only = true;
     for file in &import.files {
-        // Only SSTs and blob files are never rewritten: RocksDB copies the small files
-        // (CURRENT, MANIFEST, OPTIONS) into each checkpoint, where a new copy may get a
-        // freed inode and the same mtime tick as the last; those are read every time.
         let known = part
             .base
             .as_ref()
-            .filter(|_| crate::backend::is_shared_file(&file.name))
             .and_then(|b| b.by_name.get(&file.name))
             .filter(|known| {
-                file.source.is_some() && known.source == file.source && known.size == file.size
+                reusable_by_source(known, &file.name, file.source.as_deref(), file.size)
             })
             .cloned();
         if let Some(known) = known {

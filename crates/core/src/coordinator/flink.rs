@@ -68,19 +68,15 @@ impl Engine {
     }
 
     /// Whether the newest snapshot of `backend` lists file `name` read from `source`, of
-    /// `size` bytes: the next import re-references it without reading it.
+    /// `size` bytes, so that the next import re-references it without reading it (the rule
+    /// of `import_part`, asked before the file is opened or fetched).
     fn holds_source(&self, backend: &BackendName, name: &str, source: &str, size: u64) -> bool {
-        // Only these are re-referenced by their source (see `import_part`).
-        if !crate::backend::is_shared_file(name) {
-            return false;
-        }
         let st = self.state();
         let newest = st.manifests.values().rev().find_map(|m| m.backend(backend));
         newest.is_some_and(|snapshot| {
-            snapshot
-                .files
-                .iter()
-                .any(|f| f.name == name && f.size == size && f.source.as_deref() == Some(source))
+            snapshot.files.iter().any(|f| {
+                f.name == name && super::checkpoint::reusable_by_source(f, name, Some(source), size)
+            })
         })
     }
 
