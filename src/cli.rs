@@ -104,6 +104,11 @@ pub(crate) enum Command {
         /// A store on object storage: the local state directory.
         #[arg(long)]
         state: Option<PathBuf>,
+        /// Also read the files below DIR that the checkpoints name (a job restored in CLAIM
+        /// mode names the files of the job it was restored from); files outside SRC and
+        /// these roots are refused. Repeatable.
+        #[arg(long = "source-root", value_name = "DIR")]
+        source_roots: Vec<PathBuf>,
         /// Print one JSON answer per imported checkpoint, as import --json does.
         #[arg(long)]
         json: bool,
@@ -328,6 +333,11 @@ pub(crate) struct MountArgs {
     /// of its own.
     #[arg(long, value_name = "SRC", conflicts_with_all = ["backends", "restore", "interval", "read_only"])]
     pub(crate) flink: Option<PathBuf>,
+    /// Also read the files below DIR that the checkpoints of the job followed with --flink
+    /// name (a job restored in CLAIM mode names the files of the job it was restored from);
+    /// files outside SRC and these roots are refused. Repeatable.
+    #[arg(long = "flink-root", value_name = "DIR", requires = "flink")]
+    pub(crate) flink_roots: Vec<PathBuf>,
     /// How often to merge runs of small SSTs (under 1 MiB, once a backend has 64 or
     /// more) that RocksDB would keep apart, e.g. with time-ordered keys, and at once
     /// after a checkpoint that finds 128 or more; 0 turns it off.
@@ -456,6 +466,11 @@ impl MountArgs {
             .as_deref()
             .map(ckptfs_core::flink::import::Source::absolute)
             .transpose()?;
+        let flink_roots = self
+            .flink_roots
+            .iter()
+            .map(|r| ckptfs_core::flink::import::Source::absolute(r))
+            .collect::<Result<Vec<_>, _>>()?;
         engine.retain = self.retain;
         engine.max_concurrent = self.max_concurrent;
         engine.restore_from = self.restore;
@@ -477,6 +492,7 @@ impl MountArgs {
             read_only: self.read_only,
             metrics_listen: self.metrics_listen,
             flink,
+            flink_roots,
         })
     }
 }

@@ -790,6 +790,7 @@ fn import_into_store(
 /// when `target` is a mountpoint.
 pub fn import_flink(
     src: &Path,
+    roots: &[PathBuf],
     target: &Path,
     state: Option<PathBuf>,
     json: bool,
@@ -798,11 +799,16 @@ pub fn import_flink(
     let answers: Vec<serde_json::Value> = if target.join(".ckptfs/status").exists() {
         use std::os::unix::ffi::OsStrExt;
         // The daemon runs elsewhere: it needs the whole path.
-        let src = flink::Source::absolute(src)?;
-        let line = format!(
+        let mut line = format!(
             "import-flink {}",
-            percent::encode(src.as_os_str().as_bytes())
+            percent::encode(flink::Source::absolute(src)?.as_os_str().as_bytes())
         );
+        for root in roots {
+            line.push(' ');
+            line.push_str(&percent::encode(
+                flink::Source::absolute(root)?.as_os_str().as_bytes(),
+            ));
+        }
         let spinner = spinner("import in progress");
         let answer = request(target, &line);
         spinner.finish_and_clear();
@@ -812,22 +818,55 @@ pub fn import_flink(
         }
     } else {
         // Every checkpoint's metadata is read before the store is touched.
-        let src = flink::Source::parse(src)?;
+        let src = flink::Source::open(src, roots)?;
         flink::check_all(&flink::completed(&src)?)?;
         let engine = open_for_import(target, state)?;
-        let mut done = Vec::new();
+        let mut done: Vec<serde_json::Value> = Vec::new();
+        let mut flink_done = Vec::new();
         for imported in engine.import_flink(&src, false)? {
-            let (manifest, reports) = imported.result.map_err(|e| {
-                Error::Invalid(format!(
-                    "checkpoint {} of Flink job {}: {e}",
-                    imported.checkpoint, imported.job
-                ))
-            })?;
-            let line = ckptfs::control::import_json(&manifest, &reports);
-            done.push(serde_json::from_str(&line).expect("an answer is JSON"));
+            match imported.result {
+                Ok((manifest, reports)) => {
+                    let line = ckptfs::control::import_json(&manifest, &reports);
+                    done.push(serde_json::from_str(&line).expect("an answer is JSON"));
+                    flink_done.push(imported.checkpoint);
+                }
+                Err(e) => {
+                    // What was committed before the failure is said, then the failure.
+                    print_flink_answers(&done, json);
+                    let before = if done.is_empty() {
+                        "nothing was imported".to_string()
+                    } else {
+                        format!(
+                            "imported before it: Flink checkpoints {} as checkpoints {}",
+                            join(&flink_done),
+                            join(&done.iter().map(|a| a["id"].clone()).collect::<Vec<_>>())
+                        )
+                    };
+                    if json {
+                        let failed = serde_json::json!({
+                            "ok": false,
+                            "errno": e.errno(),
+                            "error": e.to_string(),
+                            "flink": {"job": imported.job, "checkpoint": imported.checkpoint},
+                        });
+                        println!("{failed}");
+                    }
+                    eprintln!(
+                        "ckptfs: checkpoint {} of Flink job {} was not imported ({before})",
+                        imported.checkpoint, imported.job
+                    );
+                    return Err(e);
+                }
+            }
         }
         done
     };
+    print_flink_answers(&answers, json);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The checkpoints `import-flink` committed: their ids, or with `json` their answers.
+fn print_flink_answers(answers: &[serde_json::Value], json: bool) {
     for answer in answers {
         if json {
             println!("{answer}");
@@ -835,7 +874,15 @@ pub fn import_flink(
             println!("{}", answer["id"]);
         }
     }
-    Ok(ExitCode::SUCCESS)
+}
+
+/// `a, b, c`.
+fn join(items: &[impl std::fmt::Display]) -> String {
+    items
+        .iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `ckptfs export-flink`: from a mount, its `cp-N/` files and its label of N; from a store,

@@ -32,7 +32,11 @@ pub enum Command {
     Import(ImportDir),
     /// Import the completed checkpoints of the Flink job in this directory that the store
     /// does not hold yet, one checkpoint each (`ckptfs import-flink SRC MOUNTPOINT`).
-    ImportFlink(std::path::PathBuf),
+    ImportFlink {
+        src: std::path::PathBuf,
+        /// More roots whose files its checkpoints may name (`--source-root`).
+        roots: Vec<std::path::PathBuf>,
+    },
 }
 
 impl Command {
@@ -44,7 +48,7 @@ impl Command {
 }
 
 pub const USAGE: &str = "commands: checkpoint | put BACKEND KEY VALUE | del BACKEND KEY | \
-flush BACKEND | compact BACKEND | retain N | delete N | import BACKEND DIR | import-flink DIR";
+flush BACKEND | compact BACKEND | retain N | delete N | import BACKEND DIR | import-flink DIR [ROOT...]";
 
 /// Parse one line (without its newline).
 pub fn parse_line(line: &str) -> Result<Command> {
@@ -130,19 +134,26 @@ pub fn parse_line(line: &str) -> Result<Command> {
             }))
         }
         "import-flink" => {
-            arity(2)?;
-            let dir =
-                std::path::PathBuf::from(std::ffi::OsString::from_vec(percent::decode(fields[1])?));
-            let url = ["s3://", "file:"]
-                .iter()
-                .any(|scheme| dir.to_string_lossy().starts_with(scheme));
-            if !dir.is_absolute() && !url {
-                return Err(Error::Invalid(format!(
-                    "import-flink needs an absolute directory or a URL, got {:?}",
-                    dir.display().to_string()
-                )));
+            if fields.len() < 2 {
+                arity(2)?;
             }
-            Ok(Command::ImportFlink(dir))
+            let mut dirs = Vec::new();
+            for field in &fields[1..] {
+                let dir =
+                    std::path::PathBuf::from(std::ffi::OsString::from_vec(percent::decode(field)?));
+                let url = ["s3://", "file:"]
+                    .iter()
+                    .any(|scheme| dir.to_string_lossy().starts_with(scheme));
+                if !dir.is_absolute() && !url {
+                    return Err(Error::Invalid(format!(
+                        "import-flink needs absolute directories or URLs, got {:?}",
+                        dir.display().to_string()
+                    )));
+                }
+                dirs.push(dir);
+            }
+            let src = dirs.remove(0);
+            Ok(Command::ImportFlink { src, roots: dirs })
         }
         "" => Err(Error::Invalid(format!("empty command; {USAGE}"))),
         other => {
@@ -418,7 +429,9 @@ impl Controller {
                     };
                     answer(i, answer_line);
                 }
-                Command::ImportFlink(src) => self.start_flink_import(i, answer.clone(), src),
+                Command::ImportFlink { src, roots } => {
+                    self.start_flink_import(i, answer.clone(), src, roots)
+                }
                 Command::Flush(b) => answer(i, self.simple(self.engine.flush(b))),
                 Command::Compact(b) => answer(i, self.simple(self.engine.compact(b))),
                 Command::Retain(n) => {
@@ -564,12 +577,14 @@ impl Controller {
         index: usize,
         answer: AnswerSink,
         src: &std::path::Path,
+        roots: &[std::path::PathBuf],
     ) {
         let this = self.clone();
         let src = src.to_path_buf();
+        let roots = roots.to_vec();
         let answer_later = answer.clone();
         let started = self.spawn_worker("ckptfs-import-flink", move || {
-            let result = this.import_flink_waiting(&src);
+            let result = this.import_flink_waiting(&src, &roots);
             if result.as_ref().map_or(true, |done| !done.is_empty()) {
                 this.changed();
             }
@@ -599,9 +614,13 @@ impl Controller {
 
     /// [`ckptfs_core::Engine::import_flink`], retried while a checkpoint slot is taken: the
     /// answer of each imported checkpoint ([`import_json`]).
-    fn import_flink_waiting(&self, src: &std::path::Path) -> Result<Vec<String>> {
+    fn import_flink_waiting(
+        &self,
+        src: &std::path::Path,
+        roots: &[std::path::PathBuf],
+    ) -> Result<Vec<String>> {
         use ckptfs_core::flink::import as flink;
-        let src = flink::Source::parse(src)?;
+        let src = flink::Source::open(src, roots)?;
         flink::check_all(&flink::completed(&src)?)?;
         let deadline = std::time::Instant::now() + FLINK_IMPORT_WAIT;
         let mut pause = std::time::Duration::from_millis(20);
@@ -616,13 +635,21 @@ impl Controller {
                     }
                     Err(e) if done.is_empty() => return Err(e),
                     Err(e) => {
+                        let ids: Vec<String> = done
+                            .iter()
+                            .map(|line| {
+                                serde_json::from_str::<serde_json::Value>(line)
+                                    .map(|a| a["id"].to_string())
+                                    .unwrap_or_default()
+                            })
+                            .collect();
                         return Err(Error::Invalid(format!(
-                            "checkpoint {} of Flink job {}: {e} (the {} checkpoints before it \
-                             were imported)",
+                            "checkpoint {} of Flink job {} was not imported: {e} (imported \
+                             before it as checkpoints {})",
                             imported.checkpoint,
                             imported.job,
-                            done.len()
-                        )))
+                            ids.join(", ")
+                        )));
                     }
                 }
             }
@@ -735,6 +762,7 @@ impl Controller {
     pub fn start_flink_follow(
         self: &std::sync::Arc<Self>,
         src: std::path::PathBuf,
+        roots: Vec<std::path::PathBuf>,
         period: std::time::Duration,
     ) {
         let source = std::sync::OnceLock::new();
@@ -742,7 +770,7 @@ impl Controller {
             // Connected here, in the daemon (an S3 client's threads do not survive a fork).
             let source = match source.get() {
                 Some(s) => s,
-                None => match ckptfs_core::flink::import::Source::parse(&src) {
+                None => match ckptfs_core::flink::import::Source::open(&src, &roots) {
                     Ok(s) => source.get_or_init(|| s),
                     Err(e) => {
                         this.engine

@@ -32,6 +32,8 @@ pub struct MountConfig {
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// Follow the Flink job whose checkpoints are in this directory.
     pub flink: Option<PathBuf>,
+    /// More roots whose files the job's checkpoints may name (`--flink-root`).
+    pub flink_roots: Vec<PathBuf>,
 }
 
 /// How often a daemon following a Flink job looks for its new checkpoints: in a directory
@@ -217,7 +219,7 @@ pub fn serve(config: MountConfig, ready: impl FnOnce(Result<()>)) -> Result<()> 
         if let Some(src) = &config.flink {
             let on_s3 = src.to_string_lossy().starts_with("s3://");
             let poll = if on_s3 { FLINK_POLL_S3 } else { FLINK_POLL };
-            controller.start_flink_follow(src.clone(), poll);
+            controller.start_flink_follow(src.clone(), config.flink_roots.clone(), poll);
         }
         if let Some(period) = config.small_file_compaction.filter(|_| !config.read_only) {
             controller.start_small_file_compaction(period, Default::default());

@@ -124,8 +124,9 @@ fn run(command: Command) -> Result<ExitCode, Error> {
             src,
             target,
             state,
+            source_roots,
             json,
-        } => client::import_flink(&src, &target, state, json),
+        } => client::import_flink(&src, &source_roots, &target, state, json),
         Command::ExportFlink {
             target,
             checkpoint,

@@ -9,7 +9,7 @@ use std::process::Command;
 
 use crate::common::mounted::{ckptfs, ok, Mounted};
 
-fn fixture() -> PathBuf {
+pub(crate) fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/flink/job1")
 }
 
@@ -241,8 +241,27 @@ fn what_is_no_flink_checkpoint_is_refused() {
     assert!(!store.exists());
 }
 
+/// The file handles of the subtasks' RocksDB files in a `_metadata` (`shared/` and
+/// private ones uploaded as files): where each path is in the bytes, the path, the size.
+pub(crate) fn file_handles(bytes: &[u8]) -> Vec<(usize, String, u64)> {
+    use ckptfs_core::flink::metadata::{self, KeyedHandle, StreamHandle};
+    let mut out = Vec::new();
+    for op in metadata::parse(bytes).unwrap().operators {
+        for subtask in op.subtasks {
+            if let Some(KeyedHandle::Incremental(h)) = subtask.managed_keyed {
+                for (_, stream) in h.shared.into_iter().chain(h.private) {
+                    if let StreamHandle::File { path, at, size } = stream {
+                        out.push((at, path, size));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Copy `from` (a file or directory) to `to` with `cp -a`.
-fn cp_a(from: &Path, to: &Path) {
+pub(crate) fn cp_a(from: &Path, to: &Path) {
     assert!(Command::new("cp")
         .arg("-a")
         .arg(from)
@@ -738,15 +757,9 @@ fn walk_files(dir: &Path) -> usize {
 /// checkpoint (same key and size) is not fetched again; the state reads back in ldb.
 #[test]
 fn a_flink_job_on_object_storage_is_imported_fetching_each_file_once() {
-    use ckptfs_core::flink::metadata::{self, KeyedHandle, StreamHandle};
+    use ckptfs_core::flink::metadata;
     let moto = crate::common::moto::moto();
-    let url = moto.store();
-    let bucket = url
-        .strip_prefix("s3://")
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap();
+    let bucket = &moto.bucket();
     let job = "a312c9034e3e0d2016dae60431b4c9dc";
     let prefix = format!("flink/ck/{job}");
     let put = |key: &str, bytes: &[u8]| {
@@ -763,20 +776,13 @@ fn a_flink_job_on_object_storage_is_imported_fetching_each_file_once() {
     for n in [4, 5, 6] {
         let chk = fixture().join(format!("chk-{n}"));
         let bytes = std::fs::read(chk.join("_metadata")).unwrap();
-        let parsed = metadata::parse(&bytes).unwrap();
-        let mut paths = Vec::new();
-        for op in &parsed.operators {
-            for subtask in &op.subtasks {
-                if let Some(KeyedHandle::Incremental(h)) = &subtask.managed_keyed {
-                    for (_, stream) in h.shared.iter().chain(&h.private) {
-                        if let StreamHandle::File { path, at, .. } = stream {
-                            let uuid = path.rsplit('/').next().unwrap();
-                            paths.push((*at, format!("s3://{bucket}/{prefix}/shared/{uuid}")));
-                        }
-                    }
-                }
-            }
-        }
+        let paths: Vec<(usize, String)> = file_handles(&bytes)
+            .into_iter()
+            .map(|(at, path, _)| {
+                let uuid = path.rsplit('/').next().unwrap();
+                (at, format!("s3://{bucket}/{prefix}/shared/{uuid}"))
+            })
+            .collect();
         assert!(!paths.is_empty());
         put(
             &format!("chk-{n}/_metadata"),
@@ -815,17 +821,7 @@ fn a_flink_job_on_object_storage_is_imported_fetching_each_file_once() {
     let mut named = Vec::new();
     for n in [4, 5, 6] {
         let bytes = std::fs::read(fixture().join(format!("chk-{n}/_metadata"))).unwrap();
-        for op in metadata::parse(&bytes).unwrap().operators {
-            for subtask in op.subtasks {
-                if let Some(KeyedHandle::Incremental(h)) = subtask.managed_keyed {
-                    for (_, stream) in h.shared.into_iter().chain(h.private) {
-                        if let StreamHandle::File { path, .. } = stream {
-                            named.push(path);
-                        }
-                    }
-                }
-            }
-        }
+        named.extend(file_handles(&bytes).into_iter().map(|(_, path, _)| path));
     }
     let distinct: std::collections::BTreeSet<&String> = named.iter().collect();
     assert!(

@@ -25,4 +25,5 @@ mod scale;
 mod store_safety;
 #[cfg(feature = "failpoints")]
 mod torture;
+mod untrusted;
 mod wal_mode;

@@ -52,6 +52,26 @@ pub enum Error {
     /// A conditional write found the record changed by someone else (another writer).
     #[error("{0}")]
     Conflict(String),
+    /// A path of a checkpoint source (a directory, a Flink job, a bucket prefix) that ckptfs
+    /// does not read: outside the source's roots (`EACCES`), a symbolic link (`ELOOP`), not
+    /// a regular file or too large (`EINVAL`). See `crate::source`.
+    #[error("refused {path}: {rule} ({})", errno_name(*.errno))]
+    Refused {
+        path: String,
+        rule: String,
+        errno: i32,
+    },
+}
+
+/// The symbolic name of the errnos ckptfs refuses source paths with.
+fn errno_name(errno: i32) -> &'static str {
+    match errno {
+        libc::EACCES => "EACCES",
+        libc::EPERM => "EPERM",
+        libc::ELOOP => "ELOOP",
+        libc::EINVAL => "EINVAL",
+        _ => "error",
+    }
 }
 
 impl Error {
@@ -71,6 +91,7 @@ impl Error {
             Error::BackendClosed(_) => libc::EIO,
             Error::Exists(_) => libc::EEXIST,
             Error::Conflict(_) => libc::ESTALE,
+            Error::Refused { errno, .. } => *errno,
         }
     }
 

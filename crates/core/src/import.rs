@@ -15,11 +15,12 @@
 //! open (its `LOCK` file is locked). A file that changes while it is imported fails the
 //! import ([`ScannedFile::check_unchanged`]).
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::error::{Error, IoContext, Result};
 use crate::names::BackendName;
+use crate::source::{Kind, LocalTree, SourceFile, Tree, MAX_CURRENT_BYTES};
 
 /// One directory to import as one backend's state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,21 +44,30 @@ impl Scanned {
 }
 
 /// A regular file of an imported directory, as it was when listed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ScannedFile {
     pub name: String,
+    /// Where the engine reads it: a source file's descriptor (`/proc/self/fd/N`), or a
+    /// file ckptfs wrote itself into a staging directory; empty for [`ScannedFile::stored`].
     pub path: PathBuf,
     pub size: u64,
     /// What the file's entry records as where it came from, by which the backend's next
     /// import re-references it unread (`None`: a file ckptfs wrote itself, read each time).
     pub source: Option<String>,
-    /// `device:inode:size:mtime` (seconds.nanoseconds) when listed: the file's identity
-    /// and version, checked again once it is stored.
-    pub stamp: String,
+    origin: Origin,
 }
 
-/// Where a file held open is read from ([`ScannedFile::held_open`]).
-const HELD: &str = "/proc/self/fd/";
+/// Where a listed file's bytes are.
+#[derive(Debug, Clone)]
+enum Origin {
+    /// A source file, held open from its listing until the import is stored: the bytes
+    /// read are those of the file listed, whatever is at its path meanwhile.
+    Held(Arc<SourceFile>),
+    /// A file ckptfs wrote into its staging directory, with its stamp when listed.
+    Staged(String),
+    /// In the store already (see [`ScannedFile::stored`]).
+    Stored,
+}
 
 impl ScannedFile {
     /// A file on object storage under an immutable name (`source`) that the backend's
@@ -70,68 +80,94 @@ impl ScannedFile {
             path: PathBuf::new(),
             size,
             source: Some(source),
-            stamp: String::new(),
+            origin: Origin::Stored,
         }
+    }
+
+    /// A source file held open, imported as `name`, with its source ([`source_of`]).
+    pub fn held(name: &str, file: SourceFile, source: String) -> Self {
+        ScannedFile {
+            name: name.to_string(),
+            path: file.fd_path(),
+            size: file.stamp.size,
+            source: Some(source),
+            origin: Origin::Held(Arc::new(file)),
+        }
+    }
+
+    /// A file ckptfs wrote itself at `path` (inlined or downloaded), imported as `name`;
+    /// its source is `source` (what it was made from) or else its stamp.
+    pub fn staged(name: &str, path: PathBuf, source: Option<String>) -> Result<Self> {
+        let meta = std::fs::symlink_metadata(&path).ctx("stat", &path)?;
+        let stamp = crate::source::local::Stamp::of(&meta).to_string();
+        Ok(ScannedFile {
+            name: name.to_string(),
+            size: meta.len(),
+            source: source.or_else(|| Some(stamp.clone())),
+            origin: Origin::Staged(stamp),
+            path,
+        })
     }
 
     /// Made by [`ScannedFile::stored`]: there are no local bytes to read.
     pub fn is_stored(&self) -> bool {
-        self.path.as_os_str().is_empty()
+        matches!(self.origin, Origin::Stored)
     }
 
-    /// This file opened now and held open in `open` (keep it until the import is stored):
-    /// its bytes are read through the descriptor (`/proc/self/fd/N`), so the application
-    /// may delete the file meanwhile (Flink drops a checkpoint it no longer retains).
-    /// Refused if it is no longer what was listed.
-    pub fn held_open(self, open: &mut Vec<std::fs::File>) -> Result<ScannedFile> {
-        use std::os::fd::AsRawFd;
-        let file = std::fs::File::open(&self.path).ctx("open", &self.path)?;
-        let meta = file.metadata().ctx("stat", &self.path)?;
-        if stamp_of(&meta) != self.stamp {
-            return Err(self.changed());
+    /// Where it was found, for messages.
+    pub fn shown(&self) -> String {
+        match &self.origin {
+            Origin::Held(file) => file.path.display().to_string(),
+            _ => self
+                .source
+                .clone()
+                .unwrap_or_else(|| self.path.display().to_string()),
         }
-        let path = PathBuf::from(format!("{HELD}{}", file.as_raw_fd()));
-        open.push(file);
-        Ok(ScannedFile { path, ..self })
     }
 
-    fn changed(&self) -> Error {
-        Error::Invalid(format!(
-            "{} changed while it was imported; nothing was imported (import a checkpoint \
-             directory, which nobody writes to)",
-            self.path.display()
-        ))
+    /// The source file held open, if it is one.
+    pub fn source_file(&self) -> Option<&SourceFile> {
+        match &self.origin {
+            Origin::Held(file) => Some(file),
+            _ => None,
+        }
     }
 
-    /// Fail if the file is no longer what was listed (written, replaced or removed since;
-    /// a file held open only if written).
+    /// Fail if the file is no longer what was listed (written since; a staged file also
+    /// if replaced or removed).
     pub fn check_unchanged(&self) -> Result<()> {
-        if self.is_stored() {
-            return Ok(());
+        match &self.origin {
+            Origin::Stored => Ok(()),
+            Origin::Held(file) => file.check_unchanged(),
+            Origin::Staged(stamp) => {
+                let now = std::fs::symlink_metadata(&self.path)
+                    .map(|m| crate::source::local::Stamp::of(&m).to_string())
+                    .unwrap_or_default();
+                if &now != stamp {
+                    return Err(Error::Invalid(format!(
+                        "{} changed while it was imported; nothing was imported",
+                        self.path.display()
+                    )));
+                }
+                Ok(())
+            }
         }
-        let now = if self.path.starts_with(HELD) {
-            std::fs::metadata(&self.path)
-        } else {
-            std::fs::symlink_metadata(&self.path)
-        };
-        let now = now.map(|m| stamp_of(&m)).unwrap_or_default();
-        if now != self.stamp {
-            return Err(self.changed());
-        }
-        Ok(())
     }
 }
 
-/// `device:inode:size:mtime` of a file.
-pub fn stamp_of(meta: &std::fs::Metadata) -> String {
-    format!(
-        "{}:{}:{}:{}.{:09}",
-        meta.dev(),
-        meta.ino(),
-        meta.size(),
-        meta.mtime(),
-        meta.mtime_nsec()
-    )
+/// What an imported local file's entry records as its source: an SST's identity (its
+/// database and session ids and file number, read from its table properties:
+/// [`crate::source::sst`]), by which the next import re-references it unread; for any
+/// other file, or an SST without one, its stamp (device, inode, size, mtime), which tells
+/// where it was read from but never makes a file reusable unread
+/// (`checkpoint::reusable_by_source`).
+pub fn source_of(name: &str, file: &SourceFile) -> Result<String> {
+    if name.ends_with(".sst") {
+        if let Some(identity) = crate::source::sst::identity(file)? {
+            return Ok(identity.to_string());
+        }
+    }
+    Ok(file.stamp.to_string())
 }
 
 /// Every name RocksDB writes into a database directory, and so into a checkpoint of it.
@@ -156,6 +192,9 @@ pub fn is_rocksdb_file_name(name: &str) -> bool {
 }
 
 /// Check that `dir` is a RocksDB directory that can be imported as `backend`, and list it.
+/// Every file is opened here, through the directory's descriptor and without following
+/// links ([`crate::source::local`]), and held open: what the import stores is what was
+/// listed, whatever is renamed or swapped in afterwards.
 pub fn scan(backend: &BackendName, dir: &Path) -> Result<Scanned> {
     let meta = std::fs::metadata(dir).ctx("import", dir)?;
     if !meta.is_dir() {
@@ -164,86 +203,97 @@ pub fn scan(backend: &BackendName, dir: &Path) -> Result<Scanned> {
             dir.display()
         )));
     }
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).ctx("read directory", dir)? {
-        let entry = entry.ctx("read directory", dir)?;
-        let path = entry.path();
-        let name = entry.file_name();
-        let Some(name) = name.to_str().map(str::to_string) else {
-            return Err(Error::Invalid(format!(
-                "{}: a file name that is not UTF-8 is no RocksDB file; nothing was imported",
-                path.display()
-            )));
-        };
-        let meta = std::fs::symlink_metadata(&path).ctx("stat", &path)?;
-        let kind = meta.file_type();
-        if kind.is_symlink() {
-            return Err(Error::Invalid(format!(
-                "{} is a symbolic link: ckptfs imports regular files and does not follow \
-                 links; nothing was imported",
-                path.display()
-            )));
+    let tree = LocalTree::open(dir)?;
+    let shown = tree.path().to_path_buf();
+    let entries = tree.list("")?;
+    for entry in &entries {
+        let path = shown.join(&entry.name);
+        match entry.kind {
+            Kind::Dir => {
+                return Err(Error::Invalid(format!(
+                    "{} is a directory: a RocksDB checkpoint directory holds files only; \
+                     nothing was imported",
+                    path.display()
+                )))
+            }
+            // Refused with the reason (a link: ELOOP; a FIFO, socket or device: EINVAL),
+            // without being opened for reading.
+            Kind::Other => {
+                tree.open_file(&entry.name)?;
+                return Err(Error::Invalid(format!(
+                    "{} is not a regular file; nothing was imported",
+                    path.display()
+                )));
+            }
+            Kind::File => {}
         }
-        if kind.is_dir() {
-            return Err(Error::Invalid(format!(
-                "{} is a directory: a RocksDB checkpoint directory holds files only; \
-                 nothing was imported",
-                path.display()
-            )));
-        }
-        if !kind.is_file() {
-            return Err(Error::Invalid(format!(
-                "{} is not a regular file; nothing was imported",
-                path.display()
-            )));
-        }
-        if !is_rocksdb_file_name(&name) {
+        if !is_rocksdb_file_name(&entry.name) {
             return Err(Error::Invalid(format!(
                 "{} is not a file RocksDB writes (CURRENT, MANIFEST-N, OPTIONS-N, N.sst, \
                  N.log, N.blob, IDENTITY, LOCK, LOG): is {} a RocksDB directory? Nothing was \
                  imported",
                 path.display(),
-                dir.display()
+                shown.display()
             )));
         }
-        files.push(ScannedFile {
-            size: meta.size(),
-            source: Some(stamp_of(&meta)),
-            stamp: stamp_of(&meta),
-            name,
-            path,
-        });
     }
-    files.sort_by(|a, b| a.name.cmp(&b.name));
-    let current = files.iter().find(|f| f.name == "CURRENT").ok_or_else(|| {
-        Error::Invalid(format!(
-            "{} is not a RocksDB directory: it has no CURRENT file; nothing was imported",
-            dir.display()
-        ))
-    })?;
-    let named = std::fs::read_to_string(&current.path).ctx("read", &current.path)?;
-    // RocksDB writes the name and a newline, and refuses a CURRENT without it.
-    let manifest = named.strip_suffix('\n').unwrap_or("");
-    if !is_rocksdb_file_name(manifest)
-        || !manifest.starts_with("MANIFEST-")
-        || !files.iter().any(|f| f.name == manifest)
-    {
-        let shown: String = manifest.chars().take(80).collect();
+    if !entries.iter().any(|e| e.name == "CURRENT") {
         return Err(Error::Invalid(format!(
-            "{} is not a complete RocksDB directory: CURRENT names {shown:?}, which is not \
-             in it; nothing was imported",
-            dir.display()
+            "{} is not a RocksDB directory: it has no CURRENT file; nothing was imported",
+            shown.display()
         )));
     }
-    if let Some(lock) = files.iter().find(|f| f.name == "LOCK") {
-        if is_locked(&lock.path)? {
+    // Asked before any file is opened for reading (closing one would drop this process's
+    // own locks on it).
+    if let Some((dev, ino)) = tree.identity("LOCK")? {
+        if is_locked(dev, ino)? {
             return Err(Error::Invalid(format!(
                 "{} is open in a running RocksDB (its LOCK file is locked): import a \
                  checkpoint of it instead (RocksDB's Checkpoint API, `ldb checkpoint`); \
                  nothing was imported",
-                dir.display()
+                shown.display()
             )));
         }
+    }
+    crate::failpoint!("import::after-listing");
+    let mut files = Vec::new();
+    for entry in &entries {
+        // Deleted since the listing: the directory is being written to.
+        let file = tree.open_file(&entry.name)?.ok_or_else(|| {
+            Error::Invalid(format!(
+                "{} disappeared while it was imported; nothing was imported (import a \
+                 checkpoint directory, which nobody writes to)",
+                shown.join(&entry.name).display()
+            ))
+        })?;
+        let source = source_of(&entry.name, &file)?;
+        files.push(ScannedFile::held(&entry.name, file, source));
+    }
+    let current = files
+        .iter()
+        .find(|f| f.name == "CURRENT")
+        .and_then(ScannedFile::source_file)
+        .expect("CURRENT is listed and held");
+    let named = current.read_all(MAX_CURRENT_BYTES)?;
+    let named = String::from_utf8_lossy(&named);
+    // RocksDB writes the name and a newline, and refuses a CURRENT without it.
+    let Some(manifest) = named.strip_suffix('\n') else {
+        return Err(Error::Invalid(format!(
+            "{} is not a complete RocksDB directory: its CURRENT does not end in a newline \
+             (RocksDB refuses such a CURRENT); nothing was imported",
+            shown.display()
+        )));
+    };
+    if !is_rocksdb_file_name(manifest)
+        || !manifest.starts_with("MANIFEST-")
+        || !files.iter().any(|f| f.name == manifest)
+    {
+        let shown_name: String = manifest.chars().take(80).collect();
+        return Err(Error::Invalid(format!(
+            "{} is not a complete RocksDB directory: CURRENT names {shown_name:?}, which is \
+             not in it; nothing was imported",
+            shown.display()
+        )));
     }
     Ok(Scanned {
         backend: backend.clone(),
@@ -251,15 +301,13 @@ pub fn scan(backend: &BackendName, dir: &Path) -> Result<Scanned> {
     })
 }
 
-/// True if a process holds a lock on `path` (RocksDB locks its `LOCK` file with `fcntl`),
-/// as `/proc/locks` lists them by device and inode. The file is not opened: closing a
-/// descriptor of it would drop every lock this process holds on it (the daemon's own
-/// databases' among them).
-fn is_locked(path: &Path) -> Result<bool> {
-    let meta = std::fs::symlink_metadata(path).ctx("stat", path)?;
-    let dev = meta.dev();
+/// True if a process holds a lock on the file `dev`:`ino` (RocksDB locks its `LOCK` file
+/// with `fcntl`), as `/proc/locks` lists them by device and inode. The file is not opened:
+/// closing a descriptor of it would drop every lock this process holds on it (the daemon's
+/// own databases' among them).
+fn is_locked(dev: u64, ino: u64) -> Result<bool> {
     let (major, minor) = (libc::major(dev), libc::minor(dev));
-    let wanted = format!("{major:02x}:{minor:02x}:{}", meta.ino());
+    let wanted = format!("{major:02x}:{minor:02x}:{ino}");
     let locks = std::fs::read_to_string("/proc/locks").ctx("read", Path::new("/proc/locks"))?;
     Ok(locks.lines().any(|line| holds(line, &wanted)))
 }
@@ -360,7 +408,20 @@ mod tests {
 
         let dir = rocksdb_dir();
         std::fs::write(dir.path().join("CURRENT"), "MANIFEST-000005").unwrap();
-        refused(dir.path(), "CURRENT names");
+        refused(dir.path(), "does not end in a newline");
+
+        let dir = rocksdb_dir();
+        nix::unistd::mkfifo(
+            &dir.path().join("000013.sst"),
+            nix::sys::stat::Mode::S_IRWXU,
+        )
+        .unwrap();
+        refused(dir.path(), "a FIFO");
+
+        let dir = rocksdb_dir();
+        let current = std::fs::File::create(dir.path().join("CURRENT")).unwrap();
+        current.set_len(2 << 30).unwrap(); // sparse: refused by its size, unread
+        refused(dir.path(), "more than the 4096");
 
         let dir = rocksdb_dir();
         refused(&dir.path().join("CURRENT"), "not a directory");
@@ -393,7 +454,12 @@ mod tests {
         assert!(e.contains("open in a running RocksDB"), "{e}");
         // Asking did not drop the lock (closing a descriptor of LOCK would have).
         scan(&backend(), dir.path()).unwrap_err();
-        assert!(is_locked(&dir.path().join("LOCK")).unwrap());
+        let (dev, ino) = LocalTree::open(dir.path())
+            .unwrap()
+            .identity("LOCK")
+            .unwrap()
+            .unwrap();
+        assert!(is_locked(dev, ino).unwrap());
         drop(db);
         // Closed, it is a RocksDB directory like any other.
         scan(&backend(), dir.path()).unwrap();

@@ -27,6 +27,7 @@ pub mod percent;
 pub mod registry;
 pub mod repo;
 pub mod restore;
+pub mod source;
 pub mod store;
 pub mod views;
 pub mod workload;

@@ -87,10 +87,15 @@ pub fn env_for(port: u16) -> Vec<(&'static str, String)> {
 impl Moto {
     /// A new empty bucket; returns a store URL in it.
     pub fn store(&self) -> String {
+        format!("s3://{}/store", self.bucket())
+    }
+
+    /// A new, empty bucket's name.
+    pub fn bucket(&self) -> String {
         let n = BUCKETS.fetch_add(1, Ordering::SeqCst);
         let bucket = format!("ckptfs-test-{}-{n}", std::process::id());
         create_bucket(self.port, &bucket);
-        format!("s3://{bucket}/store")
+        bucket
     }
 }
 

@@ -311,17 +311,23 @@ fn pin_snapshot(
 
 /// Whether an imported file `name` read from `source`, of `size` bytes, is `known` (the
 /// backend's newest snapshot's entry of that name) and is re-referenced without being read.
-/// Only SSTs and blob files are never rewritten: RocksDB copies the small files (CURRENT,
-/// MANIFEST, OPTIONS) into each checkpoint, where a new copy may get a freed inode and the
-/// same mtime tick as the last; those are read every time.
+/// Only SSTs and blob files are never rewritten, and only a source that names content is
+/// trusted to tell that nothing changed: an SST's identity from its table properties
+/// (`sst:`, [`crate::source::sst`]), the content hash of a file Flink inlined (`inline:`),
+/// or an object's key in the source's bucket (`s3://`: Flink never rewrites an uploaded
+/// file). A stamp (device, inode, size, mtime) is not: `cp -p`, `rsync -t`, a restore
+/// from backup and a filesystem that reuses a freed inode keep it for other bytes.
 pub(super) fn reusable_by_source(
     known: &crate::catalog::FileEntry,
     name: &str,
     source: Option<&str>,
     size: u64,
 ) -> bool {
+    let names_content = |s: &str| {
+        crate::source::sst::is_identity(s) || s.starts_with("inline:") || s.starts_with("s3://")
+    };
     crate::backend::is_shared_file(name)
-        && source.is_some()
+        && source.is_some_and(names_content)
         && known.source.as_deref() == source
         && known.size == size
 }

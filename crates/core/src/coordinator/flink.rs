@@ -98,13 +98,20 @@ impl Engine {
         let known = |backend: &BackendName, name: &str, source: &str, size: u64| {
             self.holds_source(backend, name, source, size)
         };
-        // Held open (`listed.open`) until the checkpoint is stored.
+        // The files to read are held open in `backends` until the checkpoint is stored.
         let listed = flink::subtasks(checkpoint, staging.path(), &known)?;
-        let (backends, job, _open) = (listed.backends, listed.job, listed.open);
+        let (backends, job) = (listed.backends, listed.job);
         if held(&job) {
             return Ok(None);
         }
+        crate::failpoint!("flink::before-begin");
         let mut pending = self.begin_checkpoint_of(backends)?;
+        // Asked again in the checkpoint slot, which an import holds alone: another importer
+        // (the follower, a control line) may have committed it since the look above.
+        if held(&job) {
+            pending.abort();
+            return Ok(None);
+        }
         pending.set_flink(FlinkLabel {
             job: job.clone(),
             checkpoint: checkpoint.checkpoint,

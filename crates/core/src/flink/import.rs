@@ -14,26 +14,28 @@
 //! re-references an SST whose source it recorded without reading it again.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::metadata::{self, KeyedHandle, OperatorState, StreamHandle};
 use crate::error::{Error, IoContext, Result};
-use crate::import::{stamp_of, Scanned, ScannedFile};
+use crate::import::{Scanned, ScannedFile};
 use crate::names::BackendName;
+use crate::source::{join, Fetched, Kind, LocalTree, S3Tree, Tree, MAX_METADATA_BYTES};
 
 /// The name under which a subtask's Flink meta data (`KeyedBackendSerializationProxy`) is
 /// kept beside its RocksDB files: RocksDB ignores files it does not name itself.
 pub const FLINK_META: &str = "FLINK-KEYED-META";
 
 /// Where a Flink job's checkpoints are: a directory, or a prefix of an S3 bucket
-/// (`s3://BUCKET/PREFIX`, configured from the standard AWS environment like a store).
+/// (`s3://BUCKET/PREFIX`, configured from the standard AWS environment like a store). Every
+/// file is read through its [`Tree`], confined to it (and to the more roots the user named,
+/// [`Source::with_root`]): a `_metadata` naming a file outside is refused.
 #[derive(Clone)]
-pub enum Source {
-    Local(PathBuf),
-    S3 {
-        remote: std::sync::Arc<crate::store::s3::Remote>,
-        /// The key prefix, without a trailing `/` (empty: the whole bucket).
-        prefix: String,
-    },
+pub struct Source {
+    tree: Arc<dyn Tree>,
+    /// More roots the user named: the directories of the jobs a job was restored from in
+    /// CLAIM mode, whose files its checkpoints go on naming.
+    also: Vec<Arc<dyn Tree>>,
 }
 
 impl std::fmt::Debug for Source {
@@ -44,8 +46,15 @@ impl std::fmt::Debug for Source {
 
 impl Source {
     /// `SRC` of `import-flink` and `mount --flink`: `s3://BUCKET[/PREFIX]`, a `file://`
-    /// URL or a directory. Makes no request.
+    /// URL or a directory (which is opened: it must exist).
     pub fn parse(arg: &Path) -> Result<Source> {
+        Ok(Source {
+            tree: Self::tree(arg)?,
+            also: Vec::new(),
+        })
+    }
+
+    fn tree(arg: &Path) -> Result<Arc<dyn Tree>> {
         let text = arg.to_string_lossy();
         if text.starts_with("s3://") {
             let crate::store::Location::S3 { bucket, prefix } =
@@ -54,18 +63,39 @@ impl Source {
                 unreachable!("an s3:// URL parses as S3")
             };
             let remote = crate::store::s3::Remote::connect(&bucket, "")?;
-            return Ok(Source::S3 { remote, prefix });
+            return Ok(Arc::new(S3Tree::new(remote, &prefix)));
         }
-        match text
+        let dir = match text
             .strip_prefix("file://")
             .or_else(|| text.strip_prefix("file:"))
         {
-            Some(path) if path.starts_with('/') => Ok(Source::Local(PathBuf::from(path))),
-            Some(_) => Err(Error::Invalid(format!(
-                "{text}: a file: URL names an absolute path (file:///data/checkpoints)"
-            ))),
-            None => Ok(Source::Local(arg.to_path_buf())),
+            Some(path) if path.starts_with('/') => PathBuf::from(path),
+            Some(_) => {
+                return Err(Error::Invalid(format!(
+                    "{text}: a file: URL names an absolute path (file:///data/checkpoints)"
+                )))
+            }
+            None => arg.to_path_buf(),
+        };
+        let tree = LocalTree::open(&dir).map_err(|e| match e {
+            Error::Io { source, .. } => Error::io(
+                format!("read Flink checkpoints in {}", dir.display()),
+                source,
+            ),
+            other => other,
+        })?;
+        Ok(Arc::new(tree))
+    }
+
+    /// [`Source::parse`] of `src`, also reading the files below each of `roots` that its
+    /// checkpoints name (a job restored in CLAIM mode names the files of the job it was
+    /// restored from: `--source-root`).
+    pub fn open(src: &Path, roots: &[PathBuf]) -> Result<Source> {
+        let mut source = Self::parse(src)?;
+        for root in roots {
+            source.also.push(Self::tree(root)?);
         }
+        Ok(source)
     }
 
     /// `arg` as another process (a daemon, in another directory) reads it: a URL as it is
@@ -83,10 +113,16 @@ impl Source {
     }
 
     pub fn describe(&self) -> String {
-        match self {
-            Source::Local(dir) => dir.display().to_string(),
-            Source::S3 { remote, prefix } => format!("s3://{}/{prefix}", remote.bucket()),
-        }
+        self.tree.describe()
+    }
+
+    /// The roots read, for messages.
+    fn roots(&self) -> String {
+        std::iter::once(&self.tree)
+            .chain(&self.also)
+            .map(|t| t.describe())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -96,37 +132,32 @@ pub struct Completed {
     /// The job id (32 hex), the name of its directory.
     pub job: String,
     pub checkpoint: u64,
-    /// The job's directory (`chk-N/`, `shared/`, `taskowned/`): a path, or on S3 the key
-    /// prefix (without a trailing `/`).
-    pub job_dir: PathBuf,
+    /// The job's directory (`chk-N/`, `shared/`, `taskowned/`) below the source's root
+    /// ("": the root itself).
+    pub job_dir: String,
     pub source: Source,
 }
 
 impl Completed {
-    /// Where its `_metadata` is (a path, or a key).
-    pub fn metadata_path(&self) -> PathBuf {
-        self.job_dir
-            .join(format!("chk-{}", self.checkpoint))
-            .join(METADATA)
+    /// Where its `_metadata` is below the source's root.
+    pub fn metadata_path(&self) -> String {
+        join(
+            &self.job_dir,
+            &format!("chk-{}/{METADATA}", self.checkpoint),
+        )
     }
 
-    /// Its `_metadata`.
+    /// Its `_metadata`, read through the source (no link followed, at most
+    /// [`MAX_METADATA_BYTES`]).
     pub fn read_metadata(&self) -> Result<Vec<u8>> {
-        let path = self.metadata_path();
-        match &self.source {
-            Source::Local(_) => std::fs::read(&path).ctx("read", &path),
-            Source::S3 { remote, .. } => remote.get_bytes(&path.to_string_lossy()),
-        }
+        self.source
+            .tree
+            .read(&self.metadata_path(), MAX_METADATA_BYTES)
     }
 
     /// Where it is, for messages.
     pub fn location(&self) -> String {
-        match &self.source {
-            Source::Local(_) => self.job_dir.display().to_string(),
-            Source::S3 { remote, .. } => {
-                format!("s3://{}/{}", remote.bucket(), self.job_dir.display())
-            }
-        }
+        self.source.tree.show(&self.job_dir)
     }
 }
 
@@ -143,13 +174,7 @@ pub fn completed(src: &Source) -> Result<Vec<Completed>> {
     if let Some(found) = completed_if_any(src)? {
         return Ok(found);
     }
-    let holds_metadata = match src {
-        Source::Local(dir) => dir.join(METADATA).is_file(),
-        Source::S3 { remote, prefix } => {
-            let key = Path::new(prefix).join(METADATA);
-            remote.size_of(&key.to_string_lossy())?.is_some()
-        }
-    };
+    let holds_metadata = src.tree.size_of(METADATA).unwrap_or(None).is_some();
     Err(Error::Invalid(if holds_metadata {
         format!(
             "{} is one checkpoint's or savepoint's directory (it holds _metadata): give the \
@@ -168,12 +193,8 @@ pub fn completed(src: &Source) -> Result<Vec<Completed>> {
 /// [`completed`], or `None` where no job has written yet (a follower started before the
 /// job, which makes its directory with its first checkpoint).
 pub fn completed_if_any(src: &Source) -> Result<Option<Vec<Completed>>> {
-    let jobs = match src {
-        Source::Local(dir) => {
-            local_jobs(&std::fs::canonicalize(dir).ctx("read Flink checkpoints in", dir)?)?
-        }
-        Source::S3 { remote, prefix } => s3_jobs(remote, prefix)?,
-    };
+    let tree = src.tree.as_ref();
+    let jobs = jobs(tree)?;
     if jobs.is_empty() {
         return Ok(None);
     }
@@ -186,18 +207,21 @@ pub fn completed_if_any(src: &Source) -> Result<Option<Vec<Completed>>> {
     }
     let mut out = Vec::new();
     for job_dir in jobs {
-        let name = job_dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let mut ids = match src {
-            Source::Local(_) => local_checkpoints(&job_dir)?,
-            Source::S3 { remote, .. } => s3_checkpoints(remote, &job_dir)?,
+        // A copied job directory keeps its id in every path of its metadata.
+        let name = if job_dir.is_empty() {
+            tree.describe()
+                .trim_end_matches('/')
+                .rsplit('/')
+                .next()
+                .unwrap_or("")
+                .to_string()
+        } else {
+            job_dir.rsplit('/').next().unwrap_or("").to_string()
         };
+        let mut ids = checkpoints(tree, &job_dir)?;
         ids.sort_unstable();
         for checkpoint in ids {
             out.push(Completed {
-                // A copied job directory keeps its id in every path of its metadata.
                 job: name.clone(),
                 checkpoint,
                 job_dir: job_dir.clone(),
@@ -213,92 +237,39 @@ fn chk_number(name: &str) -> Option<u64> {
     name.strip_prefix("chk-").and_then(|n| n.parse().ok())
 }
 
-/// The job directories of a local `src`: itself, or those named by a job id in it.
-fn local_jobs(src: &Path) -> Result<Vec<PathBuf>> {
-    let is_job_dir = |dir: &Path| dir.join("shared").is_dir() || has_chk(dir);
-    if is_job_dir(src) {
-        return Ok(vec![src.to_path_buf()]);
+/// The job directories below a source's root: itself, or those named by a job id in it.
+fn jobs(tree: &dyn Tree) -> Result<Vec<String>> {
+    let is_job_dir = |entries: &[crate::source::Entry]| {
+        entries
+            .iter()
+            .any(|e| e.kind == Kind::Dir && (e.name == "shared" || chk_number(&e.name).is_some()))
+    };
+    let top = tree.list("")?;
+    if is_job_dir(&top) {
+        return Ok(vec![String::new()]);
     }
     let mut jobs = Vec::new();
-    for entry in std::fs::read_dir(src).ctx("read directory", src)? {
-        let entry = entry.ctx("read directory", src)?;
-        let name = entry.file_name();
-        if is_job_id(&name.to_string_lossy()) && is_job_dir(&entry.path()) {
-            jobs.push(entry.path());
+    for entry in &top {
+        if entry.kind == Kind::Dir && is_job_id(&entry.name) && is_job_dir(&tree.list(&entry.name)?)
+        {
+            jobs.push(entry.name.clone());
         }
     }
-    jobs.sort();
     Ok(jobs)
 }
 
-/// The ids of a local job directory's `chk-N` that hold a `_metadata`.
-fn local_checkpoints(job_dir: &Path) -> Result<Vec<u64>> {
+/// The ids of a job directory's `chk-N` that hold a `_metadata` (one that is a link or no
+/// regular file is listed too: reading it says why it is refused).
+fn checkpoints(tree: &dyn Tree, job_dir: &str) -> Result<Vec<u64>> {
     let mut ids = Vec::new();
-    for entry in std::fs::read_dir(job_dir).ctx("read directory", job_dir)? {
-        let entry = entry.ctx("read directory", job_dir)?;
-        let Some(n) = entry.file_name().to_str().and_then(chk_number) else {
+    for entry in tree.list(job_dir)? {
+        let Some(n) = chk_number(&entry.name).filter(|_| entry.kind == Kind::Dir) else {
             continue;
         };
-        if entry.path().join(METADATA).is_file() {
-            ids.push(n);
-        }
-    }
-    Ok(ids)
-}
-
-/// The job "directories" (key prefixes) under an S3 `prefix`: itself, or those named by a
-/// job id under it.
-fn s3_jobs(remote: &crate::store::s3::Remote, prefix: &str) -> Result<Vec<PathBuf>> {
-    let dir = |p: &str| {
-        if p.is_empty() {
-            String::new()
-        } else {
-            format!("{p}/")
-        }
-    };
-    let last = |key: &str| {
-        key.trim_end_matches('/')
-            .rsplit('/')
-            .next()
-            .unwrap_or("")
-            .to_string()
-    };
-    let is_job_dir = |entries: &[(String, u64)]| {
-        entries.iter().any(|(key, _)| {
-            let name = last(key);
-            key.ends_with('/') && (name == "shared" || chk_number(&name).is_some())
-        })
-    };
-    let top = remote.list_keys(&dir(prefix), true)?;
-    if is_job_dir(&top) {
-        return Ok(vec![PathBuf::from(prefix)]);
-    }
-    let mut jobs = Vec::new();
-    for (key, _) in &top {
-        if key.ends_with('/') && is_job_id(&last(key)) {
-            let job = key.trim_end_matches('/');
-            if is_job_dir(&remote.list_keys(&dir(job), true)?) {
-                jobs.push(PathBuf::from(job));
-            }
-        }
-    }
-    jobs.sort();
-    Ok(jobs)
-}
-
-/// The ids of an S3 job prefix's `chk-N/` that hold a `_metadata`.
-fn s3_checkpoints(remote: &crate::store::s3::Remote, job_dir: &Path) -> Result<Vec<u64>> {
-    let job = job_dir.to_string_lossy();
-    let mut ids = Vec::new();
-    for (key, _) in remote.list_keys(&format!("{job}/"), true)? {
-        let name = key.trim_end_matches('/').rsplit('/').next().unwrap_or("");
-        if let Some(n) = chk_number(name).filter(|_| key.ends_with('/')) {
-            if remote
-                .size_of(&format!("{job}/chk-{n}/{METADATA}"))?
-                .is_some()
-            {
-                ids.push(n);
-            }
+        match tree.size_of(&join(job_dir, &format!("chk-{n}/{METADATA}"))) {
+            Ok(Some(_)) | Err(Error::Refused { .. }) => ids.push(n),
+            Ok(None) => {}
+            Err(e) => return Err(e),
         }
     }
     Ok(ids)
@@ -323,24 +294,18 @@ pub fn check_all(completed: &[Completed]) -> Result<()> {
     Ok(())
 }
 
-fn has_chk(dir: &Path) -> bool {
-    std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .flatten()
-                .any(|e| e.file_name().to_string_lossy().starts_with("chk-"))
-        })
-        .unwrap_or(false)
-}
-
 /// An operator's directory name: its uid, with every byte outside `[A-Za-z0-9.-]` written
 /// `_XX` (hex; so `_` itself is `_5f`), a leading `.` too, and a uid of 32 hex digits (which
 /// would read as an operator id) with its first byte escaped; without a uid, the 32-hex id.
+/// A name longer than [`LONG_NAME`] bytes keeps its first part and ends in `__` and a hash
+/// of the whole uid: `__` appears in no escaped name, so the two kinds never collide, and
+/// the name stays within a directory name's 255 bytes.
 pub fn operator_dir_name(op: &OperatorState) -> String {
     let Some(uid) = &op.uid else {
         return op.id.clone();
     };
     let mut out = String::new();
+    let mut cuts = vec![0];
     for (i, b) in uid.bytes().enumerate() {
         let plain = b.is_ascii_alphanumeric() || b == b'-' || (b == b'.' && i > 0);
         let looks_like_id = i == 0 && is_job_id(uid);
@@ -349,9 +314,22 @@ pub fn operator_dir_name(op: &OperatorState) -> String {
         } else {
             out.push_str(&format!("_{b:02x}"));
         }
+        cuts.push(out.len());
     }
-    out
+    if out.len() <= LONG_NAME {
+        return out;
+    }
+    let keep = cuts
+        .into_iter()
+        .filter(|c| *c <= LONG_NAME - 34)
+        .max()
+        .unwrap_or(0);
+    let hash = blake3::hash(uid.as_bytes()).to_hex();
+    format!("{}__{}", &out[..keep], &hash[..32])
 }
+
+/// The longest operator directory name written as it is ([`operator_dir_name`]).
+pub const LONG_NAME: usize = 200;
 
 /// The backend that keeps what a Flink checkpoint holds besides its subtasks' RocksDB
 /// state: its `_metadata` ([`METADATA`]) and every file that names outside the subtasks'
@@ -501,13 +479,13 @@ fn file_merging(what: &str) -> Error {
 /// from the paths the metadata names: a copy of a job directory may have another name).
 /// Inline files, and files on object storage, are written under `staging` (which must be
 /// empty or missing); a file on object storage that `known` says the store holds (its
-/// backend's newest snapshot lists it under its name, source and size) is not fetched.
+/// backend's newest snapshot lists it under its name, source and size) is not fetched. The
+/// local files to read are held open in the listing: Flink may delete them meanwhile.
 pub fn subtasks(
     completed: &Completed,
     staging: &Path,
     known: &dyn Fn(&BackendName, &str, &str, u64) -> bool,
 ) -> Result<Listed> {
-    let mut open = Vec::new();
     let bytes = completed.read_metadata()?;
     let in_checkpoint = |e: Error| {
         Error::Invalid(format!(
@@ -534,7 +512,7 @@ pub fn subtasks(
                     .map(|(_, id)| id.to_string())
                     .filter(|id| is_job_id(id));
             }
-            files.push(file(completed, &to, name, stream, &mut open)?);
+            files.push(file(completed, &to, name, stream)?);
         }
         out.push(Scanned {
             backend: backend.clone(),
@@ -551,10 +529,10 @@ pub fn subtasks(
     crate::fsutil::create_private_dir_all(&to.dir)?;
     let path = to.dir.join(METADATA);
     std::fs::write(&path, &bytes).ctx("write", &path)?;
-    let mut files = vec![on_disk(METADATA, path, None)?];
+    let mut files = vec![ScannedFile::staged(METADATA, path, None)?];
     for (name, stream) in &layout.job_files {
         if !files.iter().any(|f| &f.name == name) {
-            files.push(file(completed, &to, name, stream, &mut open)?);
+            files.push(file(completed, &to, name, stream)?);
         }
     }
     files.sort_by(|a, b| a.name.cmp(&b.name));
@@ -562,19 +540,15 @@ pub fn subtasks(
     Ok(Listed {
         backends: out,
         job: job.unwrap_or_else(|| completed.job.clone()),
-        open,
     })
 }
 
 /// A completed checkpoint listed for import ([`subtasks`]).
 pub struct Listed {
-    /// Its subtasks, then [`job_backend`].
+    /// Its subtasks, then [`job_backend`]; the local files to read are held open in them.
     pub backends: Vec<Scanned>,
     /// The job's id.
     pub job: String,
-    /// The files to read, held open until the import is stored: Flink deletes the files of
-    /// a checkpoint it no longer retains, possibly while ckptfs imports it.
-    pub open: Vec<std::fs::File>,
 }
 
 /// Where the files of one backend that must be written out go, and what the store holds.
@@ -590,156 +564,104 @@ fn file(
     to: &Staging<'_>,
     name: &str,
     stream: &StreamHandle,
-    open: &mut Vec<std::fs::File>,
 ) -> Result<ScannedFile> {
-    let (found, size) = match stream {
+    let ((tree, rel), size) = match stream {
         StreamHandle::Inline(bytes) => {
             crate::fsutil::create_private_dir_all(&to.dir)?;
             let path = to.dir.join(name);
             std::fs::write(&path, bytes).ctx("write", &path)?;
             let hash = blake3::hash(bytes).to_hex();
-            return on_disk(name, path, Some(format!("inline:{hash}")));
+            return ScannedFile::staged(name, path, Some(format!("inline:{hash}")));
         }
         StreamHandle::File { path, size, .. } => (resolve(completed, path)?, *size),
         StreamHandle::Relative { path, size, .. } => {
-            let at = completed
-                .job_dir
-                .join(format!("chk-{}", completed.checkpoint))
-                .join(path);
-            (
-                match completed.source {
-                    Source::Local(_) => Found::Local(at),
-                    Source::S3 { .. } => Found::Key(at.to_string_lossy().into_owned()),
-                },
-                *size,
-            )
+            let rel = join(
+                &completed.job_dir,
+                &format!("chk-{}/{path}", completed.checkpoint),
+            );
+            crate::source::checked_relative(&path, &rel)?;
+            ((completed.source.tree.clone(), rel), *size)
         }
         StreamHandle::Segment { .. } | StreamHandle::EmptySegment => {
             return Err(file_merging(&format!("file {name}")))
         }
     };
-    let found = match (found, &completed.source) {
-        (Found::Local(path), _) => {
-            let listed = on_disk(name, path, None)?;
-            let source = listed.source.clone().unwrap_or_default();
-            if (to.known)(to.backend, name, &source, listed.size) {
-                // Re-referenced unread under its immutable name: Flink may delete it now.
-                ScannedFile::stored(name, source, listed.size)
-            } else {
-                listed.held_open(open)?
-            }
+    let immutable = tree.immutable_name(&rel);
+    if let Some(source) = &immutable {
+        if (to.known)(to.backend, name, source, size) {
+            // Re-referenced unread under its immutable name.
+            return Ok(ScannedFile::stored(name, source.clone(), size));
         }
-        (Found::Key(key), Source::S3 { remote, .. }) => {
-            let source = format!("s3://{}/{key}", remote.bucket());
-            if (to.known)(to.backend, name, &source, size) {
-                return Ok(ScannedFile::stored(name, source, size));
+    }
+    let found = match tree.fetch(&rel, &to.dir, name)? {
+        Fetched::Open(file) => {
+            let source = crate::import::source_of(name, &file)?;
+            if (to.known)(to.backend, name, &source, file.stamp.size) {
+                // Re-referenced unread: Flink may delete it now.
+                return Ok(ScannedFile::stored(name, source, file.stamp.size));
             }
-            crate::fsutil::create_private_dir_all(&to.dir)?;
-            let path = to.dir.join(name);
-            remote.download(&key, &path)?;
-            on_disk(name, path, Some(source))?
+            ScannedFile::held(name, file, source)
         }
-        (Found::Key(_), Source::Local(_)) => unreachable!("keys are found on object storage"),
+        Fetched::Downloaded { path, .. } => ScannedFile::staged(name, path, immutable)?,
     };
     if found.size != size {
         return Err(Error::Invalid(format!(
             "{} has {} bytes, the checkpoint's metadata says {size}",
-            found
-                .source
-                .as_deref()
-                .unwrap_or(&found.path.display().to_string()),
+            found.shown(),
             found.size
         )));
     }
     Ok(found)
 }
 
-/// Where a file named by a checkpoint is.
-enum Found {
-    Local(PathBuf),
-    /// A key of the source's bucket.
-    Key(String),
-}
-
-/// A regular file at `path`, imported as `name`; its source is `source` or else its stamp.
-fn on_disk(name: &str, path: PathBuf, source: Option<String>) -> Result<ScannedFile> {
-    let meta = std::fs::symlink_metadata(&path).ctx("stat", &path)?;
-    if !meta.is_file() {
-        return Err(Error::Invalid(format!(
-            "{} is not a regular file",
-            path.display()
-        )));
+/// The file an absolute URI of a checkpoint's metadata names, below one of the source's
+/// roots: where it says, or else (a job directory moved or copied elsewhere) the part after
+/// `/shared/` (or `/taskowned/`), one plain name, under the job's directory. A URI outside
+/// every root is refused (`EACCES`) and never looked at.
+fn resolve(completed: &Completed, uri: &str) -> Result<(Arc<dyn Tree>, String)> {
+    let src = &completed.source;
+    let mut inside = false;
+    for tree in std::iter::once(&src.tree).chain(&src.also) {
+        if let Some(rel) = tree.locate(uri) {
+            inside = true;
+            if tree.size_of(&rel)?.is_some() {
+                return Ok((tree.clone(), rel));
+            }
+        }
     }
-    let stamp = stamp_of(&meta);
-    Ok(ScannedFile {
-        name: name.to_string(),
-        size: meta.len(),
-        source: source.or_else(|| Some(stamp.clone())),
-        stamp,
-        path,
-    })
-}
-
-/// A file named by its absolute URI: as it is if it exists, else the part after
-/// `/<job-id>/shared/` (or `taskowned/`) under the job directory given (a moved copy). On
-/// object storage, an `s3://` (`s3a://`, `s3p://`) URI of the source's bucket is that key.
-fn resolve(completed: &Completed, uri: &str) -> Result<Found> {
-    let not_found = || {
-        Error::NotFound(format!(
+    for dir in ["shared", "taskowned"] {
+        let Some((_, rest)) = uri.rsplit_once(&format!("/{dir}/")) else {
+            continue;
+        };
+        if rest.contains('/') || crate::source::checked_relative(&rest, rest).is_err() {
+            continue;
+        }
+        let rel = join(&completed.job_dir, &format!("{dir}/{rest}"));
+        if src.tree.size_of(&rel)?.is_some() {
+            return Ok((src.tree.clone(), rel));
+        }
+    }
+    if inside {
+        return Err(Error::NotFound(format!(
             "Flink checkpoint {} of job {} refers to {uri}, which is neither there nor under {}",
             completed.checkpoint,
             completed.job,
             completed.location()
-        ))
-    };
-    let moved = |local: &str, exists: &dyn Fn(&str) -> Result<bool>| -> Result<Option<String>> {
-        for dir in ["shared", "taskowned"] {
-            if let Some((_, rest)) = local.rsplit_once(&format!("/{dir}/")) {
-                let at = completed.job_dir.join(dir).join(rest);
-                let at = at.to_string_lossy();
-                if exists(&at)? {
-                    return Ok(Some(at.into_owned()));
-                }
-            }
-        }
-        Ok(None)
-    };
-    match &completed.source {
-        Source::Local(_) => {
-            let local = uri
-                .strip_prefix("file://")
-                .or_else(|| uri.strip_prefix("file:"))
-                .ok_or_else(|| {
-                    Error::Invalid(format!(
-                        "Flink checkpoint {} refers to {uri}: a checkpoint on a local \
-                         filesystem names file: paths (give an s3:// SRC for checkpoints on \
-                         object storage)",
-                        completed.checkpoint
-                    ))
-                })?;
-            if Path::new(local).is_file() {
-                return Ok(Found::Local(local.into()));
-            }
-            moved(local, &|p| Ok(Path::new(p).is_file()))?
-                .map(|p| Found::Local(p.into()))
-                .ok_or_else(not_found)
-        }
-        Source::S3 { remote, .. } => {
-            let exists = |key: &str| remote.size_of(key).map(|s| s.is_some());
-            let in_bucket = ["s3://", "s3a://", "s3p://"]
-                .iter()
-                .find_map(|scheme| uri.strip_prefix(scheme))
-                .and_then(|rest| rest.split_once('/'))
-                .filter(|(bucket, _)| *bucket == remote.bucket())
-                .map(|(_, key)| key);
-            if let Some(key) = in_bucket {
-                if exists(key)? {
-                    return Ok(Found::Key(key.to_string()));
-                }
-            }
-            moved(uri, &exists)?.map(Found::Key).ok_or_else(not_found)
-        }
+        )));
     }
+    Err(crate::source::refused(
+        uri,
+        format!(
+            "Flink checkpoint {} of job {} names a file outside the source ({}), and no \
+             file of its name is in the job's shared/: ckptfs reads only below the roots it \
+             is given (a job restored in CLAIM mode from another job's checkpoint: name that \
+             job's directory too, --source-root)",
+            completed.checkpoint,
+            completed.job,
+            src.roots()
+        ),
+        libc::EACCES,
+    ))
 }
 
 #[cfg(test)]
@@ -776,12 +698,23 @@ mod tests {
             assert_eq!(name, expected);
             BackendName::new(&name, 0).unwrap();
         }
+        // Long uids (85 bytes that need escaping are 255 escaped): valid, distinct names.
+        let long = |tail: &str| operator_dir_name(&op(Some(&format!("{}{tail}", "ü".repeat(43)))));
+        let (a, b) = (long("a"), long("b"));
+        assert_ne!(a, b);
+        for name in [&a, &b] {
+            assert!(name.len() <= LONG_NAME, "{name}");
+            assert!(name.contains("__"), "{name}");
+            BackendName::new(name, 0).unwrap();
+        }
+        let exactly = "x".repeat(LONG_NAME);
+        assert_eq!(operator_dir_name(&op(Some(&exactly))), exactly);
     }
 
     #[test]
     fn the_fixture_job_lists_its_completed_checkpoints_and_subtasks() {
         let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/flink/job1");
-        let found = completed(&Source::Local(fixture)).unwrap();
+        let found = completed(&Source::parse(&fixture).unwrap()).unwrap();
         assert_eq!(
             found.iter().map(|c| c.checkpoint).collect::<Vec<_>>(),
             [4, 5, 6]

@@ -169,6 +169,19 @@ impl<'a> Reader<'a> {
         let n = self.i32()?;
         u32::try_from(n).map_err(|_| bad(format!("negative {what} {n}")))
     }
+    /// A count of items that take at least `min_bytes` each: no more than the bytes left
+    /// can hold (a damaged count is refused before it is looped over).
+    fn items(&mut self, what: &str, min_bytes: usize) -> Result<u32> {
+        let n = self.count(what)?;
+        let left = self.bytes.len() - self.at;
+        if n as usize > left / min_bytes.max(1) {
+            return Err(bad(format!(
+                "{what} {n} at byte {}: more than the {left} bytes left can hold",
+                self.at
+            )));
+        }
+        Ok(n)
+    }
     fn size(&mut self, what: &str) -> Result<u64> {
         let n = self.i64()?;
         u64::try_from(n).map_err(|_| bad(format!("negative {what} {n}")))
@@ -196,8 +209,10 @@ pub fn parse(bytes: &[u8]) -> Result<Metadata> {
     let mut r = Reader { bytes, at: 0 };
     let magic = r.i32()? as u32;
     if magic != MAGIC {
+        // Its bytes are not echoed: they may be anything (a file a link pointed at).
         return Err(bad(format!(
-            "magic number {magic:08x}, expected {MAGIC:08x}: not a Flink checkpoint's _metadata"
+            "not a Flink checkpoint's _metadata (it does not begin with Flink's magic \
+             number {MAGIC:08x})"
         )));
     }
     let version = r.i32()? as u32;
@@ -210,7 +225,7 @@ pub fn parse(bytes: &[u8]) -> Result<Metadata> {
     }
     let checkpoint_id = r.size("checkpoint id")?;
     let mut master_states = Vec::new();
-    for _ in 0..r.count("number of master states")? {
+    for _ in 0..r.items("number of master states", 8)? {
         if r.i32()? as u32 != MASTER_STATE_MAGIC {
             return Err(bad("a master state without its magic number"));
         }
@@ -218,7 +233,7 @@ pub fn parse(bytes: &[u8]) -> Result<Metadata> {
         master_states.push(r.take(len)?.to_vec());
     }
     let mut operators = Vec::new();
-    for _ in 0..r.count("number of operators")? {
+    for _ in 0..r.items("number of operators", 24)? {
         operators.push(operator(&mut r, version)?);
     }
     // Version 4 on: Java-serialized checkpoint properties follow; not needed.
@@ -244,6 +259,13 @@ fn operator(r: &mut Reader<'_>, version: u32) -> Result<OperatorState> {
     let coordinator_state = stream(r)?;
     let mut subtasks = Vec::new();
     let n = r.i32()?;
+    let left = (r.bytes.len() - r.at) / 4;
+    if n > 0 && n as usize > left {
+        return Err(bad(format!(
+            "{n} subtask states at byte {}: more than the bytes left can hold",
+            r.at
+        )));
+    }
     // -1: a fully finished operator, nothing follows.
     for _ in 0..n.max(0) {
         let index = r.i32()?;
@@ -346,10 +368,10 @@ fn operator_state(r: &mut Reader<'_>) -> Result<Option<OperatorStateHandle>> {
         )));
     }
     let mut states = Vec::new();
-    for _ in 0..r.count("number of operator states")? {
+    for _ in 0..r.items("number of operator states", 7)? {
         let name = r.utf()?;
         let mode = r.u8()?;
-        let offsets = (0..r.count("number of offsets")?)
+        let offsets = (0..r.items("number of offsets", 8)?)
             .map(|_| r.size("offset"))
             .collect::<Result<Vec<_>>>()?;
         states.push((name, mode, offsets));
@@ -380,7 +402,7 @@ fn keyed(r: &mut Reader<'_>) -> Result<Option<KeyedHandle>> {
             }
             let meta = stream(r)?.ok_or_else(|| bad("an incremental handle without meta data"))?;
             let mut files = |what: &str| -> Result<Vec<(String, StreamHandle)>> {
-                (0..r.count(what)?)
+                (0..r.items(what, 3)?)
                     .map(|_| {
                         let name = r.utf()?;
                         let handle = stream(r)?
@@ -406,7 +428,7 @@ fn keyed(r: &mut Reader<'_>) -> Result<Option<KeyedHandle>> {
         }
         3 | 7 | 12 => {
             let start = r.count("key group")?;
-            let count = r.count("number of key groups")?;
+            let count = r.items("number of key groups", 8)?;
             for _ in 0..count {
                 r.i64()?;
             }

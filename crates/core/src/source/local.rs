@@ -1,0 +1,497 @@
+//! A source on a local filesystem: a directory opened once, every path below it resolved one
+//! component at a time with `openat(O_PATH | O_NOFOLLOW)`, so that no symbolic link and no
+//! `..` is ever followed, whatever the source's writer renames or swaps in meanwhile.
+//!
+//! A file is first opened as a path descriptor (`O_PATH`: opening it has no effect on the
+//! file, a FIFO does not block, a device is not touched), checked to be a regular file by
+//! `fstat`, and only then opened for reading through `/proc/self/fd/N`, which names that
+//! inode and no other. The result, [`SourceFile`], is read through its descriptor and checked
+//! again by `fstat` after the read.
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{openat, OFlag};
+use nix::sys::stat::{fstat, FileStat, Mode, SFlag};
+
+use super::{checked_relative, refused, Entry, Fetched, Kind, Tree};
+use crate::error::{Error, IoContext, Result};
+
+/// A local directory as a source's root.
+#[derive(Debug)]
+pub struct LocalTree {
+    /// As named by the user, made absolute (paths a `_metadata` names are compared with it).
+    given: PathBuf,
+    /// Where it is (symbolic links the user's path goes through resolved once, here).
+    canonical: PathBuf,
+    /// The directory, as a path descriptor.
+    dir: OwnedFd,
+}
+
+fn kind_of(stat: &FileStat) -> SFlag {
+    SFlag::from_bits_truncate(stat.st_mode & SFlag::S_IFMT.bits())
+}
+
+fn kind_name(kind: SFlag) -> &'static str {
+    match kind {
+        SFlag::S_IFLNK => "a symbolic link",
+        SFlag::S_IFDIR => "a directory",
+        SFlag::S_IFIFO => "a FIFO",
+        SFlag::S_IFSOCK => "a socket",
+        SFlag::S_IFCHR => "a character device",
+        SFlag::S_IFBLK => "a block device",
+        _ => "not a regular file",
+    }
+}
+
+fn os_error(what: &str, path: &Path, errno: nix::errno::Errno) -> Error {
+    Error::io(
+        format!("{what} {}", path.display()),
+        std::io::Error::from_raw_os_error(errno as i32),
+    )
+}
+
+impl LocalTree {
+    /// The directory the user named (a command's argument: symbolic links on the way to
+    /// it are the user's and are followed here, once).
+    pub fn open(path: &Path) -> Result<LocalTree> {
+        let given = std::path::absolute(path).ctx("resolve", path)?;
+        let canonical = std::fs::canonicalize(path).ctx("open", path)?;
+        let dir = nix::fcntl::open(
+            &canonical,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| os_error("open", &canonical, e))?;
+        Ok(LocalTree {
+            given,
+            canonical,
+            dir,
+        })
+    }
+
+    /// Where the root is.
+    pub fn path(&self) -> &Path {
+        &self.canonical
+    }
+
+    fn shown(&self, rel: &str) -> PathBuf {
+        if rel.is_empty() {
+            self.canonical.clone()
+        } else {
+            self.canonical.join(rel)
+        }
+    }
+
+    /// A path descriptor of `rel` (no component a link), with its `fstat`; `None` if a
+    /// component does not exist.
+    fn resolve(&self, rel: &str) -> Result<Option<(OwnedFd, FileStat)>> {
+        let shown = self.shown(rel);
+        if rel.is_empty() {
+            let fd = self.dir.try_clone().ctx("open", &shown)?;
+            let stat = fstat(&fd).map_err(|e| os_error("stat", &shown, e))?;
+            return Ok(Some((fd, stat)));
+        }
+        checked_relative(&shown.display(), rel)?;
+        let mut parts = rel.split('/').peekable();
+        let mut at: Option<OwnedFd> = None;
+        while let Some(part) = parts.next() {
+            let base = at.as_ref().map_or(self.dir.as_fd(), |fd| fd.as_fd());
+            let fd = match openat(
+                base,
+                part,
+                OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            ) {
+                Ok(fd) => fd,
+                Err(nix::errno::Errno::ENOENT) => return Ok(None),
+                Err(e) => return Err(os_error("open", &shown, e)),
+            };
+            let stat = fstat(&fd).map_err(|e| os_error("stat", &shown, e))?;
+            let kind = kind_of(&stat);
+            if kind == SFlag::S_IFLNK {
+                return Err(refused(
+                    shown.display(),
+                    "a symbolic link: ckptfs follows no link in a source",
+                    libc::ELOOP,
+                ));
+            }
+            if parts.peek().is_none() {
+                return Ok(Some((fd, stat)));
+            }
+            if kind != SFlag::S_IFDIR {
+                return Ok(None);
+            }
+            at = Some(fd);
+        }
+        unreachable!("a checked path has a last component")
+    }
+
+    /// Device and inode of `rel` (not opened for reading: closing a descriptor of a file
+    /// would drop every POSIX lock this process holds on it), `None` if it does not exist.
+    pub fn identity(&self, rel: &str) -> Result<Option<(u64, u64)>> {
+        Ok(self
+            .resolve(rel)?
+            .map(|(_, stat)| (stat.st_dev, stat.st_ino)))
+    }
+
+    /// Regular file `rel`, opened for reading; `None` if it does not exist.
+    pub fn open_file(&self, rel: &str) -> Result<Option<SourceFile>> {
+        let Some((fd, stat)) = self.resolve(rel)? else {
+            return Ok(None);
+        };
+        let shown = self.shown(rel);
+        let kind = kind_of(&stat);
+        if kind != SFlag::S_IFREG {
+            return Err(refused(
+                shown.display(),
+                format!("{}: ckptfs reads regular files only", kind_name(kind)),
+                if kind == SFlag::S_IFLNK {
+                    libc::ELOOP
+                } else {
+                    libc::EINVAL
+                },
+            ));
+        }
+        // The inode the path descriptor holds, opened for reading; O_NONBLOCK as a second
+        // guard (it changes nothing for a regular file).
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+            .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .ctx("open", &shown)?;
+        let meta = file.metadata().ctx("stat", &shown)?;
+        if meta.dev() != stat.st_dev || meta.ino() != stat.st_ino || !meta.is_file() {
+            return Err(Error::Invalid(format!(
+                "{} changed while it was opened",
+                shown.display()
+            )));
+        }
+        Ok(Some(SourceFile {
+            stamp: Stamp::of(&meta),
+            file,
+            path: shown,
+        }))
+    }
+
+    /// `rel` below the root as an absolute path, `None` if it is not below it.
+    fn below(&self, abs: &str) -> Option<String> {
+        let abs = Path::new(abs);
+        [&self.canonical, &self.given].into_iter().find_map(|root| {
+            let rest = abs.strip_prefix(root).ok()?;
+            let rest = rest.to_str()?;
+            // Lexically below, and plain (no `..` climbing back out).
+            checked_relative(&rest, rest).ok().map(str::to_string)
+        })
+    }
+}
+
+impl Tree for LocalTree {
+    fn describe(&self) -> String {
+        self.canonical.display().to_string()
+    }
+
+    fn list(&self, rel: &str) -> Result<Vec<Entry>> {
+        let shown = self.shown(rel);
+        let Some((fd, stat)) = self.resolve(rel)? else {
+            return Err(os_error(
+                "read directory",
+                &shown,
+                nix::errno::Errno::ENOENT,
+            ));
+        };
+        if kind_of(&stat) != SFlag::S_IFDIR {
+            return Err(os_error(
+                "read directory",
+                &shown,
+                nix::errno::Errno::ENOTDIR,
+            ));
+        }
+        // The directory the descriptor holds (not whatever is at its path now).
+        let listed = std::fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .ctx("read directory", &shown)?;
+        let mut out = Vec::new();
+        for entry in listed {
+            let entry = entry.ctx("read directory", &shown)?;
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                return Err(refused(
+                    shown.join(entry.file_name()).display(),
+                    "a name that is not UTF-8",
+                    libc::EINVAL,
+                ));
+            };
+            // lstat, relative to the descriptor.
+            let stat = match nix::sys::stat::fstatat(
+                &fd,
+                name.as_str(),
+                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+            ) {
+                Ok(stat) => stat,
+                Err(nix::errno::Errno::ENOENT) => continue, // deleted meanwhile
+                Err(e) => return Err(os_error("stat", &shown.join(&name), e)),
+            };
+            let (kind, size) = match kind_of(&stat) {
+                SFlag::S_IFREG => (Kind::File, stat.st_size as u64),
+                SFlag::S_IFDIR => (Kind::Dir, 0),
+                _ => (Kind::Other, 0),
+            };
+            out.push(Entry { name, kind, size });
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    fn size_of(&self, rel: &str) -> Result<Option<u64>> {
+        Ok(self.open_file(rel)?.map(|f| f.stamp.size))
+    }
+
+    fn read(&self, rel: &str, limit: u64) -> Result<Vec<u8>> {
+        let shown = self.shown(rel);
+        let file = self
+            .open_file(rel)?
+            .ok_or_else(|| os_error("read", &shown, nix::errno::Errno::ENOENT))?;
+        file.read_all(limit)
+    }
+
+    fn fetch(&self, rel: &str, _staging: &Path, _name: &str) -> Result<Fetched> {
+        let shown = self.shown(rel);
+        self.open_file(rel)?
+            .map(Fetched::Open)
+            .ok_or_else(|| os_error("open", &shown, nix::errno::Errno::ENOENT))
+    }
+
+    fn locate(&self, uri: &str) -> Option<String> {
+        let path = uri
+            .strip_prefix("file://")
+            .or_else(|| uri.strip_prefix("file:"))?;
+        self.below(path)
+    }
+
+    fn immutable_name(&self, _rel: &str) -> Option<String> {
+        None
+    }
+}
+
+/// What identifies a version of a file while it is read: device, inode, size and
+/// modification time (seconds.nanoseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime: i64,
+    pub mtime_nsec: i64,
+}
+
+impl Stamp {
+    pub fn of(meta: &std::fs::Metadata) -> Stamp {
+        Stamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: meta.mtime(),
+            mtime_nsec: meta.mtime_nsec(),
+        }
+    }
+}
+
+impl std::fmt::Display for Stamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}:{}.{:09}",
+            self.dev, self.ino, self.size, self.mtime, self.mtime_nsec
+        )
+    }
+}
+
+/// A regular file of a source, open for reading: its bytes are read through the descriptor
+/// (as `/proc/self/fd/N` by code that opens paths), so renaming, replacing or deleting
+/// what is at its path changes nothing that is read.
+#[derive(Debug)]
+pub struct SourceFile {
+    file: std::fs::File,
+    /// Where it was found, for messages.
+    pub path: PathBuf,
+    /// As it was when opened.
+    pub stamp: Stamp,
+}
+
+impl SourceFile {
+    /// Where the process reads it from: the descriptor, by a path.
+    pub fn fd_path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+
+    pub fn file(&self) -> &std::fs::File {
+        &self.file
+    }
+
+    /// Its `fstat` now, as a stamp.
+    pub fn stamp_now(&self) -> Result<Stamp> {
+        Ok(Stamp::of(&self.file.metadata().ctx("stat", &self.path)?))
+    }
+
+    /// Fail unless it is as it was when opened (written since: size or mtime changed).
+    pub fn check_unchanged(&self) -> Result<()> {
+        if self.stamp_now()? != self.stamp {
+            return Err(Error::Invalid(format!(
+                "{} changed while it was imported; nothing was imported (import a checkpoint \
+                 directory, which nobody writes to)",
+                self.path.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Its bytes, refused before anything is read if it holds more than `limit`, and
+    /// refused if it changed while read.
+    pub fn read_all(&self, limit: u64) -> Result<Vec<u8>> {
+        use std::io::Read;
+        if self.stamp.size > limit {
+            return Err(super::refused(
+                self.path.display(),
+                format!(
+                    "{} bytes, more than the {limit} ckptfs reads of such a file",
+                    self.stamp.size
+                ),
+                libc::EINVAL,
+            ));
+        }
+        let mut out = Vec::with_capacity(self.stamp.size as usize);
+        // One byte more than allowed tells a file that grew since.
+        (&self.file)
+            .take(limit + 1)
+            .read_to_end(&mut out)
+            .ctx("read", &self.path)?;
+        if out.len() as u64 != self.stamp.size {
+            return Err(Error::Invalid(format!(
+                "{} changed while it was read",
+                self.path.display()
+            )));
+        }
+        self.check_unchanged()?;
+        Ok(out)
+    }
+
+    /// Bytes `[offset, offset + len)` (less at the end of the file).
+    pub fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let mut out = vec![0u8; len];
+        let mut done = 0;
+        while done < len {
+            match self
+                .file
+                .read_at(&mut out[done..], offset + done as u64)
+                .ctx("read", &self.path)?
+            {
+                0 => break,
+                n => done += n,
+            }
+        }
+        out.truncate(done);
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree_with_files() -> (tempfile::TempDir, LocalTree) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("shared")).unwrap();
+        std::fs::write(dir.path().join("shared/a"), b"alpha").unwrap();
+        std::fs::write(dir.path().join("top"), b"t").unwrap();
+        let tree = LocalTree::open(dir.path()).unwrap();
+        (dir, tree)
+    }
+
+    #[test]
+    fn files_below_the_root_are_read() {
+        let (_dir, tree) = tree_with_files();
+        assert_eq!(tree.read("shared/a", 100).unwrap(), b"alpha");
+        assert_eq!(tree.size_of("top").unwrap(), Some(1));
+        assert_eq!(tree.size_of("missing").unwrap(), None);
+        assert_eq!(tree.size_of("top/x").unwrap(), None);
+        let names: Vec<String> = tree.list("").unwrap().into_iter().map(|e| e.name).collect();
+        assert_eq!(names, ["shared", "top"]);
+    }
+
+    #[test]
+    fn links_are_refused_anywhere_on_the_path() {
+        let (dir, tree) = tree_with_files();
+        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("link")).unwrap();
+        std::os::unix::fs::symlink("/etc", dir.path().join("etc")).unwrap();
+        std::os::unix::fs::symlink("shared", dir.path().join("inner")).unwrap();
+        for rel in ["link", "etc/passwd", "inner/a"] {
+            let e = tree.read(rel, 100).unwrap_err();
+            assert_eq!(e.errno(), libc::ELOOP, "{rel}: {e}");
+            assert!(e.to_string().contains("symbolic link"), "{e}");
+        }
+        let e = tree.read("shared/../top", 100).unwrap_err();
+        assert_eq!(e.errno(), libc::EACCES, "{e}");
+    }
+
+    #[test]
+    fn a_fifo_is_refused_without_blocking() {
+        let (dir, tree) = tree_with_files();
+        nix::unistd::mkfifo(&dir.path().join("fifo"), Mode::S_IRWXU).unwrap();
+        let e = tree.read("fifo", 100).unwrap_err();
+        assert_eq!(e.errno(), libc::EINVAL, "{e}");
+        assert!(e.to_string().contains("FIFO"), "{e}");
+        let listed = tree.list("").unwrap();
+        assert!(listed
+            .iter()
+            .any(|e| e.name == "fifo" && e.kind == Kind::Other));
+    }
+
+    #[test]
+    fn a_file_over_the_limit_is_refused_unread() {
+        let (dir, tree) = tree_with_files();
+        let big = std::fs::File::create(dir.path().join("big")).unwrap();
+        big.set_len(3 << 30).unwrap(); // sparse: nothing is written
+        let e = tree.read("big", 1 << 20).unwrap_err();
+        assert_eq!(e.errno(), libc::EINVAL);
+        assert!(e.to_string().contains("3221225472 bytes"), "{e}");
+    }
+
+    #[test]
+    fn what_is_read_is_the_file_opened_whatever_is_swapped_in() {
+        let (dir, tree) = tree_with_files();
+        let opened = tree.open_file("shared/a").unwrap().unwrap();
+        std::fs::rename(dir.path().join("shared/a"), dir.path().join("shared/moved")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("shared/a")).unwrap();
+        assert_eq!(std::fs::read(opened.fd_path()).unwrap(), b"alpha");
+        assert_eq!(opened.read_all(100).unwrap(), b"alpha");
+        opened.check_unchanged().unwrap();
+        std::fs::write(dir.path().join("shared/moved"), b"alpha, longer").unwrap();
+        assert!(opened.check_unchanged().is_err());
+    }
+
+    #[test]
+    fn absolute_paths_are_located_below_the_root_only() {
+        let (dir, tree) = tree_with_files();
+        let root = tree.path().display().to_string();
+        assert_eq!(
+            tree.locate(&format!("file:{root}/shared/a")).as_deref(),
+            Some("shared/a")
+        );
+        assert_eq!(
+            tree.locate(&format!("file://{root}/shared/a")).as_deref(),
+            Some("shared/a")
+        );
+        for outside in [
+            "file:/etc/shadow".to_string(),
+            format!("file:{root}/../../etc/shadow"),
+            format!("file:{root}/shared/../../x"),
+            format!("file:{root}"),
+            "file:/proc/self/cmdline".into(),
+            format!("s3://b{root}/shared/a"),
+        ] {
+            assert_eq!(tree.locate(&outside), None, "{outside}");
+        }
+        drop(dir);
+    }
+}

@@ -1,0 +1,129 @@
+//! A source in a bucket: the keys under one prefix. A key outside it is never asked for,
+//! whatever a `_metadata` names: another tenant's prefix of the same bucket is not the
+//! source's to give.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::{checked_relative, join, refused, Entry, Fetched, Kind, Tree};
+use crate::error::Result;
+use crate::store::s3::Remote;
+
+pub struct S3Tree {
+    remote: Arc<Remote>,
+    /// Without a trailing `/`; empty: the whole bucket.
+    prefix: String,
+}
+
+impl S3Tree {
+    pub fn new(remote: Arc<Remote>, prefix: &str) -> S3Tree {
+        S3Tree {
+            remote,
+            prefix: prefix.trim_matches('/').to_string(),
+        }
+    }
+
+    pub fn bucket(&self) -> &str {
+        self.remote.bucket()
+    }
+
+    /// The key of `rel`, checked.
+    fn key(&self, rel: &str) -> Result<String> {
+        checked_relative(&self.show(rel), rel)?;
+        Ok(join(&self.prefix, rel))
+    }
+}
+
+impl Tree for S3Tree {
+    fn describe(&self) -> String {
+        format!("s3://{}/{}", self.remote.bucket(), self.prefix)
+    }
+
+    fn list(&self, rel: &str) -> Result<Vec<Entry>> {
+        let dir = if rel.is_empty() {
+            self.prefix.clone()
+        } else {
+            self.key(rel)?
+        };
+        let listing = if dir.is_empty() {
+            String::new()
+        } else {
+            format!("{dir}/")
+        };
+        let mut out = Vec::new();
+        for (key, size) in self.remote.list_keys(&listing, true)? {
+            let is_dir = key.ends_with('/');
+            let Some(name) = key
+                .strip_prefix(&listing)
+                .map(|n| n.trim_end_matches('/'))
+                .filter(|n| !n.is_empty() && !n.contains('/'))
+            else {
+                continue;
+            };
+            out.push(Entry {
+                name: name.to_string(),
+                kind: if is_dir { Kind::Dir } else { Kind::File },
+                size,
+            });
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    fn size_of(&self, rel: &str) -> Result<Option<u64>> {
+        self.remote.size_of(&self.key(rel)?)
+    }
+
+    fn read(&self, rel: &str, limit: u64) -> Result<Vec<u8>> {
+        let key = self.key(rel)?;
+        let size = self.remote.size_of(&key)?;
+        if let Some(size) = size.filter(|s| *s > limit) {
+            return Err(refused(
+                self.show(rel),
+                format!("{size} bytes, more than the {limit} ckptfs reads of such a file"),
+                libc::EINVAL,
+            ));
+        }
+        let bytes = self.remote.get_bytes(&key)?;
+        if bytes.len() as u64 > limit {
+            return Err(refused(
+                self.show(rel),
+                format!("more than the {limit} bytes ckptfs reads of such a file"),
+                libc::EINVAL,
+            ));
+        }
+        Ok(bytes)
+    }
+
+    fn fetch(&self, rel: &str, staging: &Path, name: &str) -> Result<Fetched> {
+        let key = self.key(rel)?;
+        crate::fsutil::create_private_dir_all(staging)?;
+        let path = staging.join(name);
+        let size = self.remote.download(&key, &path)?;
+        Ok(Fetched::Downloaded { path, size })
+    }
+
+    fn locate(&self, uri: &str) -> Option<String> {
+        let (bucket, key) = ["s3://", "s3a://", "s3p://"]
+            .iter()
+            .find_map(|scheme| uri.strip_prefix(scheme))
+            .and_then(|rest| rest.split_once('/'))?;
+        if bucket != self.remote.bucket() {
+            return None;
+        }
+        let rel = if self.prefix.is_empty() {
+            key
+        } else {
+            key.strip_prefix(&self.prefix)?.strip_prefix('/')?
+        };
+        checked_relative(&uri, rel).ok().map(str::to_string)
+    }
+
+    fn immutable_name(&self, rel: &str) -> Option<String> {
+        Some(format!(
+            "s3://{}/{}",
+            self.remote.bucket(),
+            join(&self.prefix, rel)
+        ))
+    }
+}
