@@ -766,6 +766,8 @@ impl Controller {
         period: std::time::Duration,
     ) {
         let source = std::sync::OnceLock::new();
+        // Failed checkpoints, tried again at every look while Flink has them.
+        let retries = std::sync::Mutex::new(ckptfs_core::coordinator::Retries::default());
         let handle = self.every(period, "ckptfs-flink", move |this| {
             // Connected here, in the daemon (an S3 client's threads do not survive a fork).
             let source = match source.get() {
@@ -779,7 +781,8 @@ impl Controller {
                     }
                 },
             };
-            match this.engine.import_flink(source, true) {
+            let mut retries = ckptfs_core::fsutil::lock(&retries);
+            match this.engine.follow_flink(source, &mut retries) {
                 Ok(imports) => {
                     for imported in &imports {
                         if let Err(e) = &imported.result {

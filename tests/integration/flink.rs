@@ -977,3 +977,59 @@ fn a_checkpoint_flink_deletes_while_it_is_imported_is_imported_whole() {
     assert_eq!(checked, expected.keys().filter(|k| k.0 == 4).count());
     m.umount();
 }
+
+/// A user's drop sticks: `rmdir` of a checkpoint imported from Flink is remembered in the
+/// store (status shows it under `flink_dropped`), and the follower does not import that
+/// Flink checkpoint again, not even after a restart, while Flink still has it.
+#[test]
+fn a_dropped_flink_checkpoint_is_not_imported_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("a312c9034e3e0d2016dae60431b4c9dc");
+    cp_a(&fixture(), &job);
+    let store = dir.path().join("store");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let args = ["--flink", job.to_str().unwrap()];
+    let m = Mounted::at(&store, &mnt, &args);
+    wait_for("checkpoints 4 to 6", || labels(&m) == [4, 5, 6]);
+    let newest = imported_from(&mnt, 6, None);
+    std::fs::remove_dir(mnt.join(format!("cp-{newest}"))).unwrap();
+    // The follower looks every second: a few looks later, still dropped.
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    assert_eq!(labels(&m), [4, 5]);
+    let status = m.status();
+    assert_eq!(
+        status["flink_dropped"],
+        serde_json::json!({"a312c9034e3e0d2016dae60431b4c9dc": [6]}),
+        "{status}"
+    );
+    m.umount();
+    let m = Mounted::at(&store, &mnt, &args);
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    assert_eq!(labels(&m), [4, 5], "imported again after a restart");
+    m.umount();
+}
+
+/// A checkpoint that fails to import while a newer one goes in is tried again at every
+/// look, and imported once it can be, though the store holds a newer one of the job.
+#[test]
+fn a_failed_flink_checkpoint_is_retried_after_a_newer_one_is_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("a312c9034e3e0d2016dae60431b4c9dc");
+    cp_a(&fixture(), &job);
+    // Checkpoint 5 cannot be read yet.
+    let metadata = job.join("chk-5/_metadata");
+    let good = std::fs::read(&metadata).unwrap();
+    std::fs::write(&metadata, &good[..good.len() / 2]).unwrap();
+    let m = Mounted::new(&["--flink", job.to_str().unwrap()]);
+    wait_for("checkpoints 4 and 6", || labels(&m) == [4, 6]);
+    let error = m.status()["last_error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(error.contains("checkpoint 5 of Flink job"), "{error}");
+    // Readable now (written in place, as a retried upload would).
+    std::fs::write(&metadata, &good).unwrap();
+    wait_for("checkpoint 5", || labels(&m) == [4, 6, 5]);
+    m.umount();
+}

@@ -660,3 +660,211 @@ fn the_follower_and_a_control_line_never_import_one_checkpoint_twice() {
     assert_eq!(labels, [4, 5, 6]);
     m.umount();
 }
+
+/// A store holding the fixture job's three checkpoints (ids 1 to 3), made in `dir`.
+fn store_with_the_fixture(dir: &Path) -> PathBuf {
+    let job = dir.join("job");
+    cp_a(&fixture(), &job);
+    let store = dir.join("store");
+    ok(ckptfs(&[
+        "import-flink",
+        job.to_str().unwrap(),
+        store.to_str().unwrap(),
+    ]));
+    store
+}
+
+/// The regular files below `dir`, at any depth.
+fn files_below(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let entry = entry.unwrap();
+            let kind = entry.file_type().unwrap();
+            if kind.is_dir() {
+                stack.push(entry.path());
+            } else if kind.is_file() {
+                out.push(entry.path());
+            }
+        }
+    }
+    out
+}
+
+/// `export-flink` into a directory another user owns gives that user the files (Flink runs
+/// as its own user and must read them): the user reads them, which root's 0600 files
+/// forbade.
+#[test]
+fn an_export_belongs_to_the_owner_of_its_destination() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let store = store_with_the_fixture(dir.path());
+    let home = dir.path().join("flink-home");
+    std::fs::create_dir(&home).unwrap();
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    nix::unistd::chown(&home, Some(nobody.uid), Some(nobody.gid)).unwrap();
+    let dest = home.join("restore");
+    let printed = ok(ckptfs(&[
+        "export-flink",
+        store.to_str().unwrap(),
+        "3",
+        dest.to_str().unwrap(),
+    ]));
+    let files = files_below(&dest);
+    assert!(files.len() > 4, "{files:?}");
+    for file in &files {
+        assert_eq!(
+            std::fs::metadata(file).unwrap().uid(),
+            nobody.uid.as_raw(),
+            "{file:?}"
+        );
+    }
+    let metadata = PathBuf::from(printed.trim()).join("_metadata");
+    let read = Command::new("runuser")
+        .args(["-u", "nobody", "--", "cat"])
+        .arg(&metadata)
+        .output()
+        .unwrap();
+    assert!(
+        read.status.success(),
+        "{}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    assert_eq!(read.stdout, std::fs::read(&metadata).unwrap());
+}
+
+/// `export-flink` writes through a descriptor of its temporary directory: another user who
+/// can write DEST's parent (not sticky) renames that directory during the copy and plants a
+/// link to a directory of their choice under its name; nothing is written there, and the
+/// export fails naming what changed, leaving nothing at DEST.
+#[cfg(feature = "failpoints")]
+#[test]
+fn an_export_is_never_redirected_by_a_link_planted_in_its_place() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with_the_fixture(dir.path());
+    let parent = dir.path().join("open-to-all");
+    std::fs::create_dir(&parent).unwrap();
+    std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let victim = dir.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    let dest = parent.join("restore");
+    let child = Command::new(BIN)
+        .args([
+            "export-flink",
+            store.to_str().unwrap(),
+            "3",
+            dest.to_str().unwrap(),
+        ])
+        .env("FAILPOINTS", "export::before-copy=1*sleep(3000)")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let tmp = std::fs::read_dir(&parent)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(".ckptfs-export-")
+        })
+        .expect("the export's temporary directory, to swap");
+    std::fs::rename(&tmp, parent.join("moved-away")).unwrap();
+    std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("changed during the export"), "{e}");
+    assert_eq!(files_below(&victim), Vec::<PathBuf>::new());
+    assert!(
+        std::fs::symlink_metadata(&dest).is_err(),
+        "something at DEST"
+    );
+    assert_eq!(
+        files_below(&parent.join("moved-away")),
+        Vec::<PathBuf>::new()
+    );
+}
+
+/// Run a command that must succeed.
+fn run(program: &str, args: &[&str]) {
+    let out = Command::new(program).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A loop-mounted btrfs with a subvolume: its files have a device of their own (`st_dev`),
+/// while `/proc/locks` lists their locks by the filesystem's.
+struct Btrfs {
+    mnt: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Btrfs {
+    fn new() -> Btrfs {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("btrfs.img");
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(256 << 20)
+            .unwrap();
+        run("mkfs.btrfs", &["-q", image.to_str().unwrap()]);
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        run(
+            "mount",
+            &["-o", "loop", image.to_str().unwrap(), mnt.to_str().unwrap()],
+        );
+        Btrfs { mnt, _dir: dir }
+    }
+}
+
+impl Drop for Btrfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mnt).status();
+    }
+}
+
+/// A database a running RocksDB holds open on a btrfs subvolume is refused like anywhere
+/// else: its LOCK's device in `/proc/locks` is not the file's `st_dev` there.
+#[test]
+fn a_live_database_on_a_btrfs_subvolume_is_refused() {
+    use std::os::unix::fs::MetadataExt;
+    let fs = Btrfs::new();
+    let sub = fs.mnt.join("sub");
+    run("btrfs", &["subvolume", "create", sub.to_str().unwrap()]);
+    let db_dir = sub.join("db");
+    let mut options = rocksdb::Options::default();
+    options.create_if_missing(true);
+    let db = rocksdb::DB::open(&options, &db_dir).unwrap();
+    db.put(b"k", b"v").unwrap();
+    db.flush().unwrap();
+    // The case this is about: the two devices differ.
+    let st_dev = std::fs::metadata(db_dir.join("LOCK")).unwrap().dev();
+    let ino = std::fs::metadata(db_dir.join("LOCK")).unwrap().ino();
+    let listed = std::fs::read_to_string("/proc/locks").unwrap();
+    let line = listed
+        .lines()
+        .find(|l| l.contains(&format!(":{ino} ")))
+        .expect("RocksDB's lock is listed");
+    let shown = format!("{:02x}:{:02x}:", libc::major(st_dev), libc::minor(st_dev));
+    assert!(
+        !line.contains(&shown),
+        "st_dev is the listed device: {line}"
+    );
+    let backend: ckptfs_core::BackendName = "app/0".parse().unwrap();
+    let e = ckptfs_core::import::scan(&backend, &db_dir)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("open in a running RocksDB"), "{e}");
+    drop(db);
+    ckptfs_core::import::scan(&backend, &db_dir).unwrap();
+}

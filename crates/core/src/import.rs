@@ -245,8 +245,8 @@ pub fn scan(backend: &BackendName, dir: &Path) -> Result<Scanned> {
     }
     // Asked before any file is opened for reading (closing one would drop this process's
     // own locks on it).
-    if let Some((dev, ino)) = tree.identity("LOCK")? {
-        if is_locked(dev, ino)? {
+    if let Some((devs, ino)) = tree.lock_identity("LOCK")? {
+        if is_locked(&devs, ino)? {
             return Err(Error::Invalid(format!(
                 "{} is open in a running RocksDB (its LOCK file is locked): import a \
                  checkpoint of it instead (RocksDB's Checkpoint API, `ldb checkpoint`); \
@@ -301,15 +301,22 @@ pub fn scan(backend: &BackendName, dir: &Path) -> Result<Scanned> {
     })
 }
 
-/// True if a process holds a lock on the file `dev`:`ino` (RocksDB locks its `LOCK` file
-/// with `fcntl`), as `/proc/locks` lists them by device and inode. The file is not opened:
-/// closing a descriptor of it would drop every lock this process holds on it (the daemon's
-/// own databases' among them).
-fn is_locked(dev: u64, ino: u64) -> Result<bool> {
-    let (major, minor) = (libc::major(dev), libc::minor(dev));
-    let wanted = format!("{major:02x}:{minor:02x}:{ino}");
+/// True if a process holds a lock on the file `ino` of one of the devices `devs` (RocksDB
+/// locks its `LOCK` file with `fcntl`), as `/proc/locks` lists them by device and inode.
+/// `/proc/locks` names the device of the filesystem's superblock, which is not always the
+/// file's `st_dev` (a btrfs subvolume has a device of its own): `devs` holds both (see
+/// [`crate::source::LocalTree::lock_identity`]). The file is not opened: closing a
+/// descriptor of it would drop every lock this process holds on it (the daemon's own
+/// databases' among them).
+fn is_locked(devs: &[u64], ino: u64) -> Result<bool> {
+    let wanted: Vec<String> = devs
+        .iter()
+        .map(|dev| format!("{:02x}:{:02x}:{ino}", libc::major(*dev), libc::minor(*dev)))
+        .collect();
     let locks = std::fs::read_to_string("/proc/locks").ctx("read", Path::new("/proc/locks"))?;
-    Ok(locks.lines().any(|line| holds(line, &wanted)))
+    Ok(locks
+        .lines()
+        .any(|line| wanted.iter().any(|w| holds(line, w))))
 }
 
 /// Whether a line of `/proc/locks` (`1: POSIX ADVISORY WRITE 4242 08:01:1234 0 EOF`, or
@@ -454,12 +461,12 @@ mod tests {
         assert!(e.contains("open in a running RocksDB"), "{e}");
         // Asking did not drop the lock (closing a descriptor of LOCK would have).
         scan(&backend(), dir.path()).unwrap_err();
-        let (dev, ino) = LocalTree::open(dir.path())
+        let (devs, ino) = LocalTree::open(dir.path())
             .unwrap()
-            .identity("LOCK")
+            .lock_identity("LOCK")
             .unwrap()
             .unwrap();
-        assert!(is_locked(dev, ino).unwrap());
+        assert!(is_locked(&devs, ino).unwrap());
         drop(db);
         // Closed, it is a RocksDB directory like any other.
         scan(&backend(), dir.path()).unwrap();

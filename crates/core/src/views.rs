@@ -87,6 +87,9 @@ pub struct Status {
     /// Backends whose state is imported (`ckptfs import`), not hosted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub external: Vec<String>,
+    /// Flink checkpoints imported and dropped since, by job: never imported again.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub flink_dropped: BTreeMap<String, Vec<u64>>,
     pub in_flight: Vec<u64>,
     pub last_error: Option<String>,
     /// `wal` mode: the checkpoint each backend's newest confirmed materialization is.
@@ -118,6 +121,7 @@ impl Status {
                 .collect(),
             checkpoints_total: status.checkpoints.len(),
             external: status.external.iter().map(|b| b.to_string()).collect(),
+            flink_dropped: engine.flink_dropped(),
             in_flight: status.in_flight,
             last_error: status.last_error,
             materializations: status
@@ -354,6 +358,7 @@ mod tests {
             void_below: 0,
             void: Vec::new(),
             external: Vec::new(),
+            flink_dropped: Default::default(),
         };
         let status = StoreStatus::build(
             &location,

@@ -479,7 +479,17 @@ pub struct StoreMeta {
     /// them. Sorted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub external: Vec<BackendName>,
+    /// Flink checkpoints this store held and dropped (`rmdir`, `delete`, retention), by
+    /// job, sorted, the newest [`FLINK_DROPS_KEPT`] of each: never imported again, so a
+    /// user's drop sticks while Flink still retains the checkpoint. An optional field: a
+    /// store without it reads as one that dropped none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub flink_dropped: BTreeMap<String, Vec<u64>>,
 }
+
+/// How many dropped Flink checkpoints [`StoreMeta::flink_dropped`] remembers per job (Flink
+/// retains a few; one that was dropped longer ago than that is gone from Flink's directory).
+pub const FLINK_DROPS_KEPT: usize = 1024;
 
 impl Default for StoreMeta {
     fn default() -> Self {
@@ -494,11 +504,30 @@ impl Default for StoreMeta {
             void_below: 0,
             void: Vec::new(),
             external: Vec::new(),
+            flink_dropped: BTreeMap::new(),
         }
     }
 }
 
 impl StoreMeta {
+    /// Remember that the checkpoint imported from `label` was dropped.
+    pub fn record_flink_drop(&mut self, label: &FlinkLabel) {
+        let dropped = self.flink_dropped.entry(label.job.clone()).or_default();
+        if let Err(at) = dropped.binary_search(&label.checkpoint) {
+            dropped.insert(at, label.checkpoint);
+        }
+        if dropped.len() > FLINK_DROPS_KEPT {
+            dropped.drain(..dropped.len() - FLINK_DROPS_KEPT);
+        }
+    }
+
+    /// Whether checkpoint `checkpoint` of Flink job `job` was imported and dropped.
+    pub fn flink_was_dropped(&self, job: &str, checkpoint: u64) -> bool {
+        self.flink_dropped
+            .get(job)
+            .is_some_and(|d| d.binary_search(&checkpoint).is_ok())
+    }
+
     /// True if a manifest of checkpoint `id` is a committed checkpoint: not pending, not
     /// void. (Always true on a local store, which keeps neither list.)
     pub fn counts(&self, id: u64) -> bool {

@@ -1,6 +1,8 @@
 //! Importing a Flink job's completed checkpoints (`ckptfs import-flink`, and a daemon that
 //! follows a job with `mount --flink`): each one newer than the newest the store holds from
-//! that job becomes one checkpoint, labelled with the job and checkpoint id, whose backends
+//! that job (for a follower also an older one that failed to import, while Flink has it),
+//! and never one the store held and dropped ([`crate::catalog::StoreMeta::flink_dropped`]:
+//! a user's drop sticks), becomes one checkpoint, labelled with the job and checkpoint id, whose backends
 //! are the job's subtasks and its own files ([`crate::flink::import`]): nothing else is
 //! carried over, so an operator the job no longer has is not in its later checkpoints.
 
@@ -12,6 +14,13 @@ use crate::error::{IoContext, Result};
 use crate::flink::import::{self as flink, Completed, Source};
 use crate::names::BackendName;
 
+/// What a follower remembers between its looks: the Flink checkpoints (job directory's
+/// name, checkpoint id) that failed to import and are tried again while Flink has them.
+#[derive(Debug, Default)]
+pub struct Retries {
+    failed: std::collections::BTreeSet<(String, u64)>,
+}
+
 /// What importing one Flink checkpoint gave.
 pub struct FlinkImport {
     pub job: String,
@@ -21,12 +30,27 @@ pub struct FlinkImport {
 
 impl Engine {
     /// Import every completed checkpoint of the Flink job under `src` that is newer than
-    /// the newest the store holds from that job, oldest first. With `keep_going` (a
-    /// follower), a source no job has written to yet holds nothing to import, and one that
-    /// fails is reported and the later ones are still imported (a follower tries it again
-    /// at its next look, while it is still newer than what the store holds); without, the
-    /// first failure ends the import.
+    /// the newest the store holds from that job and that the store did not hold and drop,
+    /// oldest first. Without `keep_going`, the first failure ends the import; with it
+    /// ([`Engine::follow_flink`]), a source no job has written to yet holds nothing.
     pub fn import_flink(&self, src: &Source, keep_going: bool) -> Result<Vec<FlinkImport>> {
+        self.import_flink_with(src, keep_going, &mut Retries::default())
+    }
+
+    /// One look of a follower (`mount --flink`): [`Engine::import_flink`], each failure
+    /// reported and the later ones still imported; a checkpoint that failed is tried again
+    /// at every look while Flink still has it (`retries` remembers them), though a newer
+    /// one was imported meanwhile.
+    pub fn follow_flink(&self, src: &Source, retries: &mut Retries) -> Result<Vec<FlinkImport>> {
+        self.import_flink_with(src, true, retries)
+    }
+
+    fn import_flink_with(
+        &self,
+        src: &Source,
+        keep_going: bool,
+        retries: &mut Retries,
+    ) -> Result<Vec<FlinkImport>> {
         // A checkpoint's files to read are held open while it is imported: a large job's
         // first checkpoint has thousands.
         crate::fsutil::raise_open_files_limit();
@@ -36,14 +60,30 @@ impl Engine {
         } else {
             flink::completed(src)?
         };
+        // What Flink no longer has is not tried again.
+        retries.failed.retain(|key| {
+            completed
+                .iter()
+                .any(|c| (&c.job, c.checkpoint) == (&key.0, key.1))
+        });
         let mut out = Vec::new();
         for checkpoint in completed {
-            let (job, result) = match self.import_flink_checkpoint(&checkpoint) {
-                Ok(None) => continue,
+            let key = (checkpoint.job.clone(), checkpoint.checkpoint);
+            let retry = retries.failed.contains(&key);
+            let (job, result) = match self.import_flink_checkpoint(&checkpoint, retry) {
+                Ok(None) => {
+                    retries.failed.remove(&key);
+                    continue;
+                }
                 Ok(Some((job, done))) => (job, Ok(done)),
                 Err(e) => (checkpoint.job.clone(), Err(e)),
             };
             let failed = result.is_err();
+            if failed {
+                retries.failed.insert(key);
+            } else {
+                retries.failed.remove(&key);
+            }
             out.push(FlinkImport {
                 job,
                 checkpoint: checkpoint.checkpoint,
@@ -56,15 +96,24 @@ impl Engine {
         Ok(out)
     }
 
-    /// The newest checkpoint of `job` the store holds.
-    fn newest_flink(&self, job: &str) -> Option<u64> {
-        self.state()
-            .manifests
-            .values()
-            .filter_map(|m| m.flink.as_ref())
-            .filter(|label| label.job == job)
-            .map(|label| label.checkpoint)
-            .max()
+    /// Whether checkpoint `checkpoint` of `job` is not to be imported: the store holds it,
+    /// or held it and it was dropped, or (unless `retry`: it failed before) it holds a
+    /// newer one of the job.
+    fn skips_flink(&self, job: &str, checkpoint: u64, retry: bool) -> bool {
+        let st = self.state();
+        let (mut this, mut newest) = (false, None);
+        for label in st.manifests.values().filter_map(|m| m.flink.as_ref()) {
+            if label.job == job {
+                this |= label.checkpoint == checkpoint;
+                newest = newest.max(Some(label.checkpoint));
+            }
+        }
+        this || st.meta.flink_was_dropped(job, checkpoint) || (!retry && newest >= Some(checkpoint))
+    }
+
+    /// The Flink checkpoints the store held and dropped, by job (status shows them).
+    pub fn flink_dropped(&self) -> std::collections::BTreeMap<String, Vec<u64>> {
+        self.state().meta.flink_dropped.clone()
     }
 
     /// Whether the newest snapshot of `backend` lists file `name` read from `source`, of
@@ -80,13 +129,14 @@ impl Engine {
         })
     }
 
-    /// One checkpoint, unless the store holds it or a newer one of its job.
+    /// One checkpoint, unless [`Engine::skips_flink`] says so.
     #[allow(clippy::type_complexity)]
     fn import_flink_checkpoint(
         &self,
         checkpoint: &Completed,
+        retry: bool,
     ) -> Result<Option<(String, (Arc<Manifest>, Vec<ImportReport>))>> {
-        let held = |job: &str| self.newest_flink(job) >= Some(checkpoint.checkpoint);
+        let held = |job: &str| self.skips_flink(job, checkpoint.checkpoint, retry);
         // Named by its id, the job's directory says it without reading the metadata.
         if flink::is_job_id(&checkpoint.job) && held(&checkpoint.job) {
             return Ok(None);

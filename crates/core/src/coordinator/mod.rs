@@ -35,7 +35,7 @@ use crate::store::{Location, ObjectId, ObjectStore, DEFAULT_ORPHAN_GRACE};
 
 pub use crate::repo::ensure_store_dir;
 pub use checkpoint::{ImportReport, PendingCheckpoint};
-pub use flink::FlinkImport;
+pub use flink::{FlinkImport, Retries};
 pub use materialize::MaterializePolicy;
 pub use restore::materialize;
 
@@ -612,11 +612,17 @@ impl Engine {
     /// Drop a checkpoint: commit the drop in the catalog, then forget its references and
     /// delete what nothing else references.
     fn drop_checkpoint(&self, _writes: &CatalogWrites<'_>, id: u64) -> Result<()> {
+        // A checkpoint imported from Flink is remembered as dropped: never imported again.
+        let flink = self
+            .state()
+            .manifests
+            .get(&id)
+            .and_then(|m| m.flink.clone());
         if self.inner.catalog.commits_in_meta() {
             // Object storage: the drop commits as a conditional write of the metadata that
             // voids the id (a writer that lost the store cannot make it); the manifest goes
             // after, and is void even if that fails.
-            let meta = {
+            let mut meta = {
                 let st = self.state();
                 let mut meta = st.meta.clone();
                 meta.make_void(id);
@@ -629,12 +635,23 @@ impl Engine {
                 );
                 meta
             };
+            if let Some(label) = &flink {
+                meta.record_flink_drop(label);
+            }
             self.inner.catalog.save_meta(&meta)?;
             self.state().meta = meta;
             if let Err(e) = self.inner.catalog.remove(id) {
                 log::warn!("checkpoint {id} is dropped; its void manifest remains: {e}");
             }
         } else {
+            if let Some(label) = &flink {
+                // Recorded first: a crash before the manifest goes leaves the checkpoint
+                // held, and held wins.
+                let mut meta = self.state().meta.clone();
+                meta.record_flink_drop(label);
+                self.inner.catalog.save_meta(&meta)?;
+                self.state().meta = meta;
+            }
             self.inner.catalog.remove(id)?;
         }
         crate::failpoint!("drop::after-manifest-removed");

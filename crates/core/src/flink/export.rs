@@ -55,8 +55,9 @@ pub struct Exported {
 }
 
 /// Write checkpoint `checkpoint` of Flink job `job`, whose files `stored` reads, as a Flink
-/// checkpoint directory under `dest` (missing or empty). Everything is written into a
-/// temporary directory beside `dest` and renamed into place last: a failed export leaves
+/// checkpoint directory under `dest` (missing or empty), owned by `dest`'s owner (its
+/// parent's when it is missing). Everything is written into a temporary directory beside
+/// `dest`, through a descriptor of it, and renamed into place last: a failed export leaves
 /// nothing.
 pub fn export(
     stored: &dyn CheckpointFiles,
@@ -74,16 +75,25 @@ pub fn export(
     let parent = dest
         .parent()
         .expect("an absolute path that is not / has a parent");
+    let owner = owner_of(&dest, parent)?;
     let tmp = tempfile::Builder::new()
         .prefix(".ckptfs-export-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
         .tempdir_in(parent)
         .ctx("create a directory in", parent)?;
+    // Written through a descriptor of the directory just made, never by its path: DEST's
+    // parent may be writable by others (the Flink user), who could rename it and plant a
+    // link in its place while the files are copied. Inside it (0700, ours) nobody else
+    // can create anything.
+    let held = HeldDir::open(tmp.path())?;
+    crate::failpoint!("export::before-copy");
+    let base = held.path();
     let chk = format!("chk-{checkpoint}");
-    let (tmp_job, job_dir) = (tmp.path().join(job), dest.join(job));
+    let (tmp_job, job_dir) = (base.join(job), dest.join(job));
     for dir in [tmp_job.join("shared"), tmp_job.join(&chk)] {
         std::fs::create_dir_all(&dir).ctx("create", &dir)?;
     }
-    let original = tmp.path().join(METADATA);
+    let original = base.join(METADATA);
     stored
         .copy(&job_backend(), METADATA, &original)
         .map_err(|e| match e {
@@ -158,8 +168,24 @@ pub fn export(
     crate::fsutil::write_atomic(&tmp_job.join(&chk).join(METADATA), &rewritten)?;
     out.files += 1;
     out.bytes += rewritten.len() as u64;
+    // Flink, which reads the directory, runs as DEST's owner.
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::fchown(&held.dir, Some(uid), Some(gid))
+            .ctx("change the owner of", tmp.path())?;
+        chown_below(&base, uid, gid)?;
+    }
     for dir in [tmp_job.join("shared"), tmp_job.join(&chk), tmp_job.clone()] {
         crate::fsutil::fsync_dir(&dir)?;
+    }
+    if !held.is_at(tmp.path()) {
+        // What was written goes, wherever it was moved.
+        held.empty();
+        return Err(Error::Invalid(format!(
+            "{} changed during the export: {} is no longer the directory ckptfs wrote \
+             (another user renamed it); nothing was exported",
+            parent.display(),
+            tmp.path().display()
+        )));
     }
     if dest.exists() {
         std::fs::remove_dir(&dest).ctx("replace the empty directory", &dest)?;
@@ -168,6 +194,91 @@ pub fn export(
     std::fs::rename(&tmp, &dest).ctx("rename into place", &dest)?;
     crate::fsutil::fsync_dir(parent)?;
     Ok(out)
+}
+
+/// A directory held open: its files are reached through `/proc/self/fd/N`, whatever is at
+/// its path meanwhile.
+struct HeldDir {
+    dir: std::fs::File,
+}
+
+impl HeldDir {
+    /// The directory `path` this process just made: refused unless it is a directory of
+    /// this user's, private and empty (not one swapped in for it).
+    fn open(path: &Path) -> Result<HeldDir> {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let dir = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+            .ctx("open", path)?;
+        let meta = dir.metadata().ctx("stat", path)?;
+        let held = HeldDir { dir };
+        let empty = std::fs::read_dir(held.path())
+            .ctx("read directory", path)?
+            .next()
+            .is_none();
+        if meta.uid() != nix::unistd::geteuid().as_raw() || meta.mode() & 0o077 != 0 || !empty {
+            return Err(Error::Invalid(format!(
+                "{} is not the private directory ckptfs just made (another user replaced \
+                 it); nothing was exported",
+                path.display()
+            )));
+        }
+        Ok(held)
+    }
+
+    fn path(&self) -> PathBuf {
+        use std::os::fd::AsRawFd;
+        PathBuf::from(format!("/proc/self/fd/{}", self.dir.as_raw_fd()))
+    }
+
+    /// Remove everything in it (best effort: it is being given up).
+    fn empty(&self) {
+        if let Ok(entries) = std::fs::read_dir(self.path()) {
+            for entry in entries.flatten() {
+                let _ = match entry.file_type() {
+                    Ok(kind) if kind.is_dir() => std::fs::remove_dir_all(entry.path()),
+                    _ => std::fs::remove_file(entry.path()),
+                };
+            }
+        }
+    }
+
+    /// Whether `path` is still this directory (not a link or another directory put there).
+    fn is_at(&self, path: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match (self.dir.metadata(), std::fs::symlink_metadata(path)) {
+            (Ok(held), Ok(now)) => held.dev() == now.dev() && held.ino() == now.ino(),
+            _ => false,
+        }
+    }
+}
+
+/// Whose the export is: DEST's owner (an empty directory made for it), else its parent's;
+/// `None` if that is this process's user (nothing to change).
+fn owner_of(dest: &Path, parent: &Path) -> Result<Option<(u32, u32)>> {
+    use std::os::unix::fs::MetadataExt;
+    let of = if dest.exists() { dest } else { parent };
+    let meta = std::fs::metadata(of).ctx("stat", of)?;
+    let me = (
+        nix::unistd::geteuid().as_raw(),
+        nix::unistd::getegid().as_raw(),
+    );
+    Ok(Some((meta.uid(), meta.gid())).filter(|owner| *owner != me))
+}
+
+/// Give everything below `dir` (written by this export: no links) to `uid:gid`.
+fn chown_below(dir: &Path, uid: u32, gid: u32) -> Result<()> {
+    for entry in std::fs::read_dir(dir).ctx("read directory", dir)? {
+        let entry = entry.ctx("read directory", dir)?;
+        let path = entry.path();
+        std::os::unix::fs::lchown(&path, Some(uid), Some(gid)).ctx("change the owner of", &path)?;
+        if entry.file_type().ctx("stat", &path)?.is_dir() {
+            chown_below(&path, uid, gid)?;
+        }
+    }
+    Ok(())
 }
 
 /// `path` made absolute without following a last component that does not exist yet.

@@ -128,12 +128,21 @@ impl LocalTree {
         unreachable!("a checked path has a last component")
     }
 
-    /// Device and inode of `rel` (not opened for reading: closing a descriptor of a file
-    /// would drop every POSIX lock this process holds on it), `None` if it does not exist.
-    pub fn identity(&self, rel: &str) -> Result<Option<(u64, u64)>> {
-        Ok(self
-            .resolve(rel)?
-            .map(|(_, stat)| (stat.st_dev, stat.st_ino)))
+    /// The devices `/proc/locks` may name `rel` by, and its inode (it is not opened for
+    /// reading: closing a descriptor of a file would drop every POSIX lock this process
+    /// holds on it); `None` if it does not exist. The devices are its `st_dev` and the
+    /// device of the mount that holds it (`/proc/self/mountinfo`, found by `statx`'s mount
+    /// id): they differ on a btrfs subvolume, whose files have a device of their own while
+    /// locks are listed by the filesystem's.
+    pub fn lock_identity(&self, rel: &str) -> Result<Option<(Vec<u64>, u64)>> {
+        let Some((fd, stat)) = self.resolve(rel)? else {
+            return Ok(None);
+        };
+        let mut devs = vec![stat.st_dev];
+        if let Some(dev) = mount_device(&fd).filter(|d| *d != stat.st_dev) {
+            devs.push(dev);
+        }
+        Ok(Some((devs, stat.st_ino)))
     }
 
     /// Regular file `rel`, opened for reading; `None` if it does not exist.
@@ -185,6 +194,36 @@ impl LocalTree {
             checked_relative(&rest, rest).ok().map(str::to_string)
         })
     }
+}
+
+/// The device (`major:minor` in `/proc/self/mountinfo`) of the mount holding `fd`, by its
+/// mount id; `None` where the kernel does not tell (before Linux 5.8).
+fn mount_device(fd: &OwnedFd) -> Option<u64> {
+    // SAFETY: statx writes the one struct given; the path is empty (AT_EMPTY_PATH: `fd`
+    // itself).
+    let mut buf: libc::statx = unsafe { std::mem::zeroed() };
+    let done = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_MNT_ID,
+            &mut buf,
+        )
+    };
+    if done != 0 || buf.stx_mask & libc::STATX_MNT_ID == 0 {
+        return None;
+    }
+    let id = buf.stx_mnt_id.to_string();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mounts.lines().find_map(|line| {
+        let mut fields = line.split(' ');
+        if fields.next()? != id {
+            return None;
+        }
+        let (major, minor) = fields.nth(1)?.split_once(':')?;
+        Some(libc::makedev(major.parse().ok()?, minor.parse().ok()?))
+    })
 }
 
 impl Tree for LocalTree {
