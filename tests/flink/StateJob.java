@@ -34,6 +34,9 @@
 //                          directory PATH (the one holding _metadata); the source goes on from
 //                          the number of records it had emitted, each key's state from what it
 //                          held
+//   --claim-mode MODE      execution.state-recovery.claim-mode with --restore: CLAIM (the job owns
+//                          the restored checkpoint and its incremental checkpoints go on naming
+//                          the restored files where they are) or NO_CLAIM (Flink's default)
 //   --payload-bytes B      B > 0: "counter" also keeps per key a B-byte payload, rewritten with
 //                          every record (default 0: no payload state at all), so that the keyed
 //                          state is about K x B bytes and changes with every record (benchmarks)
@@ -318,7 +321,7 @@ public final class StateJob {
             + " [--records N] [--after idle|finish] [--interval-ms MS] [--retained R]"
             + " [--parallelism P] [--max-parallelism M] [--inline-threshold BYTES] [--linger-ms MS]"
             + " [--restore PATH] [--payload-bytes B] [--incremental BOOL] [--state-backend NAME]"
-            + " [--file-merging BOOL]";
+            + " [--file-merging BOOL] [--claim-mode CLAIM|NO_CLAIM]";
 
     public static void main(String[] args) throws Exception {
         String dir = null;
@@ -326,7 +329,7 @@ public final class StateJob {
         Map<String, String> opts = new HashMap<>();
         List<String> known = List.of("--incremental", "--state-backend", "--file-merging", "--keys", "--rate", "--records", "--after", "--interval-ms",
                 "--retained", "--parallelism", "--max-parallelism", "--inline-threshold", "--linger-ms",
-                "--restore", "--payload-bytes");
+                "--restore", "--payload-bytes", "--claim-mode");
         for (int i = 0; i < args.length; i++) {
             String a = args[i];
             if (a.equals("--expected")) {
@@ -402,6 +405,10 @@ public final class StateJob {
         }
         if (opts.containsKey("--restore")) {
             set(conf, shown, StateRecoveryOptions.SAVEPOINT_PATH, opts.get("--restore"));
+        }
+        if (opts.containsKey("--claim-mode")) {
+            set(conf, shown, StateRecoveryOptions.RESTORE_MODE,
+                    org.apache.flink.core.execution.RecoveryClaimMode.valueOf(opts.get("--claim-mode")));
         }
         set(conf, shown, CoreOptions.DEFAULT_PARALLELISM, parallelism);
         set(conf, shown, PipelineOptions.MAX_PARALLELISM, maxParallelism);

@@ -1033,3 +1033,92 @@ fn a_failed_flink_checkpoint_is_retried_after_a_newer_one_is_in() {
     wait_for("checkpoint 5", || labels(&m) == [4, 6, 5]);
     m.umount();
 }
+
+/// The one job directory a StateJob run made under `ck`.
+fn job_dir_in(ck: &Path) -> PathBuf {
+    let dirs: Vec<PathBuf> = std::fs::read_dir(ck)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            ckptfs_core::flink::import::is_job_id(&p.file_name().unwrap().to_string_lossy())
+        })
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    dirs.into_iter().next().unwrap()
+}
+
+/// A real job restored in CLAIM mode: its incremental checkpoints go on naming the files
+/// of the job it was restored from, in that job's directory. Imported alone they are
+/// refused (outside the source); with that directory named by `--source-root` they import,
+/// and the subtasks read back with the restored job's whole state.
+#[test]
+fn a_job_restored_in_claim_mode_imports_with_its_source_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let classpath =
+        crate::common::java::compile_java("tests/flink/StateJob.java", &dir.path().join("classes"));
+    let (ck_a, ck_b) = (dir.path().join("ck-a"), dir.path().join("ck-b"));
+    let mut first = Job::start(&classpath, &ck_a, 600, &[]);
+    let done = first.checkpoint_with(600);
+    first.kill();
+    let job_a = job_dir_in(&ck_a);
+    let restore_from = job_a.join(format!("chk-{done}"));
+    // Few records after the restore: its first checkpoints still hold the restored SSTs
+    // (more would compact them away into files of its own).
+    let mut second = Job::start(
+        &classpath,
+        &ck_b,
+        650,
+        &[
+            "--restore",
+            restore_from.to_str().unwrap(),
+            "--claim-mode",
+            "CLAIM",
+        ],
+    );
+    let done = second.checkpoint_with(650);
+    second.kill();
+    let job_b = job_dir_in(&ck_b);
+    // What CLAIM means: the checkpoints name files of the first job's directory.
+    let mut in_a = Vec::new();
+    for entry in std::fs::read_dir(&job_b).unwrap() {
+        let metadata = entry.unwrap().path().join("_metadata");
+        if let Ok(bytes) = std::fs::read(&metadata) {
+            let named = file_handles(&bytes)
+                .into_iter()
+                .filter(|(_, path, _)| path.contains(job_a.to_str().unwrap()))
+                .count();
+            in_a.push((metadata, named));
+        }
+    }
+    assert!(
+        in_a.iter().any(|(_, n)| *n > 0),
+        "the restored job names none of the first job's files ({}): {in_a:?}",
+        job_a.display()
+    );
+
+    let store = dir.path().join("store");
+    let out = ckptfs(&[
+        "import-flink",
+        job_b.to_str().unwrap(),
+        store.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("outside the source") && e.contains("EACCES"),
+        "{e}"
+    );
+    ok(ckptfs(&[
+        "import-flink",
+        job_b.to_str().unwrap(),
+        store.to_str().unwrap(),
+        "--source-root",
+        job_a.to_str().unwrap(),
+    ]));
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let m = Mounted::at(&store, &mnt, &[]);
+    let cp = imported_from(&mnt, done, None);
+    check_tree(&classpath, &mnt.join(format!("cp-{cp}")), 650, dir.path());
+    m.umount();
+}
