@@ -708,3 +708,73 @@ fn two_daemons_alternately_stopped_lose_no_committed_checkpoint() {
         "the campaign did too little"
     );
 }
+
+/// A fence that allows `allowed` checks, then refuses (a lease that ran out meanwhile).
+struct Allowing {
+    allowed: std::sync::atomic::AtomicUsize,
+}
+
+impl ckptfs_core::store::WriteFence for Allowing {
+    fn check(&self) -> ckptfs_core::Result<()> {
+        use std::sync::atomic::Ordering;
+        let left = self.allowed.load(Ordering::SeqCst);
+        if left == 0 {
+            return Err(Error::Conflict("the lease ran out".into()));
+        }
+        self.allowed.store(left - 1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// An object delete the server answers `503 Slow Down` is sent again only after the fence
+/// is checked again: once the lease has run out, never (the client re-sent it by itself,
+/// whenever its backoff said, however long after the check). While the lease holds, it
+/// is sent again until it lands.
+#[test]
+fn a_refused_delete_is_sent_again_only_while_the_fence_holds() {
+    use ckptfs_core::store::s3::{Remote, S3Objects, S3Options};
+    use ckptfs_core::store::ObjectStore;
+    let moto = moto();
+    let bucket = moto.bucket();
+    let proxy = crate::common::moto::HttpProxy::start(moto.port);
+    let endpoint = format!("http://127.0.0.1:{}", proxy.port);
+    let dir = tempfile::tempdir().unwrap();
+    let objects = |allowed: usize| {
+        let remote = Remote::connect_to(&bucket, "store", Some(&endpoint)).unwrap();
+        S3Objects::new(
+            remote,
+            S3Options::default(),
+            &dir.path().join(format!("cache-{allowed}")),
+        )
+        .unwrap()
+        .with_fence(std::sync::Arc::new(Allowing {
+            allowed: allowed.into(),
+        }))
+    };
+    let store = objects(usize::MAX);
+    let (a, b) = (b"object a".as_slice(), b"object b".as_slice());
+    let mut ids = Vec::new();
+    for bytes in [a, b] {
+        let staged = store.stage_bytes(bytes).unwrap();
+        ids.push(staged.id);
+        store.publish(staged).unwrap();
+    }
+
+    // The lease holds for the first check only: one DELETE, refused, and no other.
+    // object_store deletes even one key with S3's DeleteObjects (a POST to `?delete`).
+    proxy.unavailable("POST", "?delete", 1);
+    let e = objects(1).delete(&ids[0]).unwrap_err();
+    assert_eq!(e.errno(), libc::ESTALE, "{e}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(proxy.seen("POST", "?delete"), 1);
+    assert!(
+        store.open(&ids[0]).is_ok(),
+        "deleted after the lease ran out"
+    );
+
+    // The lease holds: sent again after each refusal until it lands.
+    proxy.unavailable("POST", "?delete", 2);
+    store.delete(&ids[1]).unwrap();
+    assert_eq!(proxy.seen("POST", "?delete"), 1 + 3);
+    assert!(store.open(&ids[1]).is_err(), "not deleted");
+}

@@ -4,7 +4,7 @@
 //! (directories 0700, files 0600) and is created without following symbolic links: a store
 //! is written by root, and a link planted in it must never redirect a write elsewhere.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
@@ -18,7 +18,11 @@ pub const PRIVATE_FILE: u32 = 0o600;
 
 /// fsync a directory so that renames and creations inside it are durable.
 pub fn fsync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
+    // O_DIRECTORY: whatever another user may have put at the path (a FIFO) is not opened.
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
         .and_then(|d| d.sync_all())
         .ctx("fsync directory", dir)
 }

@@ -185,6 +185,13 @@ impl crate::store::WriteFence for Fence {
     fn check(&self) -> Result<()> {
         Fence::check(self)
     }
+
+    /// The part of the lease time beyond the holder's validity (it may write for
+    /// [`VALID_FRACTION`] of it after sending its last renewal that landed): a request sent
+    /// at the last valid instant and abandoned after this ends before a takeover can begin.
+    fn request_budget(&self) -> Option<Duration> {
+        Some(self.0.ttl.mul_f64(1.0 - VALID_FRACTION))
+    }
 }
 
 /// Where a daemon that waits for a lease says so, besides its log (the `ckptfs mount`

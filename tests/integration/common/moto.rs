@@ -286,6 +286,7 @@ struct HttpRule {
 enum HttpFault {
     Hold,
     DropResponse,
+    Unavailable,
 }
 
 /// Whether a request matches a rule's method (ASCII case ignored) and part of the path.
@@ -351,6 +352,12 @@ impl HttpProxy {
     /// responses still pass). The request took effect; the client never learns.
     pub fn drop_response(&self, method: &str, path_part: &str, times: usize) {
         self.add(HttpFault::DropResponse, method, path_part, times);
+    }
+
+    /// For the next `times` matching requests: answer `503 Slow Down` without forwarding
+    /// them (the request never takes effect), as a busy S3 does.
+    pub fn unavailable(&self, method: &str, path_part: &str, times: usize) {
+        self.add(HttpFault::Unavailable, method, path_part, times);
     }
 
     /// How many requests matching (`method`, `path_part`) the proxy has read so far, whatever
@@ -584,6 +591,15 @@ impl HttpConnection {
             if !self.shared.hold_until_released(since) {
                 return Ok(false);
             }
+        }
+        if fault == Some(HttpFault::Unavailable) {
+            if !expect_continue {
+                copy_body(&mut self.client, body, &mut io::sink())?;
+            }
+            (&self.client_out).write_all(
+                b"HTTP/1.1 503 Slow Down\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+            )?;
+            return Ok(false);
         }
         let dropping = fault == Some(HttpFault::DropResponse);
 

@@ -168,14 +168,16 @@ pub fn export(
     crate::fsutil::write_atomic(&tmp_job.join(&chk).join(METADATA), &rewritten)?;
     out.files += 1;
     out.bytes += rewritten.len() as u64;
-    // Flink, which reads the directory, runs as DEST's owner.
-    if let Some((uid, gid)) = owner {
-        std::os::unix::fs::fchown(&held.dir, Some(uid), Some(gid))
-            .ctx("change the owner of", tmp.path())?;
-        chown_below(&base, uid, gid)?;
-    }
     for dir in [tmp_job.join("shared"), tmp_job.join(&chk), tmp_job.clone()] {
         crate::fsutil::fsync_dir(&dir)?;
+    }
+    // Flink, which reads the directory, runs as DEST's owner. Everything below is given
+    // while the directory is still this process's (0700: nobody else can change what is
+    // in it meanwhile), the directory itself last.
+    if let Some((uid, gid)) = owner {
+        chown_below(&base, uid, gid)?;
+        std::os::unix::fs::fchown(&held.dir, Some(uid), Some(gid))
+            .ctx("change the owner of", tmp.path())?;
     }
     if !held.is_at(tmp.path()) {
         // What was written goes, wherever it was moved.

@@ -234,7 +234,12 @@ pub fn completed_if_any(src: &Source) -> Result<Option<Vec<Completed>>> {
 
 /// `N` of a `chk-N` name.
 fn chk_number(name: &str) -> Option<u64> {
-    name.strip_prefix("chk-").and_then(|n| n.parse().ok())
+    // Digits only, no leading zero: the one spelling Flink writes (`chk-+5` and `chk-05`
+    // would parse as 5 and be read as `chk-5/`).
+    let n = name.strip_prefix("chk-")?;
+    let plain =
+        !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && (n == "0" || !n.starts_with('0'));
+    plain.then(|| n.parse().ok()).flatten()
 }
 
 /// The job directories below a source's root: itself, or those named by a job id in it.

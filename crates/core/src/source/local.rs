@@ -55,15 +55,43 @@ fn os_error(what: &str, path: &Path, errno: nix::errno::Errno) -> Error {
 impl LocalTree {
     /// The directory the user named (a command's argument: symbolic links on the way to
     /// it are the user's and are followed here, once).
+    ///
+    /// A link on the way is followed only where nobody but root (or this user) can have
+    /// put it: in a directory owned by one of them that no one else may write. A link in
+    /// a directory the source's writer controls (SRC's parent, say) could point the root
+    /// anywhere: refused (EACCES). The resolved path is then opened one component at a
+    /// time from `/` without following links, so none swapped in meanwhile is either.
     pub fn open(path: &Path) -> Result<LocalTree> {
         let given = std::path::absolute(path).ctx("resolve", path)?;
-        let canonical = std::fs::canonicalize(path).ctx("open", path)?;
-        let dir = nix::fcntl::open(
-            &canonical,
-            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        let canonical = resolve_trusted(&given)?;
+        let mut dir = nix::fcntl::open(
+            "/",
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
             Mode::empty(),
         )
-        .map_err(|e| os_error("open", &canonical, e))?;
+        .map_err(|e| os_error("open", Path::new("/"), e))?;
+        for part in canonical.components().skip(1) {
+            let next = openat(
+                &dir,
+                part.as_os_str(),
+                OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| os_error("open", &canonical, e))?;
+            let stat = fstat(&next).map_err(|e| os_error("stat", &canonical, e))?;
+            if kind_of(&stat) != SFlag::S_IFDIR {
+                return Err(refused(
+                    canonical.display(),
+                    format!(
+                        "{} on the way is {} (changed while it was opened?)",
+                        part.as_os_str().to_string_lossy(),
+                        kind_name(kind_of(&stat))
+                    ),
+                    libc::ELOOP,
+                ));
+            }
+            dir = next;
+        }
         Ok(LocalTree {
             given,
             canonical,
@@ -194,6 +222,65 @@ impl LocalTree {
             checked_relative(&rest, rest).ok().map(str::to_string)
         })
     }
+}
+
+/// `given` (absolute) resolved as the kernel would, `..` and links included, following a
+/// link only where it lies in a directory owned by root or this user and writable by no
+/// one else (see [`LocalTree::open`]).
+fn resolve_trusted(given: &Path) -> Result<PathBuf> {
+    resolve_links(given, 0)
+}
+
+/// Links followed at most on the way to one path (the kernel's limit).
+const MAX_LINKS: usize = 40;
+
+fn resolve_links(given: &Path, followed: usize) -> Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::Component;
+    let me = nix::unistd::geteuid().as_raw();
+    let mut at = PathBuf::from("/");
+    for part in given.components() {
+        match part {
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+            Component::ParentDir => {
+                at.pop();
+            }
+            Component::Normal(name) => {
+                let next = at.join(name);
+                let meta = std::fs::symlink_metadata(&next).ctx("open", given)?;
+                if !meta.file_type().is_symlink() {
+                    at = next;
+                    continue;
+                }
+                let parent = std::fs::metadata(&at).ctx("stat", &at)?;
+                let trusted = (parent.uid() == 0 || parent.uid() == me)
+                    && parent.permissions().mode() & 0o022 == 0;
+                if !trusted {
+                    return Err(refused(
+                        next.display(),
+                        format!(
+                            "a symbolic link in {}, which others may write: ckptfs follows a \
+                             link on the way to a source only in a directory only root can \
+                             change; name the directory it points to",
+                            at.display()
+                        ),
+                        libc::EACCES,
+                    ));
+                }
+                if followed >= MAX_LINKS {
+                    return Err(refused(
+                        given.display(),
+                        format!("more than {MAX_LINKS} symbolic links on the way"),
+                        libc::ELOOP,
+                    ));
+                }
+                // Trusted: where it points, resolved in turn (its own links included).
+                let target = at.join(std::fs::read_link(&next).ctx("read", &next)?);
+                at = resolve_links(&target, followed + 1)?;
+            }
+        }
+    }
+    Ok(at)
 }
 
 /// The device (`major:minor` in `/proc/self/mountinfo`) of the mount holding `fd`, by its
@@ -507,6 +594,31 @@ mod tests {
         opened.check_unchanged().unwrap();
         std::fs::write(dir.path().join("shared/moved"), b"alpha, longer").unwrap();
         assert!(opened.check_unchanged().is_err());
+    }
+
+    #[test]
+    fn a_root_is_reached_through_links_only_in_directories_others_cannot_write() {
+        use std::os::unix::fs::PermissionsExt;
+        let (dir, _) = tree_with_files();
+        let links = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(dir.path(), links.path().join("job")).unwrap();
+        // In a directory of this user's, 0700: followed.
+        let tree = LocalTree::open(&links.path().join("job")).unwrap();
+        assert_eq!(tree.path(), std::fs::canonicalize(dir.path()).unwrap());
+        assert_eq!(tree.read("top", 10).unwrap(), b"t");
+        // Through `..` too.
+        let up = links.path().join("job/shared/..");
+        assert_eq!(LocalTree::open(&up).unwrap().read("top", 10).unwrap(), b"t");
+        // A loop of links ends.
+        std::os::unix::fs::symlink("loop", links.path().join("loop")).unwrap();
+        let e = LocalTree::open(&links.path().join("loop")).unwrap_err();
+        assert_eq!(e.errno(), libc::ELOOP, "{e}");
+        // In a directory anyone may write (where the source's writer may have put it).
+
+        std::fs::set_permissions(links.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = LocalTree::open(&links.path().join("job")).unwrap_err();
+        assert_eq!(e.errno(), libc::EACCES, "{e}");
+        assert!(e.to_string().contains("others may write"), "{e}");
     }
 
     #[test]

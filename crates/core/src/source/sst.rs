@@ -61,6 +61,10 @@ pub fn identity(file: &SourceFile) -> Result<Option<Identity>> {
     }
     let tail_len = FOOTER.min(size);
     let tail = file.read_at(size - tail_len, tail_len as usize)?;
+    if tail.len() as u64 != tail_len {
+        // Shorter than when it was opened: being written; read in full, never trusted.
+        return Ok(None);
+    }
     let Some(metaindex) = metaindex_handle(&tail, size) else {
         return Ok(None);
     };
@@ -112,6 +116,9 @@ type Handle = (u64, u64);
 /// The meta-index block's handle, from the footer at the end of `tail` (a file of `size`
 /// bytes).
 fn metaindex_handle(tail: &[u8], size: u64) -> Option<Handle> {
+    if tail.len() < LEGACY_FOOTER as usize {
+        return None;
+    }
     let magic = u64::from_le_bytes(tail[tail.len() - 8..].try_into().ok()?);
     if magic == LEGACY_MAGIC {
         let footer = &tail[tail.len() - LEGACY_FOOTER as usize..];
@@ -153,8 +160,14 @@ fn read_block(file: &SourceFile, (offset, len): Handle, size: u64) -> Result<Opt
     Ok(Some(bytes[..len as usize].to_vec()))
 }
 
+/// The longest key, and the most entries, read from a meta block: property names are
+/// short and few; a block built to make each entry copy a huge key is cut short.
+const MAX_KEY: usize = 256;
+const MAX_ENTRIES: usize = 1024;
+
 /// The key/value entries of a block (delta-encoded keys, restart points at the end);
-/// whatever does not decode ends the list.
+/// whatever does not decode, a key over [`MAX_KEY`] bytes or more than [`MAX_ENTRIES`]
+/// entries ends the list.
 fn entries(block: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
     let mut out = Vec::new();
     if block.len() < 4 {
@@ -179,7 +192,11 @@ fn entries(block: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
         };
         let (shared, unshared, value_len) =
             (shared as usize, unshared as usize, value_len as usize);
-        if shared > key.len() || unshared.saturating_add(value_len) > rest.len() {
+        if shared > key.len()
+            || unshared.saturating_add(value_len) > rest.len()
+            || shared + unshared > MAX_KEY
+            || out.len() >= MAX_ENTRIES
+        {
             break;
         }
         key.truncate(shared);
@@ -282,6 +299,49 @@ mod tests {
             let file = tree.open_file(name).unwrap().unwrap();
             assert_eq!(identity(&file).unwrap(), None, "{name}");
         }
+    }
+
+    #[test]
+    fn a_block_of_huge_repeated_keys_is_cut_short() {
+        // One 512 KiB key, then entries that each share all of it: each would copy it.
+        let mut block = Vec::new();
+        let put_varint = |out: &mut Vec<u8>, mut v: u64| loop {
+            let byte = (v & 0x7f) as u8;
+            v >>= 7;
+            if v == 0 {
+                out.push(byte);
+                break;
+            }
+            out.push(byte | 0x80);
+        };
+        put_varint(&mut block, 0);
+        put_varint(&mut block, 512 << 10);
+        put_varint(&mut block, 0);
+        block.extend(std::iter::repeat_n(b'k', 512 << 10));
+        for _ in 0..100_000 {
+            put_varint(&mut block, 512 << 10);
+            put_varint(&mut block, 0);
+            put_varint(&mut block, 0);
+        }
+        block.extend_from_slice(&0u32.to_le_bytes());
+        assert!(entries(&block).is_empty());
+        // Short keys are read as usual, up to the cap.
+        let mut small = Vec::new();
+        for i in 0..2000u32 {
+            let key = format!("k{i:05}");
+            put_varint(&mut small, 0);
+            put_varint(&mut small, key.len() as u64);
+            put_varint(&mut small, 0);
+            small.extend_from_slice(key.as_bytes());
+        }
+        small.extend_from_slice(&0u32.to_le_bytes());
+        assert_eq!(entries(&small).len(), MAX_ENTRIES);
+    }
+
+    #[test]
+    fn a_footer_shorter_than_its_magic_is_no_footer() {
+        assert_eq!(metaindex_handle(&[0u8; 8], 100), None);
+        assert_eq!(metaindex_handle(&[], 100), None);
     }
 
     #[test]

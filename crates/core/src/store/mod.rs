@@ -240,6 +240,12 @@ pub const DEFAULT_ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_
 pub trait WriteFence: Send + Sync {
     /// Fails (Conflict) once this process may no longer write to the store.
     fn check(&self) -> Result<()>;
+    /// How long a request sent right after a successful [`WriteFence::check`] may take
+    /// before it is abandoned, so that it ends while what the check saw still holds;
+    /// `None`: the client's own timeout.
+    fn request_budget(&self) -> Option<std::time::Duration> {
+        None
+    }
 }
 
 /// A copy that [`ObjectStore::stage`] made durable under a private name.

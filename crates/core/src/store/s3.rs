@@ -39,6 +39,14 @@ use crate::fsutil::{create_new_private, create_private_dir_all, lock, remove_tre
 /// Keys deleted by one request (S3's DeleteObjects takes at most 1,000).
 const DELETE_BATCH: usize = 1000;
 
+/// How many times an object delete is sent at most (each after a check of the fence).
+const DELETE_ATTEMPTS: usize = 5;
+/// How long one delete request may take before it is abandoned without a fence (and the
+/// deleting client's own timeout): with one, its request budget ([`WriteFence::
+/// request_budget`]: a fifth of the lease time), so that a request sent just after the
+/// fence was checked is answered, or abandoned, before another writer can take over.
+pub const DELETE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Objects above this size are uploaded in parts of this size, several at once.
 pub const PART_SIZE: usize = 8 << 20;
 
@@ -63,6 +71,9 @@ impl Default for S3Options {
 /// The connection to one bucket and prefix, shared by the objects and the records.
 pub struct Remote {
     client: AmazonS3,
+    /// The client object deletes go through: it never re-sends a request by itself (see
+    /// [`S3Objects::delete`]), and gives up on one after [`DELETE_TIMEOUT`].
+    deleter: AmazonS3,
     runtime: tokio::runtime::Runtime,
     bucket: String,
     /// The prefix keys start with: empty or ending in `/`.
@@ -73,8 +84,40 @@ impl Remote {
     /// Connect to `s3://bucket/prefix`, configured from the standard AWS environment
     /// variables (endpoint, region, credentials). Makes no request.
     pub fn connect(bucket: &str, prefix: &str) -> Result<Arc<Remote>> {
-        let mut builder = AmazonS3Builder::from_env()
-            .with_bucket_name(bucket)
+        Self::connect_to(bucket, prefix, None)
+    }
+
+    /// [`Remote::connect`], to `endpoint` (`http://host:port`) instead of the one the
+    /// environment names, if given.
+    pub fn connect_to(bucket: &str, prefix: &str, endpoint: Option<&str>) -> Result<Arc<Remote>> {
+        let mut base = AmazonS3Builder::from_env().with_bucket_name(bucket);
+        // An endpoint the user gave as plain http (a local MinIO or Ceph) is meant.
+        let endpoint = endpoint.map(str::to_string).or_else(|| {
+            ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
+                .iter()
+                .find_map(|v| std::env::var(v).ok())
+        });
+        let allow_http = endpoint
+            .as_deref()
+            .is_some_and(|e| e.starts_with("http://"));
+        if let Some(endpoint) = endpoint {
+            base = base.with_endpoint(endpoint);
+        }
+        let deleter = base
+            .clone()
+            .with_retry(object_store::RetryConfig {
+                max_retries: 0,
+                ..object_store::RetryConfig::default()
+            })
+            .with_client_options(
+                object_store::ClientOptions::new()
+                    .with_connect_timeout(Duration::from_secs(5))
+                    .with_timeout(DELETE_TIMEOUT)
+                    .with_allow_http(allow_http),
+            )
+            .build()
+            .map_err(|e| Error::Invalid(format!("s3://{bucket}: {e}")))?;
+        let builder = base
             .with_retry(object_store::RetryConfig {
                 backoff: object_store::BackoffConfig {
                     init_backoff: Duration::from_millis(100),
@@ -87,15 +130,9 @@ impl Remote {
             .with_client_options(
                 object_store::ClientOptions::new()
                     .with_connect_timeout(Duration::from_secs(5))
-                    .with_timeout(Duration::from_secs(120)),
+                    .with_timeout(Duration::from_secs(120))
+                    .with_allow_http(allow_http),
             );
-        // An endpoint the user gave as plain http (a local MinIO or Ceph) is meant.
-        let endpoint = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
-            .iter()
-            .find_map(|v| std::env::var(v).ok());
-        if endpoint.is_some_and(|e| e.starts_with("http://")) {
-            builder = builder.with_allow_http(true);
-        }
         let client = builder
             .build()
             .map_err(|e| Error::Invalid(format!("s3://{bucket}: {e}")))?;
@@ -108,6 +145,7 @@ impl Remote {
         let prefix = prefix.trim_matches('/');
         Ok(Arc::new(Remote {
             client,
+            deleter,
             runtime,
             bucket: bucket.to_string(),
             prefix: if prefix.is_empty() {
@@ -231,6 +269,26 @@ impl Remote {
         })
     }
 
+    /// The first `limit + 1` bytes of object `key` at most (a ranged GET): a caller that
+    /// gets more than `limit` knows the object is too large, having read no more.
+    pub fn get_bytes_upto(&self, key: &str, limit: u64) -> Result<Vec<u8>> {
+        let what = format!("read s3://{}/{key}", self.bucket);
+        let options = object_store::GetOptions {
+            range: Some(object_store::GetRange::Bounded(0..limit.saturating_add(1))),
+            ..Default::default()
+        };
+        // (An empty object has no first byte to ask for: read it with `get_bytes`.)
+        self.block_on(async {
+            let got = self
+                .client
+                .get_opts(&Key::from(key), options)
+                .await
+                .map_err(|e| remote_error(&what, e))?;
+            let bytes = got.bytes().await.map_err(|e| remote_error(&what, e))?;
+            Ok(bytes.to_vec())
+        })
+    }
+
     /// Object `key` written to `to` (a new file), durably; its length.
     pub fn download(&self, key: &str, to: &Path) -> Result<u64> {
         let what = format!("read s3://{}/{key}", self.bucket);
@@ -325,6 +383,54 @@ impl S3Objects {
         self.fence.as_ref().map_or(Ok(()), |f| f.check())
     }
 
+    /// Run a delete request, abandoned (a `Generic` error) once the fence's request budget
+    /// is spent (else after [`DELETE_TIMEOUT`]).
+    fn within_budget<T>(
+        &self,
+        request: impl std::future::Future<Output = object_store::Result<T>>,
+    ) -> object_store::Result<T> {
+        let budget = self
+            .fence
+            .as_ref()
+            .and_then(|f| f.request_budget())
+            .unwrap_or(DELETE_TIMEOUT);
+        self.remote.block_on(async {
+            tokio::time::timeout(budget, request)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(object_store::Error::Generic {
+                        store: "S3",
+                        source: format!("no answer within {budget:?}: abandoned").into(),
+                    })
+                })
+        })
+    }
+
+    /// One delete request `attempt`ed up to [`DELETE_ATTEMPTS`] times while it fails with a
+    /// server or transport error, backing off, and with the fence checked before every
+    /// attempt after the first (the caller checks before the first): a delete is never
+    /// sent again once this process may no longer write. The client itself re-sends
+    /// nothing ([`Remote::deleter`]), so every DELETE leaves at most [`DELETE_TIMEOUT`]
+    /// after the fence check before it.
+    fn fenced<T>(
+        &self,
+        mut attempt: impl FnMut() -> object_store::Result<T>,
+    ) -> Result<object_store::Result<T>> {
+        let mut pause = Duration::from_millis(100);
+        for n in 1..=DELETE_ATTEMPTS {
+            if n > 1 {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(2));
+                self.check_fence()?;
+            }
+            match attempt() {
+                Err(object_store::Error::Generic { .. }) if n < DELETE_ATTEMPTS => continue,
+                done => return Ok(done),
+            }
+        }
+        unreachable!("the last attempt returns")
+    }
+
     fn object_name(id: &ObjectId) -> String {
         layout::object_key(&id.to_hex())
     }
@@ -377,12 +483,18 @@ impl S3Objects {
             .iter()
             .map(|id| Ok(self.remote.key(&Self::object_name(id))))
             .collect();
-        let results: Vec<object_store::Result<Key>> = self.remote.block_on(
-            self.remote
-                .client
-                .delete_stream(futures::stream::iter(keys).boxed())
-                .collect(),
-        );
+        // One request, never re-sent by the client: a failure falls back to deleting key by
+        // key below, each attempt after a check of the fence.
+        let results: Vec<object_store::Result<Key>> = self
+            .within_budget(async {
+                Ok(self
+                    .remote
+                    .deleter
+                    .delete_stream(futures::stream::iter(keys).boxed())
+                    .collect::<Vec<_>>()
+                    .await)
+            })
+            .unwrap_or_else(|e| vec![Err(e)]);
         {
             let mut uploads = lock(&self.uploads);
             for id in &targets {
@@ -700,11 +812,11 @@ impl ObjectStore for S3Objects {
         }
         self.cache.remove(id);
         let name = Self::object_name(id);
-        let result = self
-            .remote
-            .block_on(self.remote.client.delete(&self.remote.key(&name)));
+        let key = self.remote.key(&name);
+        let result = self.fenced(|| self.within_budget(self.remote.deleter.delete(&key)));
         lock(&self.uploads).deleting.remove(id);
         self.delete_done.notify_all();
+        let result = result?;
         match result {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(remote_error(
