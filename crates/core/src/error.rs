@@ -54,7 +54,8 @@ pub enum Error {
     Conflict(String),
     /// A path of a checkpoint source (a directory, a Flink job, a bucket prefix) that ckptfs
     /// does not read: outside the source's roots (`EACCES`), a symbolic link (`ELOOP`), not
-    /// a regular file or too large (`EINVAL`). See `crate::source`.
+    /// a regular file or too large (`EINVAL`), another filesystem mounted inside (`EXDEV`).
+    /// See `crate::source`.
     #[error("refused {path}: {rule} ({})", errno_name(*.errno))]
     Refused {
         path: String,
@@ -70,6 +71,7 @@ fn errno_name(errno: i32) -> &'static str {
         libc::EPERM => "EPERM",
         libc::ELOOP => "ELOOP",
         libc::EINVAL => "EINVAL",
+        libc::EXDEV => "EXDEV",
         _ => "error",
     }
 }

@@ -126,14 +126,20 @@ impl LocalTree {
         let mut at: Option<OwnedFd> = None;
         while let Some(part) = parts.next() {
             let base = at.as_ref().map_or(self.dir.as_fd(), |fd| fd.as_fd());
-            let fd = match openat(
-                base,
-                part,
-                OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            ) {
+            let fd = match open_component(base, part) {
                 Ok(fd) => fd,
                 Err(nix::errno::Errno::ENOENT) => return Ok(None),
+                Err(nix::errno::Errno::EXDEV) => {
+                    return Err(refused(
+                        shown.display(),
+                        format!(
+                            "{part} is a mount point: ckptfs reads a source within the \
+                             filesystem of its root (another one mounted inside, such as a \
+                             FUSE filesystem of the writer's, could stall or feed any read)"
+                        ),
+                        libc::EXDEV,
+                    ))
+                }
                 Err(e) => return Err(os_error("open", &shown, e)),
             };
             let stat = fstat(&fd).map_err(|e| os_error("stat", &shown, e))?;
@@ -311,6 +317,22 @@ fn mount_device(fd: &OwnedFd) -> Option<u64> {
         let (major, minor) = fields.nth(1)?.split_once(':')?;
         Some(libc::makedev(major.parse().ok()?, minor.parse().ok()?))
     })
+}
+
+/// One component below `base`, as a path descriptor: no link followed (`O_NOFOLLOW`: a
+/// link is opened as itself, for the caller to refuse) and no mount point crossed
+/// (`RESOLVE_NO_XDEV`: EXDEV, before anything of the mounted filesystem is asked). Before
+/// Linux 5.6 (no `openat2`), mount points are crossed.
+fn open_component(base: std::os::fd::BorrowedFd<'_>, part: &str) -> nix::Result<OwnedFd> {
+    use nix::fcntl::{openat2, OpenHow, ResolveFlag};
+    let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let how = OpenHow::new()
+        .flags(flags)
+        .resolve(ResolveFlag::RESOLVE_NO_XDEV | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    match openat2(base, part, how) {
+        Err(nix::errno::Errno::ENOSYS) => openat(base, part, flags, Mode::empty()),
+        opened => opened,
+    }
 }
 
 impl Tree for LocalTree {
@@ -619,6 +641,23 @@ mod tests {
         let e = LocalTree::open(&links.path().join("job")).unwrap_err();
         assert_eq!(e.errno(), libc::EACCES, "{e}");
         assert!(e.to_string().contains("others may write"), "{e}");
+    }
+
+    #[test]
+    fn a_mount_inside_the_source_is_not_crossed() {
+        let (dir, tree) = tree_with_files();
+        let inner = dir.path().join("shared");
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "none"])
+            .arg(&inner)
+            .status()
+            .unwrap();
+        assert!(mounted.success());
+        std::fs::write(inner.join("a"), b"on tmpfs").unwrap();
+        let e = tree.read("shared/a", 100).unwrap_err();
+        let _ = std::process::Command::new("umount").arg(&inner).status();
+        assert_eq!(e.errno(), libc::EXDEV, "{e}");
+        assert!(e.to_string().contains("mount point"), "{e}");
     }
 
     #[test]
