@@ -278,6 +278,38 @@ fn an_s3_source_reads_no_key_outside_its_prefix() {
     );
     no_checkpoint_in(&store);
     nowhere_in(&store, SECRET);
+
+    // A file of its own prefix larger than its handle says: the download stops there.
+    let other = "tenant-c/flink/a312c9034e3e0d2016dae60431b4c9dc";
+    for entry in std::fs::read_dir(fixture().join("shared")).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        put(
+            &format!("{other}/shared/{name}"),
+            &std::fs::read(entry.path()).unwrap(),
+        );
+    }
+    let (_, path, _) = first_shared_file(&original);
+    let uuid = path.rsplit('/').next().unwrap();
+    let bytes = pointed(
+        &original,
+        at,
+        &format!("s3://{bucket}/{other}/shared/{uuid}"),
+        10,
+    );
+    put(&format!("{other}/chk-4/_metadata"), &bytes);
+    let out = Command::new(BIN)
+        .args([
+            "import-flink",
+            &format!("s3://{bucket}/tenant-c/flink"),
+            store.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("more than the 10 bytes its handle says"), "{e}");
+    no_checkpoint_in(&store);
 }
 
 /// `ckptfs import` of `db` into a new store beside it, with `env`: its exit status and

@@ -84,14 +84,15 @@ impl ScannedFile {
         }
     }
 
-    /// A source file held open, imported as `name`, with its source ([`source_of`]).
-    pub fn held(name: &str, file: SourceFile, source: String) -> Self {
+    /// A source file held open, imported as `name`, with its source ([`source_of`]). One
+    /// file named several times is held once (the `Arc` shared).
+    pub fn held(name: &str, file: Arc<SourceFile>, source: String) -> Self {
         ScannedFile {
             name: name.to_string(),
             path: file.fd_path(),
             size: file.stamp.size,
             source: Some(source),
-            origin: Origin::Held(Arc::new(file)),
+            origin: Origin::Held(file),
         }
     }
 
@@ -267,7 +268,7 @@ pub fn scan(backend: &BackendName, dir: &Path) -> Result<Scanned> {
             ))
         })?;
         let source = source_of(&entry.name, &file)?;
-        files.push(ScannedFile::held(&entry.name, file, source));
+        files.push(ScannedFile::held(&entry.name, Arc::new(file), source));
     }
     let current = files
         .iter()

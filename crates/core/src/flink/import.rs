@@ -13,6 +13,7 @@
 //! and mtime (as for `ckptfs import`), an inlined one's content hash; the next checkpoint
 //! re-references an SST whose source it recorded without reading it again.
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -501,12 +502,14 @@ pub fn subtasks(
     let metadata = metadata::parse(&bytes).map_err(in_checkpoint)?;
     let layout = layout(&metadata).map_err(in_checkpoint)?;
     let mut job = is_job_id(&completed.job).then(|| completed.job.clone());
+    let opened = RefCell::new(Opened::new());
     let mut out = Vec::new();
     for (backend, named) in &layout.subtasks {
         let to = Staging {
             dir: staging.join(backend.rel_path()),
             backend,
             known,
+            opened: &opened,
         };
         let mut files = Vec::new();
         for (name, stream) in named {
@@ -529,6 +532,7 @@ pub fn subtasks(
         dir: staging.join(JOB_OPERATOR),
         backend: &backend,
         known,
+        opened: &opened,
     };
     // As read and parsed (Flink may delete it meanwhile).
     crate::fsutil::create_private_dir_all(&to.dir)?;
@@ -561,7 +565,12 @@ struct Staging<'a> {
     dir: PathBuf,
     backend: &'a BackendName,
     known: &'a dyn Fn(&BackendName, &str, &str, u64) -> bool,
+    /// The local files opened for this checkpoint, by tree and path: a file its handles
+    /// name many times (a union list state, or a crafted `_metadata`) holds one descriptor.
+    opened: &'a RefCell<Opened>,
 }
+
+type Opened = std::collections::HashMap<(usize, String), Arc<crate::source::SourceFile>>;
 
 /// One file named by a checkpoint: where its bytes are, and its source.
 fn file(
@@ -598,7 +607,19 @@ fn file(
             return Ok(ScannedFile::stored(name, source.clone(), size));
         }
     }
-    let found = match tree.fetch(&rel, &to.dir, name)? {
+    let key = (Arc::as_ptr(&tree) as *const () as usize, rel.clone());
+    let cached = to.opened.borrow().get(&key).cloned();
+    let fetched = match cached {
+        Some(file) => Fetched::Open(file),
+        None => match tree.fetch(&rel, &to.dir, name, size)? {
+            Fetched::Open(file) => {
+                to.opened.borrow_mut().insert(key, file.clone());
+                Fetched::Open(file)
+            }
+            downloaded => downloaded,
+        },
+    };
+    let found = match fetched {
         Fetched::Open(file) => {
             let source = crate::import::source_of(name, &file)?;
             if (to.known)(to.backend, name, &source, file.stamp.size) {
@@ -714,6 +735,79 @@ mod tests {
         }
         let exactly = "x".repeat(LONG_NAME);
         assert_eq!(operator_dir_name(&op(Some(&exactly))), exactly);
+    }
+
+    #[test]
+    fn a_file_named_by_many_handles_is_held_open_once() {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/flink/job1");
+        let dir = tempfile::tempdir().unwrap();
+        let job = dir.path().join("job");
+        assert!(std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&fixture)
+            .arg(&job)
+            .status()
+            .unwrap()
+            .success());
+        // Every uploaded file's handle names one file, with its size.
+        let metadata_path = job.join("chk-6/_metadata");
+        let bytes = std::fs::read(&metadata_path).unwrap();
+        let parsed = metadata::parse(&bytes).unwrap();
+        let mut handles = Vec::new();
+        for op in &parsed.operators {
+            for subtask in &op.subtasks {
+                if let Some(KeyedHandle::Incremental(h)) = &subtask.managed_keyed {
+                    for (_, stream) in h.shared.iter().chain(&h.private) {
+                        if let StreamHandle::File { at, .. } = stream {
+                            handles.push(*at);
+                        }
+                    }
+                }
+            }
+        }
+        assert!(handles.len() > 2);
+        let one = std::fs::read_dir(job.join("shared"))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        let size = std::fs::metadata(&one).unwrap().len();
+        let uri = format!("file:{}", one.display());
+        let mut rewritten = metadata::with_paths(
+            &bytes,
+            handles.iter().map(|at| (*at, uri.clone())).collect(),
+        )
+        .unwrap();
+        // The sizes precede the paths; the offsets shift by the paths' new lengths.
+        let reparsed = metadata::parse(&rewritten).unwrap();
+        let mut ats = Vec::new();
+        for op in &reparsed.operators {
+            for subtask in &op.subtasks {
+                if let Some(KeyedHandle::Incremental(h)) = &subtask.managed_keyed {
+                    for (_, stream) in h.shared.iter().chain(&h.private) {
+                        if let StreamHandle::File { at, .. } = stream {
+                            ats.push(*at);
+                        }
+                    }
+                }
+            }
+        }
+        for at in ats {
+            rewritten[at - 8..at].copy_from_slice(&(size as i64).to_be_bytes());
+        }
+        std::fs::write(&metadata_path, &rewritten).unwrap();
+        let found = completed(&Source::parse(&job).unwrap()).unwrap();
+        let staging = tempfile::tempdir().unwrap();
+        let listed = subtasks(&found[2], staging.path(), &|_, _, _, _| false).unwrap();
+        let held: std::collections::BTreeSet<PathBuf> = listed
+            .backends
+            .iter()
+            .flat_map(|b| &b.files)
+            .filter(|f| f.source_file().is_some())
+            .map(|f| f.path.clone())
+            .collect();
+        assert_eq!(held.len(), 1, "{held:?}");
     }
 
     #[test]

@@ -402,10 +402,10 @@ impl Tree for LocalTree {
         file.read_all(limit)
     }
 
-    fn fetch(&self, rel: &str, _staging: &Path, _name: &str) -> Result<Fetched> {
+    fn fetch(&self, rel: &str, _staging: &Path, _name: &str, _limit: u64) -> Result<Fetched> {
         let shown = self.shown(rel);
         self.open_file(rel)?
-            .map(Fetched::Open)
+            .map(|f| Fetched::Open(std::sync::Arc::new(f)))
             .ok_or_else(|| os_error("open", &shown, nix::errno::Errno::ENOENT))
     }
 

@@ -86,7 +86,7 @@ pub enum Kind {
 /// Where the bytes of a source file are once [`Tree::fetch`] made them readable.
 pub enum Fetched {
     /// Held open on a local disk: read through the descriptor.
-    Open(SourceFile),
+    Open(std::sync::Arc<SourceFile>),
     /// Downloaded into the staging directory given (a file ckptfs wrote itself).
     Downloaded { path: PathBuf, size: u64 },
 }
@@ -112,8 +112,9 @@ pub trait Tree: Send + Sync {
     /// File `rel` whole, refused (before anything is read) beyond `limit` bytes.
     fn read(&self, rel: &str, limit: u64) -> Result<Vec<u8>>;
     /// File `rel` made readable: held open where it is, or downloaded into `staging` (a
-    /// directory of ckptfs's own) under `name`.
-    fn fetch(&self, rel: &str, staging: &Path, name: &str) -> Result<Fetched>;
+    /// directory of ckptfs's own) under `name`, refused past `limit` bytes (what its handle
+    /// declares: a larger file is refused by its caller anyway).
+    fn fetch(&self, rel: &str, staging: &Path, name: &str, limit: u64) -> Result<Fetched>;
     /// Where the file an absolute URI of this kind of tree names (`file:/...`,
     /// `s3://bucket/key`) is below the root, `None` if it is outside it (or another kind).
     fn locate(&self, uri: &str) -> Option<String>;

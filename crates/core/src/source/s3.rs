@@ -99,11 +99,11 @@ impl Tree for S3Tree {
         Ok(bytes)
     }
 
-    fn fetch(&self, rel: &str, staging: &Path, name: &str) -> Result<Fetched> {
+    fn fetch(&self, rel: &str, staging: &Path, name: &str, limit: u64) -> Result<Fetched> {
         let key = self.key(rel)?;
         crate::fsutil::create_private_dir_all(staging)?;
         let path = staging.join(name);
-        let size = self.remote.download(&key, &path)?;
+        let size = self.remote.download(&key, &path, limit)?;
         Ok(Fetched::Downloaded { path, size })
     }
 

@@ -289,8 +289,9 @@ impl Remote {
         })
     }
 
-    /// Object `key` written to `to` (a new file), durably; its length.
-    pub fn download(&self, key: &str, to: &Path) -> Result<u64> {
+    /// Object `key` written to `to` (a new file), durably; its length. One larger than
+    /// `limit` bytes is refused once that many are in, and `to` removed.
+    pub fn download(&self, key: &str, to: &Path, limit: u64) -> Result<u64> {
         let what = format!("read s3://{}/{key}", self.bucket);
         let mut out = create_new_private().open(to).ctx("create", to)?;
         let total: Result<u64> = self.block_on(async {
@@ -303,8 +304,15 @@ impl Remote {
             let mut total = 0u64;
             while let Some(piece) = stream.next().await {
                 let piece = piece.map_err(|e| remote_error(&what, e))?;
-                out.write_all(&piece).ctx("write", to)?;
                 total += piece.len() as u64;
+                if total > limit {
+                    return Err(crate::source::refused(
+                        format!("s3://{}/{key}", self.bucket),
+                        format!("more than the {limit} bytes its handle says"),
+                        libc::EINVAL,
+                    ));
+                }
+                out.write_all(&piece).ctx("write", to)?;
             }
             Ok(total)
         });
