@@ -752,19 +752,23 @@ mod tests {
         // Every uploaded file's handle names one file, with its size.
         let metadata_path = job.join("chk-6/_metadata");
         let bytes = std::fs::read(&metadata_path).unwrap();
-        let parsed = metadata::parse(&bytes).unwrap();
-        let mut handles = Vec::new();
-        for op in &parsed.operators {
-            for subtask in &op.subtasks {
-                if let Some(KeyedHandle::Incremental(h)) = &subtask.managed_keyed {
-                    for (_, stream) in h.shared.iter().chain(&h.private) {
-                        if let StreamHandle::File { at, .. } = stream {
-                            handles.push(*at);
+        // Where each file handle's path is in a `_metadata`.
+        let file_paths_at = |bytes: &[u8]| {
+            let mut ats = Vec::new();
+            for op in metadata::parse(bytes).unwrap().operators {
+                for subtask in op.subtasks {
+                    if let Some(KeyedHandle::Incremental(h)) = subtask.managed_keyed {
+                        for (_, stream) in h.shared.iter().chain(&h.private) {
+                            if let StreamHandle::File { at, .. } = stream {
+                                ats.push(*at);
+                            }
                         }
                     }
                 }
             }
-        }
+            ats
+        };
+        let handles = file_paths_at(&bytes);
         assert!(handles.len() > 2);
         let one = std::fs::read_dir(job.join("shared"))
             .unwrap()
@@ -780,20 +784,7 @@ mod tests {
         )
         .unwrap();
         // The sizes precede the paths; the offsets shift by the paths' new lengths.
-        let reparsed = metadata::parse(&rewritten).unwrap();
-        let mut ats = Vec::new();
-        for op in &reparsed.operators {
-            for subtask in &op.subtasks {
-                if let Some(KeyedHandle::Incremental(h)) = &subtask.managed_keyed {
-                    for (_, stream) in h.shared.iter().chain(&h.private) {
-                        if let StreamHandle::File { at, .. } = stream {
-                            ats.push(*at);
-                        }
-                    }
-                }
-            }
-        }
-        for at in ats {
+        for at in file_paths_at(&rewritten) {
             rewritten[at - 8..at].copy_from_slice(&(size as i64).to_be_bytes());
         }
         std::fs::write(&metadata_path, &rewritten).unwrap();
