@@ -441,15 +441,6 @@ impl Drop for Disk {
     }
 }
 
-fn run(program: &str, args: &[&str]) {
-    let out = Command::new(program).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Power loss, not just process death: the store and state live on a loop-mounted ext4;
 /// at a random instant the process is killed and the image copied as the block device
 /// holds it (without the page cache's dirty data), then the copy is mounted (journal

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use ckptfs_core::flink::metadata;
 
 use crate::common::mounted::{ckptfs, ok, BIN};
+use crate::common::run;
 use crate::flink::{cp_a, file_handles, fixture};
 
 /// A copy of the fixture job at `dir/job` and a secret file beside it, outside the job.
@@ -820,16 +821,6 @@ fn an_export_is_never_redirected_by_a_link_planted_in_its_place() {
     assert_eq!(
         files_below(&parent.join("moved-away")),
         Vec::<PathBuf>::new()
-    );
-}
-
-/// Run a command that must succeed.
-fn run(program: &str, args: &[&str]) {
-    let out = Command::new(program).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
     );
 }
 

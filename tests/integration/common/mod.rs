@@ -167,6 +167,16 @@ fn lossy(bytes: &[u8]) -> String {
 }
 
 /// The path of the file in `dir` whose name starts with `prefix` (e.g. `OPTIONS-`).
+/// Run a command that must succeed.
+pub fn run(program: &str, args: &[&str]) {
+    let out = Command::new(program).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 pub fn file_starting_with(dir: &Path, prefix: &str) -> PathBuf {
     std::fs::read_dir(dir)
         .unwrap()

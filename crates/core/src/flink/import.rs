@@ -628,7 +628,7 @@ fn file(
             }
             ScannedFile::held(name, file, source)
         }
-        Fetched::Downloaded { path, .. } => ScannedFile::staged(name, path, immutable)?,
+        Fetched::Downloaded(path) => ScannedFile::staged(name, path, immutable)?,
     };
     if found.size != size {
         return Err(Error::Invalid(format!(

@@ -181,22 +181,10 @@ impl LocalTree {
 
     /// Regular file `rel`, opened for reading; `None` if it does not exist.
     pub fn open_file(&self, rel: &str) -> Result<Option<SourceFile>> {
-        let Some((fd, stat)) = self.resolve(rel)? else {
+        let Some((fd, stat)) = self.resolve_file(rel)? else {
             return Ok(None);
         };
         let shown = self.shown(rel);
-        let kind = kind_of(&stat);
-        if kind != SFlag::S_IFREG {
-            return Err(refused(
-                shown.display(),
-                format!("{}: ckptfs reads regular files only", kind_name(kind)),
-                if kind == SFlag::S_IFLNK {
-                    libc::ELOOP
-                } else {
-                    libc::EINVAL
-                },
-            ));
-        }
         // The inode the path descriptor holds, opened for reading; O_NONBLOCK as a second
         // guard (it changes nothing for a regular file).
         let file = std::fs::OpenOptions::new()
@@ -216,6 +204,27 @@ impl LocalTree {
             file,
             path: shown,
         }))
+    }
+
+    /// A path descriptor of regular file `rel`, with its `fstat`; `None` if it does not
+    /// exist; a link (ELOOP) or any other kind of file (EINVAL) refused.
+    fn resolve_file(&self, rel: &str) -> Result<Option<(OwnedFd, FileStat)>> {
+        let Some((fd, stat)) = self.resolve(rel)? else {
+            return Ok(None);
+        };
+        let kind = kind_of(&stat);
+        if kind != SFlag::S_IFREG {
+            return Err(refused(
+                self.shown(rel).display(),
+                format!("{}: ckptfs reads regular files only", kind_name(kind)),
+                if kind == SFlag::S_IFLNK {
+                    libc::ELOOP
+                } else {
+                    libc::EINVAL
+                },
+            ));
+        }
+        Ok(Some((fd, stat)))
     }
 
     /// `rel` below the root as an absolute path, `None` if it is not below it.
@@ -391,7 +400,8 @@ impl Tree for LocalTree {
     }
 
     fn size_of(&self, rel: &str) -> Result<Option<u64>> {
-        Ok(self.open_file(rel)?.map(|f| f.stamp.size))
+        // The path descriptor's fstat: nothing is opened for reading.
+        Ok(self.resolve_file(rel)?.map(|(_, stat)| stat.st_size as u64))
     }
 
     fn read(&self, rel: &str, limit: u64) -> Result<Vec<u8>> {

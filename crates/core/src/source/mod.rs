@@ -88,7 +88,7 @@ pub enum Fetched {
     /// Held open on a local disk: read through the descriptor.
     Open(std::sync::Arc<SourceFile>),
     /// Downloaded into the staging directory given (a file ckptfs wrote itself).
-    Downloaded { path: PathBuf, size: u64 },
+    Downloaded(PathBuf),
 }
 
 /// A source's files below one root: a local directory or a key prefix of a bucket. Paths

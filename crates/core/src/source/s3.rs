@@ -103,8 +103,8 @@ impl Tree for S3Tree {
         let key = self.key(rel)?;
         crate::fsutil::create_private_dir_all(staging)?;
         let path = staging.join(name);
-        let size = self.remote.download(&key, &path, limit)?;
-        Ok(Fetched::Downloaded { path, size })
+        self.remote.download(&key, &path, limit)?;
+        Ok(Fetched::Downloaded(path))
     }
 
     fn locate(&self, uri: &str) -> Option<String> {
