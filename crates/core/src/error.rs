@@ -62,6 +62,10 @@ pub enum Error {
         rule: String,
         errno: i32,
     },
+    /// What a running daemon answered a control request with: its message and its errno,
+    /// carried unchanged to the command line client's caller.
+    #[error("{message}")]
+    Daemon { errno: i32, message: String },
 }
 
 /// The symbolic name of the errnos ckptfs refuses source paths with.
@@ -93,7 +97,7 @@ impl Error {
             Error::BackendClosed(_) => libc::EIO,
             Error::Exists(_) => libc::EEXIST,
             Error::Conflict(_) => libc::ESTALE,
-            Error::Refused { errno, .. } => *errno,
+            Error::Refused { errno, .. } | Error::Daemon { errno, .. } => *errno,
         }
     }
 
