@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use super::{CkptFs, MAX_LINE, MAX_UNREAD_ANSWERS};
+use crate::control::protocol::{self, answer_line, Failure};
 use crate::control::{self};
 use ckptfs_core::error::{Error, Result};
 use ckptfs_core::fsutil::lock;
@@ -117,7 +118,7 @@ impl CkptFs {
                 "a control line is longer than {MAX_LINE} bytes; nothing of it runs"
             ));
             self.controller.engine().record_error(e.to_string());
-            push_answers(&stream, vec![Some(control::error_json(&e))]);
+            push_answers(&stream, vec![Some(answer_line(&Err(Failure::of(&e))))]);
             return Err(e);
         }
         if !complete.is_empty() {
@@ -139,7 +140,7 @@ impl CkptFs {
 
     /// Parse, validate and run complete lines on behalf of a control handle.
     pub(super) fn run_lines(&self, stream: &Arc<ControlStream>, text: &[u8]) -> Result<()> {
-        let commands = control::parse_write(text).and_then(|c| {
+        let commands = protocol::parse_write(text).and_then(|c| {
             self.controller.validate(&c)?;
             Ok(c)
         });
@@ -147,7 +148,7 @@ impl CkptFs {
             Ok(c) => c,
             Err(e) => {
                 self.controller.engine().record_error(e.to_string());
-                push_answers(stream, vec![Some(control::error_json(&e))]);
+                push_answers(stream, vec![Some(answer_line(&Err(Failure::of(&e))))]);
                 return Err(e);
             }
         };
@@ -175,12 +176,9 @@ impl CkptFs {
             let engine = self.controller.engine().clone();
             self.controller.execute(
                 commands,
-                Arc::new(move |_, line: String| {
-                    if let Ok(answer) = serde_json::from_str::<serde_json::Value>(&line) {
-                        if answer["ok"] == false {
-                            let error = answer["error"].as_str().unwrap_or("command failed");
-                            engine.record_error(format!("control command refused: {error}"));
-                        }
+                Arc::new(move |_, answer: protocol::Answer| {
+                    if let Err(failure) = answer {
+                        engine.record_error(format!("control command refused: {}", failure.error));
                     }
                 }),
                 &stream.imports,
@@ -188,7 +186,7 @@ impl CkptFs {
             return Ok(());
         }
         let weak = Arc::downgrade(stream);
-        let answer: control::AnswerSink = Arc::new(move |index, line| {
+        let answer: control::AnswerSink = Arc::new(move |index, answer| {
             if let Some(stream) = weak.upgrade() {
                 let ready = {
                     let mut st = lock(&stream.state);
@@ -196,7 +194,7 @@ impl CkptFs {
                         .checked_sub(st.base)
                         .and_then(|i| st.slots.get_mut(i))
                     {
-                        *slot = Some(line);
+                        *slot = Some(answer_line(&answer));
                     }
                     st.deliverable()
                 };

@@ -66,6 +66,13 @@ pub enum Error {
     /// carried unchanged to the command line client's caller.
     #[error("{message}")]
     Daemon { errno: i32, message: String },
+    /// An error with what was being done when it happened; its errno is its cause's.
+    #[error("{context}: {source}")]
+    Context {
+        context: String,
+        #[source]
+        source: Box<Error>,
+    },
 }
 
 /// The symbolic name of the errnos ckptfs refuses source paths with.
@@ -98,6 +105,7 @@ impl Error {
             Error::Exists(_) => libc::EEXIST,
             Error::Conflict(_) => libc::ESTALE,
             Error::Refused { errno, .. } | Error::Daemon { errno, .. } => *errno,
+            Error::Context { source, .. } => source.errno(),
         }
     }
 
@@ -108,8 +116,19 @@ impl Error {
         }
     }
 
+    /// This error, with what was being done when it happened.
+    pub fn context(self, context: impl Into<String>) -> Self {
+        Error::Context {
+            context: context.into(),
+            source: Box::new(self),
+        }
+    }
+
     /// True when the error is "the thing does not exist" at the OS level.
     pub fn is_not_found(&self) -> bool {
+        if let Error::Context { source, .. } = self {
+            return source.is_not_found();
+        }
         matches!(self, Error::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
             || matches!(
                 self,

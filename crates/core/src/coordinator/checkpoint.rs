@@ -250,7 +250,7 @@ impl Engine {
 }
 
 /// What one import of a checkpoint read and stored (the answer to `ckptfs import`).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ImportReport {
     pub backend: BackendName,
     /// The directory's files and bytes.

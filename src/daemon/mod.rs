@@ -13,6 +13,9 @@ use crate::fs::CkptFs;
 use crate::metrics_http::MetricsServer;
 use ckptfs_core::coordinator::{Engine, EngineConfig};
 use ckptfs_core::error::{Error, IoContext, Result};
+use tasks::Tasks;
+
+pub mod tasks;
 
 #[derive(Debug, Clone)]
 pub struct MountConfig {
@@ -153,7 +156,10 @@ pub fn check_mountpoint(mountpoint: &Path) -> Result<()> {
 
 /// Mount and serve in this process. `ready` is called once the mount is usable (or with
 /// the error that prevented it); serving continues until an unmount or a signal.
-pub fn serve(config: MountConfig, ready: impl FnOnce(Result<()>)) -> Result<()> {
+pub fn serve(
+    config: MountConfig,
+    ready: impl FnOnce(std::result::Result<(), &Error>),
+) -> Result<()> {
     let started = (|| -> Result<_> {
         // A daemon keeps no directory busy and creates nothing others can read.
         nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
@@ -208,33 +214,33 @@ pub fn serve(config: MountConfig, ready: impl FnOnce(Result<()>)) -> Result<()> 
         let background = session
             .spawn()
             .map_err(|e| Error::io("start the FUSE session", e))?;
+        let mut tasks = Tasks::new(controller.clone());
         if let Some(period) = config.interval.filter(|_| !config.read_only) {
-            controller.start_interval(period);
+            tasks.interval(period)?;
         }
         if config.read_only {
-            controller.start_refresh(REFRESH_PERIOD);
+            tasks.refresh(REFRESH_PERIOD)?;
         } else if engine.location().local().is_none() {
-            controller.start_orphan_sweep(config.engine.orphan_grace.max(Duration::from_secs(1)));
+            tasks.orphan_sweep(config.engine.orphan_grace.max(Duration::from_secs(1)))?;
         }
         if let Some(src) = &config.flink {
             let on_s3 = src.to_string_lossy().starts_with("s3://");
             let poll = if on_s3 { FLINK_POLL_S3 } else { FLINK_POLL };
-            controller.start_flink_follow(src.clone(), config.flink_roots.clone(), poll);
+            tasks.flink_follow(src.clone(), config.flink_roots.clone(), poll)?;
         }
         if let Some(period) = config.small_file_compaction.filter(|_| !config.read_only) {
-            controller.start_small_file_compaction(period, Default::default());
+            tasks.small_file_compaction(period, Default::default())?;
         }
-        Ok((engine, controller, background, metrics_server))
+        Ok((engine, controller, tasks, background, metrics_server))
     })();
-    let (engine, controller, background, metrics_server) = match started {
+    let (engine, controller, tasks, background, metrics_server) = match started {
         Ok(parts) => {
             ready(Ok(()));
             parts
         }
         Err(e) => {
-            let message = e.to_string();
-            ready(Err(e));
-            return Err(Error::Invalid(message));
+            ready(Err(&e));
+            return Err(e);
         }
     };
     log::info!(
@@ -261,7 +267,8 @@ pub fn serve(config: MountConfig, ready: impl FnOnce(Result<()>)) -> Result<()> 
         Err(e) if !signalled => log::debug!("unmount after an external unmount: {e}"),
         Err(e) => log::warn!("FUSE session ended with: {e}"),
     }
-    // Let in-flight checkpoints finish, then close the databases.
+    // Stop the periodic tasks, let in-flight checkpoints finish, then close the databases.
+    tasks.stop();
     controller.shutdown();
     // It holds the engine too: stopped before the engine closes.
     drop(metrics_server);

@@ -1,7 +1,9 @@
 //! The command line's definition: every subcommand and option as clap types, from which
 //! `--help`, the man page's test and the fstab/`mount -t` option translation
-//! (`client::mount_helper_args`) all read. `ckptfs mount`'s options are one struct,
+//! ([`fstab`]) all read. `ckptfs mount`'s options are one struct,
 //! [`MountArgs`], checked and turned into the daemon's configuration here.
+
+pub(crate) mod fstab;
 
 use std::path::PathBuf;
 
@@ -217,47 +219,51 @@ pub(crate) enum Command {
         count: bool,
     },
     /// Run the built-in workload against a store and checkpoint it (no mount needed).
-    Workload {
-        store: PathBuf,
-        /// Local state directory (default STORE/state).
-        #[arg(long)]
-        state: Option<PathBuf>,
-        /// Backend to host; may repeat (default Operator-1/0 and Operator-2/0).
-        #[arg(long = "backend")]
-        backends: Vec<BackendName>,
-        /// Number of rounds, each followed by a checkpoint.
-        #[arg(long, default_value_t = 5)]
-        rounds: u64,
-        /// Keys per backend.
-        #[arg(long, default_value_t = 10_000)]
-        keys: u32,
-        /// Bytes per value.
-        #[arg(long, default_value_t = 100)]
-        value_size: usize,
-        /// Retained checkpoints.
-        #[arg(long)]
-        retain: Option<u32>,
-        /// Compact every Nth round (0: never).
-        #[arg(long, default_value_t = 3)]
-        compact_every: u64,
-        /// Every Nth round, after its checkpoint, roll the backends back to the checkpoint
-        /// before it (0: never).
-        #[arg(long, default_value_t = 0)]
-        restore_every: u64,
-        /// SST format_version written by the backends.
-        #[arg(long, default_value_t = DEFAULT_FORMAT_VERSION)]
-        format_version: i32,
-        /// Further RocksDB options for the backends (name=value;name=value).
-        #[arg(long)]
-        rocksdb_options: Option<String>,
-        /// flush or wal (see mount).
-        #[arg(long, default_value_t = CheckpointMode::Flush)]
-        checkpoint_mode: CheckpointMode,
-        /// BACKEND=DIR: also run the rounds on an application's own RocksDB in DIR (not
-        /// hosted) and import a checkpoint of it as BACKEND into every checkpoint.
-        #[arg(long, value_name = "BACKEND=DIR", value_parser = parse_import)]
-        import: Option<(BackendName, PathBuf)>,
-    },
+    Workload(WorkloadArgs),
+}
+
+/// `ckptfs workload`'s options.
+#[derive(clap::Args)]
+pub(crate) struct WorkloadArgs {
+    pub(crate) store: PathBuf,
+    /// Local state directory (default STORE/state).
+    #[arg(long)]
+    pub(crate) state: Option<PathBuf>,
+    /// Backend to host; may repeat (default Operator-1/0 and Operator-2/0).
+    #[arg(long = "backend")]
+    pub(crate) backends: Vec<BackendName>,
+    /// Number of rounds, each followed by a checkpoint.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) rounds: u64,
+    /// Keys per backend.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) keys: u32,
+    /// Bytes per value.
+    #[arg(long, default_value_t = 100)]
+    pub(crate) value_size: usize,
+    /// Retained checkpoints.
+    #[arg(long)]
+    pub(crate) retain: Option<u32>,
+    /// Compact every Nth round (0: never).
+    #[arg(long, default_value_t = 3)]
+    pub(crate) compact_every: u64,
+    /// Every Nth round, after its checkpoint, roll the backends back to the checkpoint
+    /// before it (0: never).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) restore_every: u64,
+    /// SST format_version written by the backends.
+    #[arg(long, default_value_t = DEFAULT_FORMAT_VERSION)]
+    pub(crate) format_version: i32,
+    /// Further RocksDB options for the backends (name=value;name=value).
+    #[arg(long)]
+    pub(crate) rocksdb_options: Option<String>,
+    /// flush or wal (see mount).
+    #[arg(long, default_value_t = CheckpointMode::Flush)]
+    pub(crate) checkpoint_mode: CheckpointMode,
+    /// BACKEND=DIR: also run the rounds on an application's own RocksDB in DIR (not
+    /// hosted) and import a checkpoint of it as BACKEND into every checkpoint.
+    #[arg(long, value_name = "BACKEND=DIR", value_parser = parse_import)]
+    pub(crate) import: Option<(BackendName, PathBuf)>,
 }
 
 /// `BACKEND=DIR` of `ckptfs import`.

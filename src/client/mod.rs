@@ -1,0 +1,169 @@
+//! The command line's side of a mount: what a command names (a mount, or a store read
+//! directly), the control file's client (typed commands out, typed answers back, a
+//! daemon's errno kept), and the status files it reads. Starting the daemon is
+//! [`daemonize`]; terminal progress is [`progress`].
+
+pub mod daemonize;
+pub mod progress;
+
+use std::fs::OpenOptions;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ckptfs::control::protocol::{parse_answer, Command, Reply};
+use ckptfs::retry;
+use ckptfs_core::catalog::Manifest;
+use ckptfs_core::error::{Error, IoContext};
+use ckptfs_core::repo::Repo;
+use ckptfs_core::store::Location;
+use ckptfs_core::views::{CheckpointRow, Status};
+
+fn ctl_path(mountpoint: &Path) -> PathBuf {
+    mountpoint.join(".ckptfs").join("ctl")
+}
+
+/// True when `path` is a ckptfs mount: a daemon serves its status there.
+pub fn is_mount(path: &Path) -> bool {
+    path.join(".ckptfs/status").exists()
+}
+
+fn not_a_mount(mountpoint: &Path, e: std::io::Error) -> Error {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        Error::NotFound(format!(
+            "{} is not a ckptfs mount (no .ckptfs/ctl); mount it with `ckptfs mount STORE {}`",
+            mountpoint.display(),
+            mountpoint.display()
+        ))
+    } else {
+        Error::io(format!("open {}", ctl_path(mountpoint).display()), e)
+    }
+}
+
+/// Send commands in one write and read one answer per command. The first refusal is
+/// returned as the daemon's error (its message and errno); the commands before it ran.
+pub fn requests(mountpoint: &Path, commands: &[Command]) -> Result<Vec<Reply>, Error> {
+    let path = ctl_path(mountpoint);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| not_a_mount(mountpoint, e))?;
+    let mut text: String = commands.iter().map(|c| c.to_line() + "\n").collect();
+    if text.is_empty() {
+        text.push('\n');
+    }
+    let write = (&file).write_all(text.as_bytes());
+    let mut reader = BufReader::new(&file);
+    let mut answers = Vec::new();
+    // A refused write is answered once, with why.
+    let expected = if write.is_ok() { commands.len() } else { 1 };
+    for _ in 0..expected {
+        let mut line = String::new();
+        reader.read_line(&mut line).ctx("read answer from", &path)?;
+        if line.is_empty() {
+            break;
+        }
+        answers.push(parse_answer(&line)?.map_err(|failure| failure.into_error())?);
+    }
+    write.ctx("write to", &path)?;
+    Ok(answers)
+}
+
+/// One command, one answer.
+pub fn request(mountpoint: &Path, command: &Command) -> Result<Reply, Error> {
+    requests(mountpoint, std::slice::from_ref(command))?
+        .pop()
+        .ok_or_else(|| Error::Corrupt("the daemon gave no answer".into()))
+}
+
+/// Commands sent again while the daemon answers busy (a checkpoint slot taken), until
+/// `wait` has passed; the answer to the last command.
+pub fn request_while_busy(
+    mountpoint: &Path,
+    commands: &[Command],
+    wait: Duration,
+) -> Result<Reply, Error> {
+    retry::while_busy(wait, || requests(mountpoint, commands))?
+        .pop()
+        .ok_or_else(|| Error::Corrupt("the daemon gave no answer".into()))
+}
+
+/// The text of `.ckptfs/NAME` of a mount.
+fn read_meta_file(mountpoint: &Path, name: &str) -> Result<String, Error> {
+    let path = mountpoint.join(".ckptfs").join(name);
+    let mut text = String::new();
+    std::fs::File::open(&path)
+        .map_err(|e| not_a_mount(mountpoint, e))?
+        .read_to_string(&mut text)
+        .ctx("read", &path)?;
+    Ok(text)
+}
+
+/// A mount's `.ckptfs/status`.
+pub fn read_status(mountpoint: &Path) -> Result<Status, Error> {
+    serde_json::from_str(&read_meta_file(mountpoint, "status")?)
+        .map_err(|e| Error::Corrupt(format!("unreadable status: {e}")))
+}
+
+/// Every retained checkpoint, from `.ckptfs/checkpoints` (one JSON line each).
+pub fn read_checkpoints(mountpoint: &Path) -> Result<Vec<CheckpointRow>, Error> {
+    read_meta_file(mountpoint, "checkpoints")?
+        .lines()
+        .map(|l| {
+            serde_json::from_str(l)
+                .map_err(|e| Error::Corrupt(format!("unreadable checkpoint list: {e}")))
+        })
+        .collect()
+}
+
+/// What `ls`, `status`, `graph` and `export-flink` read: a mount (its daemon's view) or a
+/// store (a directory or a URL, read directly, without a daemon).
+pub enum Target {
+    Mount(PathBuf),
+    Store(Location),
+}
+
+impl Target {
+    pub fn of(arg: &Path) -> Result<Target, Error> {
+        if is_mount(arg) {
+            return Ok(Target::Mount(arg.to_path_buf()));
+        }
+        let location = parse_location(arg)?;
+        if let Location::Local(dir) = &location {
+            if ckptfs_core::repo::check_is_store(dir).is_err() {
+                return Err(Error::NotFound(format!(
+                    "{} is not a ckptfs mount (no .ckptfs/ctl), nor a ckptfs store (no \
+                     ckptfs.json, no checkpoints/); mount a store there with `ckptfs mount \
+                     STORE {}`",
+                    dir.display(),
+                    dir.display()
+                )));
+            }
+        }
+        Ok(Target::Store(location))
+    }
+
+    /// The store behind it: a mount's (from its status), or the store itself.
+    pub fn store(self) -> Result<Location, Error> {
+        match self {
+            Target::Mount(mountpoint) => Location::parse(&read_status(&mountpoint)?.store),
+            Target::Store(location) => Ok(location),
+        }
+    }
+}
+
+/// A store named on the command line: a directory or a URL.
+pub fn parse_location(arg: &Path) -> Result<Location, Error> {
+    let text = arg
+        .to_str()
+        .ok_or_else(|| Error::Invalid(format!("{} is not valid UTF-8", arg.display())))?;
+    Location::parse(text)
+}
+
+/// The checkpoints of a store read directly, as `.ckptfs/checkpoints` shows them.
+pub fn store_checkpoints(location: &Location) -> Result<(Repo, Vec<Manifest>), Error> {
+    let repo = Repo::reader(location)?;
+    let manifests = repo.catalog.load_all()?.into_values().collect();
+    Ok((repo, manifests))
+}

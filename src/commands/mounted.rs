@@ -1,0 +1,135 @@
+//! Commands that act through a mount's control file (`checkpoint`, `put`, `del`, `load`)
+//! or its tree (`rm`: `rmdir cp-N`).
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use ckptfs::control::protocol::{answer_line, Command, Reply};
+use ckptfs_core::error::{Error, IoContext};
+use ckptfs_core::names::BackendName;
+use ckptfs_core::percent;
+
+use crate::client::{self, progress};
+
+/// Take a checkpoint, retrying while the daemon is busy for up to `wait`; print its id or,
+/// with `json`, its answer.
+pub fn checkpoint(mountpoint: &Path, wait: Duration, json: bool) -> Result<ExitCode, Error> {
+    let spinner = progress::spinner("checkpoint in progress");
+    let answer = client::request_while_busy(mountpoint, &[Command::Checkpoint], wait);
+    spinner.finish_and_clear();
+    let done = answer?.into_checkpoint()?;
+    if json {
+        println!("{}", answer_line(&Ok(Reply::Checkpoint(done))));
+    } else {
+        println!("{}", done.id);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn put(
+    mountpoint: &Path,
+    backend: BackendName,
+    key: &std::ffi::OsStr,
+    value: &std::ffi::OsStr,
+) -> Result<ExitCode, Error> {
+    let put = Command::Put {
+        backend,
+        key: key.as_bytes().to_vec(),
+        value: value.as_bytes().to_vec(),
+    };
+    client::request(mountpoint, &put)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn del(
+    mountpoint: &Path,
+    backend: BackendName,
+    key: &std::ffi::OsStr,
+) -> Result<ExitCode, Error> {
+    let del = Command::Del {
+        backend,
+        key: key.as_bytes().to_vec(),
+    };
+    client::request(mountpoint, &del)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Drop checkpoint N: `rmdir cp-N`.
+pub fn rm(mountpoint: &Path, checkpoint: u64) -> Result<ExitCode, Error> {
+    let dir = mountpoint.join(format!("cp-{checkpoint}"));
+    std::fs::remove_dir(&dir).map_err(|e| Error::io(format!("drop {}", dir.display()), e))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Keep each write(2) well under the kernel's FUSE write size so it arrives whole.
+const LOAD_CHUNK: usize = 64 * 1024;
+
+/// `KEY<TAB>VALUE` lines (percent-encoded) from `file` or stdin, put in batches of one
+/// write each.
+pub fn load(
+    mountpoint: &Path,
+    backend: &BackendName,
+    file: Option<&Path>,
+) -> Result<ExitCode, Error> {
+    let input: Box<dyn BufRead> = match file {
+        Some(p) => Box::new(BufReader::new(std::fs::File::open(p).ctx("open", p)?)),
+        None => Box::new(BufReader::new(std::io::stdin())),
+    };
+    let mut batch: Vec<Command> = Vec::new();
+    let mut batch_bytes = 0;
+    let mut loaded = 0usize;
+    // Each batch is one atomic write; a refused batch stops the load, and we say how far
+    // it got.
+    let send = |batch: &mut Vec<Command>, loaded: &mut usize| -> Result<(), Error> {
+        match client::requests(mountpoint, batch) {
+            Ok(answers) => {
+                *loaded += answers.len();
+                batch.clear();
+                Ok(())
+            }
+            Err(e) => Err(e.context(format!(
+                "a batch of {} keys was refused ({loaded} keys were loaded before it)",
+                batch.len()
+            ))),
+        }
+    };
+    for (n, line) in input.lines().enumerate() {
+        let line = line.map_err(|e| Error::io("read input", e))?;
+        if line.is_empty() {
+            continue;
+        }
+        let (k, v) = line
+            .split_once('\t')
+            .ok_or_else(|| Error::Invalid(format!("line {}: expected KEY<TAB>VALUE", n + 1)))?;
+        // Decoded here: the daemon gets canonical fields (no raw spaces), so only this
+        // line's number can be wrong, and it is reported here.
+        let (key, value) = percent::decode(k)
+            .and_then(|k| Ok((k, percent::decode(v)?)))
+            .map_err(|e| {
+                Error::Invalid(format!(
+                    "line {}: {e} ({loaded} keys were loaded before it)",
+                    n + 1
+                ))
+            })?;
+        let command = Command::Put {
+            backend: backend.clone(),
+            key,
+            value,
+        };
+        let size = command.to_line().len() + 1;
+        if batch_bytes + size > LOAD_CHUNK && !batch.is_empty() {
+            send(&mut batch, &mut loaded)?;
+            batch_bytes = 0;
+        }
+        batch_bytes += size;
+        batch.push(command);
+    }
+    if !batch.is_empty() {
+        send(&mut batch, &mut loaded)?;
+    }
+    println!("loaded {loaded} keys into {backend}");
+    Ok(ExitCode::SUCCESS)
+}

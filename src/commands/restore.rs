@@ -1,0 +1,61 @@
+//! Getting a checkpoint out: `ckptfs restore` (RocksDB directories, every object verified)
+//! and `ckptfs export-flink` (a Flink checkpoint directory Flink restores from).
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use ckptfs_core::error::Error;
+use ckptfs_core::flink::export;
+use ckptfs_core::restore;
+use ckptfs_core::store::Location;
+
+use crate::client::{progress, read_checkpoints, Target};
+
+pub fn restore(
+    store: &Location,
+    checkpoint: u64,
+    dest: &Path,
+    json: bool,
+) -> Result<ExitCode, Error> {
+    let total = restore::checkpoint_bytes(store, checkpoint).unwrap_or(0);
+    let bar = progress::progress_bar(total, "restoring");
+    let report = restore::restore_checkpoint(store, checkpoint, dest, |n| bar.inc(n))?;
+    bar.finish_and_clear();
+    if json {
+        println!("{}", serde_json::to_string(&report).expect("json"));
+    } else {
+        println!(
+            "restored checkpoint {checkpoint}: {} backends, {} files, {} bytes into {}",
+            report.backends,
+            report.files,
+            report.bytes,
+            dest.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ckptfs export-flink`: from a mount, its `cp-N/` files and its label of N; from a store,
+/// read directly.
+pub fn export_flink(target: &Path, id: u64, dest: &Path, json: bool) -> Result<ExitCode, Error> {
+    let exported = match Target::of(target)? {
+        Target::Mount(mountpoint) => {
+            let row = read_checkpoints(&mountpoint)?
+                .into_iter()
+                .find(|row| row.id == id)
+                .ok_or_else(|| {
+                    Error::NotFound(format!("no checkpoint {id} in {}", mountpoint.display()))
+                })?;
+            let label = row.flink.ok_or_else(|| export::not_flink(id))?;
+            let files = export::MountedCheckpoint(mountpoint.join(format!("cp-{id}")));
+            export::export(&files, &label.job, label.checkpoint, dest)?
+        }
+        Target::Store(location) => export::export_from_store(&location, id, dest)?,
+    };
+    if json {
+        println!("{}", serde_json::to_string(&exported).expect("json"));
+    } else {
+        println!("{}", exported.path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,229 @@
+//! What a store holds, read through a mount or from the store directly: `ls` (the
+//! retained checkpoints), `status` (the daemon's or the store's), `graph` (checkpoints and
+//! the objects they reference).
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{ExitCode, Stdio};
+use std::time::{Duration, UNIX_EPOCH};
+
+use ckptfs_core::error::Error;
+use ckptfs_core::store::Location;
+use ckptfs_core::views::{CheckpointRow, Status, StoreStatus};
+
+use crate::client::{read_checkpoints, read_status, store_checkpoints, Target};
+
+/// A time of the status files, as RFC 3339.
+pub fn when(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+/// The retained checkpoints, a table or JSON.
+pub fn ls(path: &Path, json: bool) -> Result<ExitCode, Error> {
+    let (checkpoints, external) = match Target::of(path)? {
+        Target::Mount(mountpoint) => (
+            read_checkpoints(&mountpoint)?,
+            read_status(&mountpoint)?.external,
+        ),
+        Target::Store(location) => {
+            let (repo, manifests) = store_checkpoints(&location)?;
+            let external = repo
+                .catalog
+                .load_meta()?
+                .map(|m| m.external.iter().map(|b| b.to_string()).collect())
+                .unwrap_or_default();
+            (manifests.iter().map(CheckpointRow::of).collect(), external)
+        }
+    };
+    if json {
+        let text = serde_json::to_string(&checkpoints)
+            .map_err(|e| Error::Invalid(format!("cannot write the list as JSON: {e}")))?;
+        println!("{text}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:>6}  {:<20}  {:>6}  {:>12}  {:>12}  {:>9}  {:>9}",
+        "ID", "COMPLETED", "FILES", "BYTES", "UPLOADED", "SYNC_MS", "ASYNC_MS"
+    );
+    for c in checkpoints {
+        println!(
+            "{:>6}  {:<20}  {:>6}  {:>12}  {:>12}  {:>9.1}  {:>9.1}",
+            c.id,
+            when(c.completed_unix_ms),
+            c.files,
+            c.bytes,
+            c.bytes_uploaded,
+            c.sync_ms,
+            c.async_ms,
+        );
+    }
+    if !external.is_empty() {
+        println!("external backends (imported): {}", external.join(", "));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `status` of a store without a daemon: its settings, checkpoints, size and, on object
+/// storage, who holds its lease.
+fn store_status(location: &Location) -> Result<StoreStatus, Error> {
+    let (repo, manifests) = store_checkpoints(location)?;
+    let meta = repo.catalog.load_meta()?;
+    let lease = ckptfs_core::lease::holder(repo.records.as_ref())?;
+    Ok(StoreStatus::build(
+        location,
+        meta.as_ref(),
+        &manifests,
+        lease,
+    ))
+}
+
+/// Runs of consecutive ids as text: "1-9999 10001".
+fn runs_text(runs: &[[u64; 2]]) -> String {
+    runs.iter()
+        .map(|[a, b]| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The daemon's status (a mount) or the store's (read directly).
+pub fn status(path: &Path, json: bool) -> Result<ExitCode, Error> {
+    match Target::of(path)? {
+        Target::Mount(mountpoint) => {
+            let status = read_status(&mountpoint)?;
+            if json {
+                print!("{}", ckptfs_core::views::to_pretty_text(&status));
+            } else {
+                print_daemon_status(&status);
+            }
+        }
+        Target::Store(location) => {
+            let status = store_status(&location)?;
+            if json {
+                print!("{}", ckptfs_core::views::to_pretty_text(&status));
+            } else {
+                print_store_status(&status);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Hosted backends, then the imported ones marked `(external)`.
+fn backends_text(hosted: &[String], external: &[String]) -> String {
+    hosted
+        .iter()
+        .cloned()
+        .chain(external.iter().map(|b| format!("{b} (external)")))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn print_daemon_status(status: &Status) {
+    println!("store:       {}", status.store);
+    println!("daemon pid:  {}", status.pid);
+    println!(
+        "backends:    {}",
+        backends_text(&status.backends, &status.external)
+    );
+    println!(
+        "checkpoints: {} ({} retained, retain {})",
+        runs_text(&status.checkpoint_runs),
+        status.checkpoints_total,
+        status.retain
+    );
+    println!(
+        "in flight:   {}",
+        serde_json::to_string(&status.in_flight).unwrap_or_default()
+    );
+    println!(
+        "store size:  {} bytes in {} objects",
+        status.store_bytes, status.objects
+    );
+    if let Some(e) = &status.last_error {
+        println!("last error:  {e}");
+    }
+}
+
+fn print_store_status(status: &StoreStatus) {
+    println!("store:       {}", status.store);
+    let now = std::time::SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    match &status.lease {
+        Some(lease) if lease.expires_unix_ms > now => println!(
+            "writer:      {} (lease until {})",
+            lease.holder,
+            when(lease.expires_unix_ms)
+        ),
+        _ => println!("writer:      none (read directly from the store)"),
+    }
+    println!(
+        "backends:    {}",
+        backends_text(
+            status.backends.as_deref().unwrap_or_default(),
+            &status.external
+        )
+    );
+    println!(
+        "checkpoints: {} ({} retained, retain {})",
+        runs_text(&status.checkpoint_runs),
+        status.checkpoints_total,
+        status
+            .retain
+            .map_or_else(|| "unknown".to_string(), |r| r.to_string())
+    );
+    println!(
+        "store size:  {} bytes in {} objects",
+        status.store_bytes, status.objects
+    );
+}
+
+/// The checkpoints and their objects as Graphviz source, or drawn as SVG by `dot`.
+pub fn graph(path: &Path, format: Option<&str>) -> Result<ExitCode, Error> {
+    let store = Target::of(path)?.store()?;
+    let manifests = store_checkpoints(&store)?.1;
+    let dot = ckptfs_core::graph::dot(&manifests);
+    let have_dot = std::process::Command::new("dot")
+        .arg("-V")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let svg =
+        match format {
+            Some("svg") if !have_dot => return Err(Error::NotFound(
+                "Graphviz `dot` is not installed (apt-get install graphviz), or use --format dot"
+                    .into(),
+            )),
+            Some("svg") => true,
+            Some(_) => false,
+            None => have_dot,
+        };
+    if !svg {
+        print!("{dot}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut child = std::process::Command::new("dot")
+        .arg("-Tsvg")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::inherit())
+        .spawn()
+        .map_err(|e| Error::io("run dot", e))?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(dot.as_bytes())
+        .map_err(|e| Error::io("write to dot", e))?;
+    let status = child.wait().map_err(|e| Error::io("wait for dot", e))?;
+    if !status.success() {
+        return Err(Error::Invalid(format!("dot failed: {status}")));
+    }
+    Ok(ExitCode::SUCCESS)
+}

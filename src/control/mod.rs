@@ -1,0 +1,474 @@
+//! Running control commands: [`protocol`] says what a line means and how it is answered;
+//! the [`Controller`] checks a write's commands against the engine, then runs them in the
+//! order of their lines, data lines as atomic batches, checkpoints and Flink imports on
+//! threads of their own (never on the caller's, a FUSE thread): answers are delivered
+//! through a callback. The daemon's periodic tasks (`crate::daemon::tasks`) run against
+//! the same controller.
+
+pub mod protocol;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ckptfs_core::compaction::SmallFilePolicy;
+use ckptfs_core::error::{Error, Result};
+use ckptfs_core::fsutil::lock;
+use ckptfs_core::import::ImportDir;
+use ckptfs_core::names::BackendName;
+use ckptfs_core::Engine;
+
+use crate::retry::{is_busy, Backoff};
+use protocol::{Answer, CheckpointDone, Command, Done, Failure, Imported, Line, Reply, Staged};
+
+/// What `import` lines staged on one control handle for its next `checkpoint`.
+#[derive(Debug, Default)]
+pub struct StagedImports {
+    pub dirs: Vec<ImportDir>,
+    /// An `import` line was refused: the next `checkpoint` is refused too (and the staged
+    /// set dropped), so that a script never gets a checkpoint without what it staged.
+    pub refused: Option<String>,
+}
+
+/// How long `import-flink` through a mount waits for a checkpoint slot (one in flight).
+pub const FLINK_IMPORT_WAIT: Duration = Duration::from_secs(120);
+
+/// Runs control commands against an engine.
+pub struct Controller {
+    engine: Engine,
+    /// Checkpoint and import threads, joined at shutdown.
+    workers: Mutex<Vec<JoinHandle<()>>>,
+    stopping: Arc<AtomicBool>,
+    on_change: Mutex<Option<ChangeHook>>,
+    /// The small-file compaction's policy, once it runs.
+    small_files: Mutex<Option<SmallFilePolicy>>,
+    /// Set after a checkpoint that found a backend with twice the policy's number of small
+    /// SSTs: the compaction runs at once instead of at its next period.
+    compaction_due: Arc<AtomicBool>,
+}
+
+/// Called after the set of retained checkpoints may have changed.
+pub type ChangeHook = Arc<dyn Fn() + Send + Sync>;
+/// Delivers the answer of the command at an index of a write.
+pub type AnswerSink = Arc<dyn Fn(usize, Answer) + Send + Sync>;
+
+/// The answer of a command that returns nothing, recording a failure in status.
+fn done(engine: &Engine, result: Result<()>) -> Answer {
+    result.map(|()| Reply::Done(Done {})).map_err(|e| {
+        engine.record_error(e.to_string());
+        Failure::of(&e)
+    })
+}
+
+impl Controller {
+    pub fn new(engine: Engine) -> Self {
+        Controller {
+            engine,
+            workers: Default::default(),
+            stopping: Default::default(),
+            on_change: Default::default(),
+            small_files: Default::default(),
+            compaction_due: Default::default(),
+        }
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    #[cfg(test)]
+    pub(crate) fn workers_for_tests(&self) -> &Mutex<Vec<JoinHandle<()>>> {
+        &self.workers
+    }
+
+    pub fn set_change_hook(&self, hook: ChangeHook) {
+        *lock(&self.on_change) = Some(hook);
+    }
+
+    /// Tell the tree that the retained checkpoints may have changed.
+    pub(crate) fn changed(&self) {
+        let hook = lock(&self.on_change).clone();
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
+
+    /// Set once the daemon stops: periodic tasks and waits end.
+    pub(crate) fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Checks that need the engine: named backends exist, dropped checkpoints exist.
+    pub fn validate(&self, commands: &[Command]) -> Result<()> {
+        let backends = self.engine.backend_names();
+        let external = self.engine.external_names();
+        for (i, command) in commands.iter().enumerate() {
+            if let Command::Import(import) = command {
+                if backends.contains(&import.backend) {
+                    return Err(Error::Invalid(format!(
+                        "command {}: backend {} is hosted by this daemon; import into \
+                         another name",
+                        i + 1,
+                        import.backend
+                    )));
+                }
+            }
+            let backend = match command {
+                Command::Put { backend, .. }
+                | Command::Del { backend, .. }
+                | Command::Flush(backend)
+                | Command::Compact(backend) => Some(backend),
+                _ => None,
+            };
+            if let Some(b) = backend {
+                if external.contains(b) {
+                    return Err(Error::Invalid(format!(
+                        "command {}: backend {b} is external: its state is imported from its \
+                         own application's RocksDB checkpoints (`ckptfs import`); put, del, \
+                         flush and compact are refused",
+                        i + 1
+                    )));
+                }
+                if !backends.contains(b) {
+                    return Err(Error::Invalid(format!(
+                        "command {}: no such backend {b} (hosted: {})",
+                        i + 1,
+                        backends
+                            .iter()
+                            .map(|b| b.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )));
+                }
+            }
+            if let Command::Delete(n) = command {
+                if self.engine.manifest(*n).is_none() {
+                    return Err(Error::Invalid(format!(
+                        "command {}: no such checkpoint {n}",
+                        i + 1
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Run validated commands in the order of their lines. A run of consecutive data lines
+    /// (put, del) is applied as one atomic batch per backend at its position; any other
+    /// command ends the run. A `checkpoint` takes its synchronous phase right here, so it
+    /// holds exactly the data lines before it and none after.
+    pub fn execute(
+        self: &Arc<Self>,
+        commands: Vec<Command>,
+        answer: AnswerSink,
+        imports: &Mutex<StagedImports>,
+    ) {
+        let mut i = 0;
+        while i < commands.len() {
+            if commands[i].is_data() {
+                let end = commands[i..]
+                    .iter()
+                    .position(|c| !c.is_data())
+                    .map_or(commands.len(), |n| i + n);
+                self.apply_data(i, &commands[i..end], &answer);
+                i = end;
+                continue;
+            }
+            match &commands[i] {
+                Command::Put { .. } | Command::Del { .. } => unreachable!("data runs above"),
+                Command::Checkpoint => {
+                    let staged = std::mem::take(&mut *lock(imports));
+                    match staged.refused {
+                        // The checkpoint would lack what the script meant it to hold.
+                        Some(why) => {
+                            let e = Error::Invalid(format!(
+                                "an import line before this checkpoint was refused ({why}): \
+                                 nothing was checkpointed, and the imports staged on this \
+                                 handle are dropped; stage them again"
+                            ));
+                            self.engine.record_error(e.to_string());
+                            answer(i, Err(Failure::of(&e)));
+                        }
+                        None => self.start_checkpoint(i, answer.clone(), staged.dirs, imports),
+                    }
+                }
+                Command::Import(import) => answer(i, self.stage_import(import, imports)),
+                Command::ImportFlink { src, roots } => {
+                    self.start_flink_import(i, answer.clone(), src, roots)
+                }
+                Command::Flush(b) => answer(i, done(&self.engine, self.engine.flush(b))),
+                Command::Compact(b) => answer(i, done(&self.engine, self.engine.compact(b))),
+                Command::Retain(n) => {
+                    let result = self.engine.set_retain(*n);
+                    self.changed();
+                    answer(i, done(&self.engine, result));
+                }
+                Command::Delete(n) => {
+                    let result = self.engine.delete_checkpoint(*n);
+                    self.changed();
+                    answer(i, done(&self.engine, result));
+                }
+            }
+            i += 1;
+        }
+    }
+
+    /// An `import` line: checked now (a bad directory is refused at its line), listed
+    /// again by the checkpoint that stores it.
+    fn stage_import(&self, import: &ImportDir, imports: &Mutex<StagedImports>) -> Answer {
+        match ckptfs_core::import::scan(&import.backend, &import.dir) {
+            Ok(scanned) => {
+                let mut staged = lock(imports);
+                staged.dirs.retain(|s| s.backend != import.backend);
+                staged.dirs.push(import.clone());
+                Ok(Reply::Staged(Staged {
+                    staged: import.backend.clone(),
+                    files: scanned.files.len() as u64,
+                    bytes: scanned.bytes(),
+                }))
+            }
+            Err(e) => {
+                self.engine.record_error(e.to_string());
+                lock(imports).refused.get_or_insert_with(|| e.to_string());
+                Err(Failure::of(&e))
+            }
+        }
+    }
+
+    /// Apply a run of data lines (starting at index `first` of the write) as one atomic
+    /// batch per backend.
+    fn apply_data(&self, first: usize, commands: &[Command], answer: &AnswerSink) {
+        let mut batches: BTreeMap<&BackendName, Vec<ckptfs_core::WriteOp>> = Default::default();
+        for command in commands {
+            match command {
+                Command::Put {
+                    backend,
+                    key,
+                    value,
+                } => batches
+                    .entry(backend)
+                    .or_default()
+                    .push(ckptfs_core::WriteOp::Put(key.clone(), value.clone())),
+                Command::Del { backend, key } => batches
+                    .entry(backend)
+                    .or_default()
+                    .push(ckptfs_core::WriteOp::Delete(key.clone())),
+                _ => {}
+            }
+        }
+        let mut results = BTreeMap::new();
+        for (backend, ops) in &batches {
+            let result = self.engine.write(backend, ops);
+            if let Err(e) = &result {
+                self.engine
+                    .record_error(format!("write to {backend} failed: {e}"));
+            }
+            let answer: Answer = result
+                .map(|()| Reply::Done(Done {}))
+                .map_err(|e| Failure::of(&e));
+            results.insert(*backend, answer);
+        }
+        for (i, command) in commands.iter().enumerate() {
+            if let Command::Put { backend, .. } | Command::Del { backend, .. } = command {
+                answer(first + i, results[backend].clone());
+            }
+        }
+    }
+
+    /// The synchronous phase runs now, in line order, so the checkpoint holds exactly what
+    /// was written before the command; the upload runs on its own thread. With no free
+    /// slot (`max_concurrent` checkpoints in flight, or a restore running) the answer is
+    /// EBUSY at once: nothing queues up behind a slow upload, and a checkpoint never holds
+    /// data written after its line. `ckptfs checkpoint` retries busy answers.
+    fn start_checkpoint(
+        self: &Arc<Self>,
+        index: usize,
+        answer: AnswerSink,
+        dirs: Vec<ImportDir>,
+        staging: &Mutex<StagedImports>,
+    ) {
+        let began = dirs
+            .iter()
+            .map(|i| ckptfs_core::import::scan(&i.backend, &i.dir))
+            .collect::<Result<Vec<_>>>()
+            .and_then(|scanned| self.engine.begin_checkpoint_with(scanned));
+        let pending = match began {
+            Ok(p) => p,
+            Err(e) => {
+                // Still staged: a checkpoint line that retries (after EBUSY) imports them.
+                let mut staged = lock(staging);
+                if staged.dirs.is_empty() {
+                    staged.dirs = dirs;
+                }
+                drop(staged);
+                if !is_busy(&e) {
+                    self.engine.record_error(e.to_string());
+                }
+                answer(index, Err(Failure::of(&e)));
+                return;
+            }
+        };
+        let this = self.clone();
+        let answer_later = answer.clone();
+        let started = self.spawn_worker("ckptfs-checkpoint", move || {
+            let result = pending.complete_with_imports();
+            this.changed();
+            this.check_small_files();
+            answer_later(
+                index,
+                result
+                    .map(|(m, imports)| Reply::Checkpoint(CheckpointDone::of(&m, imports)))
+                    .map_err(|e| Failure::of(&e)),
+            );
+        });
+        // The pending checkpoint moved into the closure that failed to start and was
+        // dropped there, which aborted it.
+        if let Err(e) = started {
+            answer(
+                index,
+                Err(Failure::of(&Error::io("spawn checkpoint thread", e))),
+            );
+        }
+    }
+
+    /// Run `work` on a thread of its own, joined at shutdown.
+    fn spawn_worker(
+        &self,
+        name: &str,
+        work: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<()> {
+        let handle = std::thread::Builder::new().name(name.into()).spawn(work)?;
+        let mut workers = lock(&self.workers);
+        workers.retain(|w| !w.is_finished());
+        workers.push(handle);
+        Ok(())
+    }
+
+    /// `import-flink SRC`: every completed checkpoint of the job that the store does not
+    /// hold yet, on a thread of its own. Every `_metadata` is read first (a bad one is
+    /// refused with nothing imported); a checkpoint slot taken (another checkpoint in
+    /// flight) is waited for, up to [`FLINK_IMPORT_WAIT`]. The answer lists what was
+    /// imported, or the error of the first checkpoint that failed (those before it stay).
+    fn start_flink_import(
+        self: &Arc<Self>,
+        index: usize,
+        answer: AnswerSink,
+        src: &Path,
+        roots: &[PathBuf],
+    ) {
+        let this = self.clone();
+        let src = src.to_path_buf();
+        let roots = roots.to_vec();
+        let answer_later = answer.clone();
+        let started = self.spawn_worker("ckptfs-import-flink", move || {
+            let result = this.import_flink_waiting(&src, &roots);
+            if result.as_ref().map_or(true, |done| !done.is_empty()) {
+                this.changed();
+            }
+            answer_later(
+                index,
+                match result {
+                    Ok(done) => Ok(Reply::Imported(Imported {
+                        imported: done.into_iter().map(Line::ok).collect(),
+                    })),
+                    Err(e) => {
+                        this.engine.record_error(e.to_string());
+                        Err(Failure::of(&e))
+                    }
+                },
+            );
+        });
+        if let Err(e) = started {
+            answer(
+                index,
+                Err(Failure::of(&Error::io("spawn import thread", e))),
+            );
+        }
+    }
+
+    /// [`ckptfs_core::Engine::import_flink`], tried again while a checkpoint slot is taken:
+    /// what each imported checkpoint answers.
+    fn import_flink_waiting(&self, src: &Path, roots: &[PathBuf]) -> Result<Vec<CheckpointDone>> {
+        use ckptfs_core::flink::import as flink;
+        let src = flink::Source::open(src, roots)?;
+        flink::check_all(&flink::completed(&src)?)?;
+        let mut backoff = Backoff::new(FLINK_IMPORT_WAIT);
+        let mut done: Vec<CheckpointDone> = Vec::new();
+        loop {
+            let mut busy = false;
+            let can_wait = backoff.has_time();
+            for imported in self.engine.import_flink(&src, false)? {
+                match imported.result {
+                    Ok((manifest, reports)) => done.push(CheckpointDone::of(&manifest, reports)),
+                    Err(e) if is_busy(&e) && can_wait => busy = true,
+                    Err(e) if done.is_empty() => return Err(e),
+                    Err(e) => {
+                        let ids: Vec<String> = done.iter().map(|d| d.id.to_string()).collect();
+                        return Err(e.context(format!(
+                            "checkpoint {} of Flink job {} was not imported (imported before \
+                             it as checkpoints {})",
+                            imported.checkpoint,
+                            imported.job,
+                            ids.join(", ")
+                        )));
+                    }
+                }
+            }
+            if !busy || self.stopping() {
+                return Ok(done);
+            }
+            backoff.pause();
+        }
+    }
+
+    /// After a checkpoint: if a backend has gathered twice as many small SSTs as the
+    /// compaction waits for, run the compaction at once (as RocksDB compacts L0 by file
+    /// count): checkpoints every few milliseconds with time-ordered keys make hundreds of
+    /// them within one period, and each one costs the sync phase.
+    pub(crate) fn check_small_files(&self) {
+        let Some(policy) = *lock(&self.small_files) else {
+            return;
+        };
+        if self.compaction_due.load(Ordering::SeqCst) {
+            return;
+        }
+        for name in self.engine.backend_names() {
+            let small = self.engine.live_sst_files(&name).map_or(0, |files| {
+                files
+                    .iter()
+                    .filter(|(_, size)| *size < policy.small_below)
+                    .count()
+            });
+            if small >= policy.min_small_files.saturating_mul(2) {
+                log::info!("backend {name} has {small} small SSTs: merging them now");
+                self.compaction_due.store(true, Ordering::SeqCst);
+                return;
+            }
+        }
+    }
+
+    /// Ask [`Controller::check_small_files`] to watch for `policy`; the flag it sets.
+    pub(crate) fn watch_small_files(&self, policy: SmallFilePolicy) -> Arc<AtomicBool> {
+        *lock(&self.small_files) = Some(policy);
+        self.compaction_due.clone()
+    }
+
+    /// The daemon stops: periodic tasks and waits end at their next look.
+    pub(crate) fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    /// Let the in-flight checkpoints and imports finish (after [`Controller::stop`] and
+    /// the periodic tasks have ended).
+    pub fn shutdown(&self) {
+        self.stop();
+        let workers: Vec<_> = lock(&self.workers).drain(..).collect();
+        for w in workers {
+            let _ = w.join();
+        }
+        self.engine.wait_idle();
+    }
+}

@@ -1,0 +1,195 @@
+//! The daemon's periodic work, each task on a thread of its own against the mount's
+//! [`Controller`]: checkpoints every `--interval`, the small-file compaction, the orphan
+//! sweep of object storage, a read-only view's refresh, and following a Flink job. A tick
+//! that takes longer than its period delays the next one rather than piling up; all of
+//! them end at [`Tasks::stop`].
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ckptfs_core::compaction::SmallFilePolicy;
+use ckptfs_core::coordinator::Retries;
+use ckptfs_core::error::{Error, Result};
+use ckptfs_core::flink::import::Source;
+use ckptfs_core::fsutil::lock;
+
+use crate::control::Controller;
+use crate::retry::is_busy;
+
+/// The running periodic tasks of one mount.
+pub struct Tasks {
+    controller: Arc<Controller>,
+    running: Vec<JoinHandle<()>>,
+}
+
+impl Tasks {
+    pub fn new(controller: Arc<Controller>) -> Self {
+        Tasks {
+            controller,
+            running: Vec::new(),
+        }
+    }
+
+    /// Take a checkpoint every `period`, skipping a tick while one is still in flight.
+    pub fn interval(&mut self, period: Duration) -> Result<()> {
+        self.every(period, None, "ckptfs-interval", |this| {
+            match this.engine().begin_checkpoint() {
+                Ok(p) => {
+                    if let Err(e) = p.complete() {
+                        log::warn!("periodic checkpoint failed: {e}");
+                    }
+                    this.changed();
+                    this.check_small_files();
+                }
+                Err(e) if is_busy(&e) => log::info!("periodic checkpoint skipped: {e}"),
+                Err(e) => log::warn!("periodic checkpoint failed: {e}"),
+            }
+        })
+    }
+
+    /// Merge small SSTs of every backend every `period`, and as soon as a checkpoint finds
+    /// many (see [`ckptfs_core::compaction`] and [`Controller::check_small_files`]).
+    pub fn small_file_compaction(
+        &mut self,
+        period: Duration,
+        policy: SmallFilePolicy,
+    ) -> Result<()> {
+        let due = self.controller.watch_small_files(policy);
+        self.every(period, Some(due), "ckptfs-small-files", move |this| {
+            for name in this.engine().backend_names() {
+                if this.stopping() {
+                    break;
+                }
+                let stop = || this.stopping();
+                if let Err(e) = this
+                    .engine()
+                    .compact_small_files_until(&name, &policy, &stop)
+                {
+                    log::warn!("small-file compaction of {name} failed: {e}");
+                }
+            }
+        })
+    }
+
+    /// Delete orphans older than the grace period every `period` (object storage: uploads
+    /// that landed for checkpoints that then failed).
+    pub fn orphan_sweep(&mut self, period: Duration) -> Result<()> {
+        self.every(period, None, "ckptfs-sweep", |this| {
+            match this.engine().sweep_orphans() {
+                Ok(0) => {}
+                Ok(n) => log::info!("deleted {n} orphaned objects older than the grace period"),
+                Err(e) => log::warn!("orphan sweep failed: {e}"),
+            }
+        })
+    }
+
+    /// A read-only view: look for checkpoints the writer committed or dropped every
+    /// `period`, and show them.
+    pub fn refresh(&mut self, period: Duration) -> Result<()> {
+        self.every(period, None, "ckptfs-refresh", |this| {
+            match this.engine().refresh_checkpoints() {
+                Ok(true) => this.changed(),
+                Ok(false) => {}
+                Err(e) => log::warn!("could not read the store's checkpoints: {e}"),
+            }
+        })
+    }
+
+    /// Follow a Flink job (`mount --flink SRC`): every `period`, import its completed
+    /// checkpoints the store does not hold yet. One that fails is reported in status and
+    /// tried again at the next look (while it is still the newest), never blocking later
+    /// ones.
+    pub fn flink_follow(
+        &mut self,
+        src: PathBuf,
+        roots: Vec<PathBuf>,
+        period: Duration,
+    ) -> Result<()> {
+        let source = OnceLock::new();
+        // Failed checkpoints, tried again at every look while Flink has them.
+        let retries = Mutex::new(Retries::default());
+        self.every(period, None, "ckptfs-flink", move |this| {
+            // Connected here, in the daemon (an S3 client's threads do not survive a fork).
+            let source = match source.get() {
+                Some(s) => s,
+                None => match Source::open(&src, &roots) {
+                    Ok(s) => source.get_or_init(|| s),
+                    Err(e) => {
+                        this.engine()
+                            .record_error(format!("--flink {}: {e}", src.display()));
+                        return;
+                    }
+                },
+            };
+            let mut retries = lock(&retries);
+            match this.engine().follow_flink(source, &mut retries) {
+                Ok(imports) => {
+                    for imported in &imports {
+                        if let Err(e) = &imported.result {
+                            this.engine().record_error(format!(
+                                "could not import checkpoint {} of Flink job {} from {}: {e} \
+                                 (tried again in {})",
+                                imported.checkpoint,
+                                imported.job,
+                                src.display(),
+                                humantime::format_duration(period)
+                            ));
+                        }
+                    }
+                    if imports.iter().any(|i| i.result.is_ok()) {
+                        this.changed();
+                    }
+                }
+                Err(e) => this.engine().record_error(format!(
+                    "could not read Flink checkpoints in {}: {e}",
+                    src.display()
+                )),
+            }
+        })
+    }
+
+    /// Run `tick` every `period` (and as soon as `due` is set, which the tick clears) on a
+    /// thread of its own until the controller stops.
+    fn every(
+        &mut self,
+        period: Duration,
+        due: Option<Arc<AtomicBool>>,
+        name: &str,
+        tick: impl Fn(&Controller) + Send + 'static,
+    ) -> Result<()> {
+        let this = self.controller.clone();
+        let handle = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let mut next = Instant::now() + period;
+                while !this.stopping() {
+                    let now_due = due
+                        .as_ref()
+                        .is_some_and(|d| d.swap(false, Ordering::SeqCst));
+                    if Instant::now() < next && !now_due {
+                        std::thread::sleep(Duration::from_millis(50).min(period));
+                        continue;
+                    }
+                    next += period;
+                    tick(&this);
+                    next = next.max(Instant::now());
+                }
+            })
+            .map_err(|e| Error::io(format!("start the periodic task {name}"), e))?;
+        self.running.push(handle);
+        Ok(())
+    }
+
+    /// Stop every task and wait for its tick in progress to end.
+    pub fn stop(self) {
+        self.controller.stop();
+        for handle in self.running {
+            if handle.join().is_err() {
+                log::warn!("a periodic task panicked");
+            }
+        }
+    }
+}
