@@ -13,8 +13,9 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use super::{Attr, CkptFs, DirCache, Invalidator, Kind, Opened};
+use super::{Attr, CkptFs, DirCache, Invalidator, Kind, OpenedAs};
 use ckptfs_core::error::Error;
+use ckptfs_core::fsutil::lock;
 use ckptfs_core::store::ObjectId;
 
 /// The fuser `Filesystem` over a [`CkptFs`].
@@ -243,9 +244,9 @@ impl Filesystem for FuseAdapter {
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
         let read = flags.acc_mode() != OpenAccMode::O_WRONLY;
         match self.fs.open_access(ino.0, read, write) {
-            Ok(Opened::Object { fh, file, object }) => {
+            Ok(OpenedAs::Object { fh, file, object }) => {
                 if self.passthrough {
-                    let mut cache = self.backing.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut cache = lock(&self.backing);
                     let existing = cache.by_object.get(&object).and_then(Weak::upgrade);
                     let id = match existing {
                         Some(id) => Some(id),
@@ -273,7 +274,7 @@ impl Filesystem for FuseAdapter {
                 reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE)
             }
             // Generated content has no size in advance: direct I/O reads until end of file.
-            Ok(Opened::Stream { fh, seekable }) => reply.opened(
+            Ok(OpenedAs::Stream { fh, seekable }) => reply.opened(
                 FileHandle(fh),
                 if seekable {
                     FopenFlags::FOPEN_DIRECT_IO
@@ -346,11 +347,7 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.backing
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .by_handle
-            .remove(&fh.0);
+        lock(&self.backing).by_handle.remove(&fh.0);
         self.fs.release(fh.0);
         reply.ok()
     }
@@ -536,18 +533,10 @@ impl NotifierInvalidator {
 
 impl Invalidator for NotifierInvalidator {
     fn entry(&self, parent: u64, name: &str) {
-        let _ = self
-            .tx
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .send(Invalidation::Entry(parent, name.to_string()));
+        let _ = lock(&self.tx).send(Invalidation::Entry(parent, name.to_string()));
     }
 
     fn inode(&self, ino: u64) {
-        let _ = self
-            .tx
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .send(Invalidation::Inode(ino));
+        let _ = lock(&self.tx).send(Invalidation::Inode(ino));
     }
 }

@@ -11,7 +11,7 @@ use super::control_stream::{ControlStream, ReadCallback};
 use super::registry_view::RegistryStream;
 use super::tree::{CheckpointTree, NodeKind};
 use super::{
-    CkptFs, DirEntry, Opened, CHECKPOINTS, CTL, LATEST, META_DIR, METRICS, REGISTRY, ROOT, STATUS,
+    CkptFs, DirEntry, OpenedAs, CHECKPOINTS, CTL, LATEST, META_DIR, METRICS, REGISTRY, ROOT, STATUS,
 };
 use ckptfs_core::error::{Error, Result};
 use ckptfs_core::fsutil::lock;
@@ -75,14 +75,14 @@ impl CkptFs {
 
     /// Open a file for reading (and writing, with `write`). Checkpoint files are
     /// read-only; the control file accepts writes.
-    pub fn open(&self, ino: u64, write: bool) -> Result<Opened> {
+    pub fn open(&self, ino: u64, write: bool) -> Result<OpenedAs> {
         self.open_access(ino, true, write)
     }
 
     /// Open a file with an explicit access mode (`read` false: opened write-only).
-    pub fn open_access(&self, ino: u64, read: bool, write: bool) -> Result<Opened> {
+    pub fn open_access(&self, ino: u64, read: bool, write: bool) -> Result<OpenedAs> {
         match ino {
-            CTL => Ok(Opened::Stream {
+            CTL => Ok(OpenedAs::Stream {
                 fh: self.new_handle(Handle::Control(Arc::new(ControlStream {
                     state: Mutex::default(),
                     discard_answers: !read,
@@ -90,7 +90,7 @@ impl CkptFs {
                 }))),
                 seekable: false,
             }),
-            REGISTRY if !write => Ok(Opened::Stream {
+            REGISTRY if !write => Ok(OpenedAs::Stream {
                 fh: self.new_handle(Handle::Registry(Arc::new(Mutex::new(
                     self.registry_stream(),
                 )))),
@@ -104,7 +104,7 @@ impl CkptFs {
                     _ => views::checkpoint_lines(engine.checkpoints().iter().map(|m| &**m)),
                 };
                 ckptfs_core::fsutil::release_free_memory();
-                Ok(Opened::Stream {
+                Ok(OpenedAs::Stream {
                     fh: self.new_handle(Handle::Snapshot(bytes.into_bytes())),
                     seekable: true,
                 })
@@ -137,7 +137,7 @@ impl CkptFs {
                         if let Err(e) = chunks.validate(*size) {
                             return Err(self.cannot_serve(cp, &tree, index, object, e));
                         }
-                        return Ok(Opened::Stream {
+                        return Ok(OpenedAs::Stream {
                             fh: self.new_handle(Handle::Chunked(Arc::new((chunks.clone(), *size)))),
                             seekable: true,
                         });
@@ -146,7 +146,7 @@ impl CkptFs {
                     // assembled and verified whole, then served from memory.
                     let store = self.controller.engine().object_store();
                     return match chunks.read(store, object, *size) {
-                        Ok(bytes) => Ok(Opened::Stream {
+                        Ok(bytes) => Ok(OpenedAs::Stream {
                             fh: self.new_handle(Handle::Snapshot(bytes)),
                             seekable: true,
                         }),
@@ -162,7 +162,7 @@ impl CkptFs {
                     Err(e) => return Err(self.cannot_serve(cp, &tree, index, object, e)),
                 };
                 let fh = self.new_handle(Handle::Object(file.clone()));
-                Ok(Opened::Object {
+                Ok(OpenedAs::Object {
                     fh,
                     file,
                     object: *object,

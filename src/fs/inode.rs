@@ -373,7 +373,7 @@ impl CkptFs {
             listing = self
                 .listing_released
                 .wait_timeout(listing, left)
-                .unwrap_or_else(|p| p.into_inner())
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .0;
         }
         if listing.get(&cp).is_some_and(|n| *n > 0) {

@@ -95,7 +95,7 @@ pub struct DirEntry {
 }
 
 /// How an opened file is to be read.
-pub enum Opened {
+pub enum OpenedAs {
     /// A stored object: reads go to this file (or the kernel, by passthrough).
     Object {
         fh: u64,
@@ -289,8 +289,8 @@ mod tests {
 
     fn ctl(fs: &CkptFs) -> u64 {
         match fs.open(CTL, true).unwrap() {
-            Opened::Stream { fh, .. } => fh,
-            Opened::Object { .. } => unreachable!(),
+            OpenedAs::Stream { fh, .. } => fh,
+            OpenedAs::Object { .. } => unreachable!(),
         }
     }
 
@@ -318,8 +318,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let fs = fs_with_checkpoints(dir.path(), 6);
         let open = || match fs.open(REGISTRY, false).unwrap() {
-            Opened::Stream { fh, .. } => fh,
-            Opened::Object { .. } => unreachable!(),
+            OpenedAs::Stream { fh, .. } => fh,
+            OpenedAs::Object { .. } => unreachable!(),
         };
         let fh = open();
         let whole = read_at(&fs, fh, 0, 1 << 30);
@@ -446,7 +446,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let fs = fs_with_checkpoints(dir.path(), 2);
         let fh = match fs.open(METRICS, false).unwrap() {
-            Opened::Stream { fh, seekable: true } => fh,
+            OpenedAs::Stream { fh, seekable: true } => fh,
             _ => panic!("not a seekable stream"),
         };
         let text = String::from_utf8(read_at(&fs, fh, 0, 1 << 20)).unwrap();
@@ -477,7 +477,7 @@ mod tests {
             .map(|(_, v)| v)
     }
 
-    /// Issue 7, defect 2: every line takes effect at its position, even within one write: a
+    /// Every line takes effect at its position, even within one write: a
     /// checkpoint holds the data lines before it and none after.
     #[test]
     fn a_checkpoint_holds_exactly_the_lines_before_it() {
@@ -507,7 +507,7 @@ mod tests {
         );
     }
 
-    /// Issue 7, defects 2 and 6: with no free slot a checkpoint line is answered EBUSY at
+    /// With no free slot a checkpoint line is answered EBUSY at
     /// once; nothing waits, so nothing later can leak into it and nothing piles up.
     #[test]
     fn checkpoints_without_a_free_slot_are_refused_at_once() {
@@ -531,8 +531,8 @@ mod tests {
         );
         // On a write-only handle nobody reads the answer: the refusal shows in status.
         let wo = match fs.open_access(CTL, false, true).unwrap() {
-            Opened::Stream { fh, .. } => fh,
-            Opened::Object { .. } => unreachable!(),
+            OpenedAs::Stream { fh, .. } => fh,
+            OpenedAs::Object { .. } => unreachable!(),
         };
         fs.write(wo, b"checkpoint\n").unwrap();
         let last = fs
@@ -549,7 +549,7 @@ mod tests {
         );
     }
 
-    /// Issue 7, defect 8: answers of a handle opened write-only are not kept, and a reading
+    /// Answers of a handle opened write-only are not kept, and a reading
     /// handle that never reads is refused (ENOBUFS) before it holds too many.
     #[test]
     fn unread_answers_are_bounded() {
@@ -557,8 +557,8 @@ mod tests {
         let fs = fs_with_checkpoints(dir.path(), 1);
         let lines = "put A/0 k v\n".repeat(10_000);
         let wo = match fs.open_access(CTL, false, true).unwrap() {
-            Opened::Stream { fh, .. } => fh,
-            Opened::Object { .. } => unreachable!(),
+            OpenedAs::Stream { fh, .. } => fh,
+            OpenedAs::Object { .. } => unreachable!(),
         };
         for _ in 0..(MAX_UNREAD_ANSWERS / 10_000 + 2) {
             fs.write(wo, lines.as_bytes()).unwrap();
@@ -594,7 +594,7 @@ mod tests {
         );
     }
 
-    /// Issue 7, defect 11: an open directory lists its full contents until released, even
+    /// An open directory lists its full contents until released, even
     /// if its checkpoint is dropped meanwhile; afterwards it cannot be opened at all.
     #[test]
     fn an_open_directory_outlives_a_drop_and_a_closed_one_fails() {
@@ -630,7 +630,7 @@ mod tests {
         fs.releasedir(fh);
     }
 
-    /// Issue 9: trees are a bounded cache; an evicted one is rebuilt with the same inodes.
+    /// Trees are a bounded cache; an evicted one is rebuilt with the same inodes.
     #[test]
     fn checkpoint_trees_are_a_bounded_cache_with_stable_inodes() {
         let dir = tempfile::tempdir().unwrap();
@@ -651,7 +651,7 @@ mod tests {
         assert_eq!(fs.getattr(first.ino).unwrap(), first);
     }
 
-    /// Second review: listing the root builds no checkpoint tree.
+    /// Listing the root builds no checkpoint tree.
     #[test]
     fn listing_the_root_builds_no_tree() {
         let dir = tempfile::tempdir().unwrap();

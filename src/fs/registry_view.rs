@@ -7,8 +7,8 @@ use ckptfs_core::store::ObjectId;
 use ckptfs_core::views;
 
 /// `.ckptfs/registry` as it is read: the objects' histories are worked out at open, their
-/// rows written as the reader gets to them (122,883 rows were 1 s of a release daemon's
-/// time before the first byte; a reader of the head now waits only for the histories).
+/// rows written as the reader gets to them, so a reader of the head waits only for the
+/// histories, not for every row (122,883 rows take a release daemon 1 s to write).
 #[derive(Default)]
 pub(super) struct RegistryStream {
     pub(super) rows: Vec<(ObjectId, ObjectHistory)>,
