@@ -1,7 +1,9 @@
 //! One error type for the whole crate and its single errno mapping.
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use crate::names::BackendName;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -19,15 +21,22 @@ pub enum Error {
     #[error("invalid backend name {name:?}: {reason}")]
     InvalidBackendName { name: String, reason: &'static str },
     #[error("no such backend: {0}")]
-    NoSuchBackend(String),
+    NoSuchBackend(BackendName),
     #[error("no such checkpoint: {0}")]
     NoSuchCheckpoint(u64),
     /// Bad input from a user (command, option, argument).
     #[error("{0}")]
     Invalid(String),
-    /// Something else is in progress that excludes this request.
+    /// Something else is in progress that excludes this request (a restore, checkpoints
+    /// in flight, a delete of what this needs): a later try may succeed.
     #[error("{0}")]
     Busy(String),
+    /// The checkpoint was abandoned before it committed; what it stored is released.
+    #[error("checkpoint {checkpoint} aborted")]
+    Aborted { checkpoint: u64 },
+    /// A test's fault injection stopped the work here, as a crash of the process would.
+    #[error("simulated crash")]
+    SimulatedCrash,
     #[error("{what} {path} is in use by another ckptfs process{holder}; unmount it first")]
     Locked {
         what: &'static str,
@@ -37,13 +46,13 @@ pub enum Error {
     /// Stored bytes do not match what the catalog says they are.
     #[error("corrupt: {0}")]
     Corrupt(String),
-    #[error("{0} is not empty; refusing to write into it")]
-    NotEmpty(String),
+    #[error("{} is not empty; refusing to write into it", .0.display())]
+    NotEmpty(PathBuf),
     #[error("read-only: {0}")]
     ReadOnly(String),
     /// A backend whose database could not be reopened (after a failed restore).
     #[error("backend {0} is not open (a restore failed; see the log)")]
-    BackendClosed(String),
+    BackendClosed(BackendName),
     #[error("not found: {0}")]
     NotFound(String),
     /// A create-only write found the record there already.
@@ -98,6 +107,8 @@ impl Error {
                 libc::ENOENT
             }
             Error::Busy(_) | Error::Locked { .. } => libc::EBUSY,
+            Error::Aborted { .. } => libc::ECANCELED,
+            Error::SimulatedCrash => libc::EIO,
             Error::Corrupt(_) => libc::EIO,
             Error::NotEmpty(_) => libc::ENOTEMPTY,
             Error::ReadOnly(_) => libc::EROFS,

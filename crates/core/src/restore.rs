@@ -33,7 +33,7 @@ pub fn restore_checkpoint(
         )));
     }
     if !is_empty_or_missing(dest)? {
-        return Err(Error::NotEmpty(dest.display().to_string()));
+        return Err(Error::NotEmpty(dest.to_path_buf()));
     }
     let manifest = catalog.load(id)?;
     let objects = opened.objects.as_ref();

@@ -476,7 +476,9 @@ impl PendingCheckpoint {
 
     /// Abort: release everything this checkpoint stored or matched.
     pub fn abort(self) {
-        let e = Error::Busy(format!("checkpoint {} aborted", self.id));
+        let e = Error::Aborted {
+            checkpoint: self.id,
+        };
         self.fail(&e);
     }
 

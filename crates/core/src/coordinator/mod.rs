@@ -292,12 +292,12 @@ impl Engine {
             if self.state().meta.external.contains(name) {
                 return Err(Self::refuse_external(name));
             }
-            return Err(Error::NoSuchBackend(name.to_string()));
+            return Err(Error::NoSuchBackend(name.clone()));
         };
         let guard = slot.read().unwrap_or_else(|p| p.into_inner());
         let backend = guard
             .as_ref()
-            .ok_or_else(|| Error::BackendClosed(name.to_string()))?;
+            .ok_or_else(|| Error::BackendClosed(name.clone()))?;
         f(backend)
     }
 

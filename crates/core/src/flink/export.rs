@@ -70,7 +70,7 @@ pub fn export(
     }
     let dest = absolute(dest)?;
     if !crate::fsutil::is_empty_or_missing(&dest)? {
-        return Err(Error::NotEmpty(dest.display().to_string()));
+        return Err(Error::NotEmpty(dest.to_path_buf()));
     }
     let parent = dest
         .parent()

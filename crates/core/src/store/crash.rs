@@ -30,7 +30,7 @@ impl CrashAfter<'_> {
         self.uploads_left
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .map(|_| ())
-            .map_err(|_| Error::Busy("simulated crash".into()))
+            .map_err(|_| Error::SimulatedCrash)
     }
 }
 
