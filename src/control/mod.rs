@@ -27,6 +27,7 @@ use protocol::{Answer, CheckpointDone, Command, Done, Failure, Imported, Line, R
 /// What `import` lines staged on one control handle for its next `checkpoint`.
 #[derive(Debug, Default)]
 pub struct StagedImports {
+    /// The directories, at most one per backend (a later line replaces an earlier one).
     pub dirs: Vec<ImportDir>,
     /// An `import` line was refused: the next `checkpoint` is refused too (and the staged
     /// set dropped), so that a script never gets a checkpoint without what it staged.
@@ -64,6 +65,7 @@ fn done(engine: &Engine, result: Result<()>) -> Answer {
 }
 
 impl Controller {
+    /// A controller of `engine`, with no change hook yet.
     pub fn new(engine: Engine) -> Self {
         Controller {
             engine,
@@ -75,6 +77,7 @@ impl Controller {
         }
     }
 
+    /// The engine the commands run against.
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
@@ -84,6 +87,7 @@ impl Controller {
         &self.workers
     }
 
+    /// Call `hook` whenever the retained checkpoints may have changed.
     pub fn set_change_hook(&self, hook: ChangeHook) {
         *lock(&self.on_change) = Some(hook);
     }

@@ -19,22 +19,34 @@ use ckptfs_core::import::ImportDir;
 use ckptfs_core::names::BackendName;
 use ckptfs_core::percent;
 
+/// One control line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     /// Start a checkpoint of every backend.
     Checkpoint,
+    /// Write a key of a hosted backend.
     Put {
+        /// The hosted backend.
         backend: BackendName,
+        /// The key's bytes.
         key: Vec<u8>,
+        /// The value's bytes.
         value: Vec<u8>,
     },
+    /// Delete a key of a hosted backend.
     Del {
+        /// The hosted backend.
         backend: BackendName,
+        /// The key's bytes.
         key: Vec<u8>,
     },
+    /// Flush a hosted backend's memtables.
     Flush(BackendName),
+    /// Compact a hosted backend's whole key range.
     Compact(BackendName),
+    /// Keep the newest N checkpoints (at least 1), applied at once.
     Retain(u32),
+    /// Drop checkpoint N, as `rmdir cp-N` does.
     Delete(u64),
     /// Stage a RocksDB checkpoint directory as the state of an external backend in the
     /// next `checkpoint` of this handle.
@@ -42,6 +54,7 @@ pub enum Command {
     /// Import the completed checkpoints of the Flink job in this directory that the store
     /// does not hold yet, one checkpoint each (`ckptfs import-flink SRC MOUNTPOINT`).
     ImportFlink {
+        /// The job's checkpoint directory, or a checkpoint root holding one job.
         src: PathBuf,
         /// More roots whose files its checkpoints may name (`--source-root`).
         roots: Vec<PathBuf>,
@@ -56,6 +69,7 @@ impl Command {
     }
 }
 
+/// The commands, for error messages.
 pub const USAGE: &str = "commands: checkpoint | put BACKEND KEY VALUE | del BACKEND KEY | \
 flush BACKEND | compact BACKEND | retain N | delete N | import BACKEND DIR | import-flink DIR [ROOT...]";
 
@@ -245,13 +259,21 @@ pub struct Done {}
 /// A committed checkpoint: `checkpoint`'s answer (and `ckptfs import`'s).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointDone {
+    /// The checkpoint's id (`cp-N`).
     pub id: u64,
+    /// Files in the checkpoint, of every backend.
     pub files: u64,
+    /// Files this checkpoint stored.
     pub files_new: u64,
+    /// Files it re-referenced from earlier checkpoints.
     pub files_reused: u64,
+    /// Bytes in the checkpoint.
     pub bytes: u64,
+    /// Bytes it stored (uploaded, on object storage).
     pub bytes_uploaded: u64,
+    /// The synchronous phase (what blocks writers), in milliseconds.
     pub sync_ms: f64,
+    /// The asynchronous phase (storing and committing), in milliseconds.
     pub async_ms: f64,
     /// What each import of the checkpoint read and stored; absent when it imported nothing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -259,6 +281,7 @@ pub struct CheckpointDone {
 }
 
 impl CheckpointDone {
+    /// The answer for the committed `manifest` and what its imports did.
     pub fn of(manifest: &Manifest, imports: Vec<ImportReport>) -> Self {
         let s = &manifest.stats;
         CheckpointDone {
@@ -278,25 +301,32 @@ impl CheckpointDone {
 /// An `import` line checked and staged for the handle's next `checkpoint`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Staged {
+    /// The external backend the directory is staged for.
     pub staged: BackendName,
+    /// Files in the directory.
     pub files: u64,
+    /// Bytes in the directory.
     pub bytes: u64,
 }
 
 /// `import-flink`: the answer of each checkpoint it committed, as `checkpoint` answers it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Imported {
+    /// One answer per committed checkpoint, oldest first (none when the store held them all).
     pub imported: Vec<Line<CheckpointDone>>,
 }
 
 /// A refused or failed command: the errno a program can act on, and the message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Failure {
+    /// Why, as an errno (`EBUSY`: try again later).
     pub errno: i32,
+    /// What happened, for people.
     pub error: String,
 }
 
 impl Failure {
+    /// The failure the daemon answers for `error`.
     pub fn of(error: &Error) -> Self {
         Failure {
             errno: error.errno(),
@@ -316,12 +346,15 @@ impl Failure {
 /// One answer line as it is written: `"ok"` first, then the fields of `body`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Line<T> {
+    /// Whether the command succeeded.
     pub ok: bool,
+    /// What it answers, after `ok`.
     #[serde(flatten)]
     pub body: T,
 }
 
 impl<T> Line<T> {
+    /// A success answering `body`.
     pub fn ok(body: T) -> Self {
         Line { ok: true, body }
     }

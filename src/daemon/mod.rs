@@ -17,13 +17,19 @@ use tasks::Tasks;
 
 pub mod tasks;
 
+/// What `ckptfs mount` serves, from its options (`crate`'s `cli::MountArgs`).
 #[derive(Debug, Clone)]
 pub struct MountConfig {
+    /// The engine to open: the store, the state directory, the backends, retention.
     pub engine: EngineConfig,
+    /// Where the tree is mounted.
     pub mountpoint: PathBuf,
+    /// Take a checkpoint this often (None: only when asked).
     pub interval: Option<Duration>,
     /// Merge small SSTs this often (None: never).
     pub small_file_compaction: Option<Duration>,
+    /// Let other users than the mount's owner read the tree (FUSE `allow_other`, with the
+    /// kernel checking permissions).
     pub allow_other: bool,
     /// FUSE worker threads.
     pub threads: usize,
@@ -42,6 +48,7 @@ pub struct MountConfig {
 /// How often a daemon following a Flink job looks for its new checkpoints: in a directory
 /// (a few stat calls), and on object storage (a few LIST and HEAD requests each time).
 pub const FLINK_POLL: Duration = Duration::from_secs(1);
+/// [`FLINK_POLL`] for a job on object storage.
 pub const FLINK_POLL_S3: Duration = Duration::from_secs(2);
 
 /// How often a read-only mount looks for the writer's new checkpoints.

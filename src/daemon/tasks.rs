@@ -26,6 +26,7 @@ pub struct Tasks {
 }
 
 impl Tasks {
+    /// No tasks yet, for the mount `controller` runs.
     pub fn new(controller: Arc<Controller>) -> Self {
         Tasks {
             controller,
