@@ -75,6 +75,15 @@ pub enum Error {
     /// carried unchanged to the command line client's caller.
     #[error("{message}")]
     Daemon { errno: i32, message: String },
+    /// A request to object storage failed (after the client's retries), for a reason other
+    /// than the kinds above (a missing object is `NotFound`, a refused conditional write
+    /// `Exists` or `Conflict`).
+    #[error("{what}: object storage: {source}")]
+    ObjectStore {
+        what: String,
+        #[source]
+        source: object_store::Error,
+    },
     /// An error with what was being done when it happened; its errno is its cause's.
     #[error("{context}: {source}")]
     Context {
@@ -108,7 +117,7 @@ impl Error {
             }
             Error::Busy(_) | Error::Locked { .. } => libc::EBUSY,
             Error::Aborted { .. } => libc::ECANCELED,
-            Error::SimulatedCrash => libc::EIO,
+            Error::SimulatedCrash | Error::ObjectStore { .. } => libc::EIO,
             Error::Corrupt(_) => libc::EIO,
             Error::NotEmpty(_) => libc::ENOTEMPTY,
             Error::ReadOnly(_) => libc::EROFS,

@@ -165,10 +165,12 @@ impl Remote {
         });
         match listed {
             Ok(_) => Ok(()),
-            Err(e) if e.to_string().contains("NoSuchBucket") => Err(Error::NotFound(format!(
-                "bucket {} does not exist (create it first; ckptfs never creates buckets)",
-                self.bucket
-            ))),
+            Err(e) if s3_error_code(&e).as_deref() == Some("NoSuchBucket") => {
+                Err(Error::NotFound(format!(
+                    "bucket {} does not exist (create it first; ckptfs never creates buckets)",
+                    self.bucket
+                )))
+            }
             Err(e) => Err(remote_error(&format!("reach {}", self.url("")), e)),
         }
     }
@@ -331,11 +333,28 @@ fn remote_error(what: &str, e: object_store::Error) -> Error {
         object_store::Error::NotFound { .. } => Error::NotFound(format!("{what}: {e}")),
         object_store::Error::AlreadyExists { .. } => Error::Exists(format!("{what}: {e}")),
         object_store::Error::Precondition { .. } => Error::Conflict(format!("{what}: {e}")),
-        e => Error::io(
-            what.to_string(),
-            std::io::Error::other(format!("object storage: {e}")),
-        ),
+        source => Error::ObjectStore {
+            what: what.to_string(),
+            source,
+        },
     }
+}
+
+/// The S3 error code (`NoSuchBucket`, `AccessDenied`, ...) of a failed request: S3 names the
+/// kind of every error in the `<Code>` of its XML error response, which `object_store`
+/// keeps in the error's text but exposes no other way (no HTTP status for a LIST).
+fn s3_error_code(e: &object_store::Error) -> Option<String> {
+    let mut cause: Option<&dyn std::error::Error> = Some(e);
+    while let Some(error) = cause {
+        let text = error.to_string();
+        if let Some((_, rest)) = text.split_once("<Code>") {
+            if let Some((code, _)) = rest.split_once("</Code>") {
+                return Some(code.to_string());
+            }
+        }
+        cause = error.source();
+    }
+    None
 }
 
 /// Objects on object storage, read through a local cache.
