@@ -572,6 +572,19 @@ mod tests {
             assert_eq!(parse_answer(&line).unwrap(), answer, "{what}: {line}");
         }
         assert_eq!(answer_line(&Ok(Reply::Done(Done {}))), r#"{"ok":true}"#);
+        // The client reports a refusal with the daemon's errno, whatever it is.
+        for errno in [libc::EIO, libc::EACCES, libc::ENOENT, libc::EBUSY] {
+            let failure = Failure {
+                errno,
+                error: "refused".into(),
+            };
+            let line = answer_line(&Err(failure));
+            let error = parse_answer(&line).unwrap().unwrap_err().into_error();
+            assert_eq!(
+                (error.errno(), error.to_string().as_str()),
+                (errno, "refused")
+            );
+        }
         assert!(parse_answer("{\"ok\":tru").is_err());
         assert!(parse_answer(r#"{"ok":false,"error":"no errno"}"#).is_err());
     }
