@@ -21,6 +21,7 @@ pub mod fuse;
 mod handles;
 mod inode;
 mod registry_view;
+pub mod seam;
 pub mod tree;
 
 use std::collections::{BTreeSet, HashMap};
@@ -34,6 +35,7 @@ use std::time::{Duration, SystemTime};
 use crate::control::Controller;
 use ckptfs_core::error::{Error, Result};
 use ckptfs_core::store::ObjectId;
+use seam::{Checkpoints, ControlLines, Live};
 use tree::{CheckpointTree, TreeCache};
 
 pub use control_stream::ReadCallback;
@@ -114,7 +116,10 @@ pub trait Invalidator: Send + Sync {
 }
 
 pub struct CkptFs {
-    controller: Arc<Controller>,
+    /// The retained checkpoints and their objects (the engine, behind [`seam::Checkpoints`]).
+    checkpoints: Arc<dyn Checkpoints>,
+    /// What runs the control file's lines (the controller, behind [`seam::ControlLines`]).
+    control: Arc<dyn ControlLines>,
     uid: u32,
     gid: u32,
     mounted_at: SystemTime,
@@ -143,8 +148,19 @@ impl CkptFs {
     }
 
     pub fn with_verification(controller: Arc<Controller>, verify: bool) -> Arc<Self> {
+        let live = Arc::new(Live::new(controller));
+        Self::with_parts(live.clone(), live, verify)
+    }
+
+    /// The tree over any [`Checkpoints`] and [`ControlLines`] (the daemon's are [`Live`]).
+    pub fn with_parts(
+        checkpoints: Arc<dyn Checkpoints>,
+        control: Arc<dyn ControlLines>,
+        verify: bool,
+    ) -> Arc<Self> {
         let fs = Arc::new(CkptFs {
-            controller,
+            checkpoints,
+            control,
             uid: nix::unistd::getuid().as_raw(),
             gid: nix::unistd::getgid().as_raw(),
             mounted_at: SystemTime::now(),
@@ -161,16 +177,12 @@ impl CkptFs {
             root_cache: Mutex::new(RootCache::default()),
         });
         let weak = Arc::downgrade(&fs);
-        fs.controller.set_change_hook(Arc::new(move || {
+        fs.checkpoints.set_change_hook(Arc::new(move || {
             if let Some(fs) = weak.upgrade() {
                 fs.checkpoints_changed();
             }
         }));
         fs
-    }
-
-    pub fn controller(&self) -> &Arc<Controller> {
-        &self.controller
     }
 
     pub fn set_invalidator(&self, invalidator: Arc<dyn Invalidator>) {
@@ -181,8 +193,7 @@ impl CkptFs {
     fn checkpoints_changed(&self) {
         self.root_generation.fetch_add(1, Ordering::SeqCst);
         let current: BTreeSet<u64> = self
-            .controller
-            .engine()
+            .checkpoints
             .checkpoints()
             .iter()
             .map(|m| m.id)
@@ -214,15 +225,14 @@ impl CkptFs {
             return Ok(tree.clone());
         }
         let manifest = self
-            .controller
-            .engine()
+            .checkpoints
             .manifest(cp)
             .ok_or(Error::NoSuchCheckpoint(cp))?;
         let tree = Arc::new(CheckpointTree::build(&manifest));
         lock(&self.trees).insert(cp, tree.clone());
         lock(&self.shown).insert(cp);
         // Dropped while we built it? Then the change hook may have run before our insert.
-        if self.controller.engine().manifest(cp).is_none() {
+        if self.checkpoints.manifest(cp).is_none() {
             lock(&self.trees).remove(&cp);
             return Err(Error::NoSuchCheckpoint(cp));
         }
@@ -241,7 +251,7 @@ impl CkptFs {
     }
 
     fn latest(&self) -> Option<u64> {
-        self.controller.engine().checkpoints().last().map(|m| m.id)
+        self.checkpoints.checkpoints().last().map(|m| m.id)
     }
 
     /// The answers the kernel may cache: immutable entries for an hour, the rest a second.
@@ -259,11 +269,15 @@ mod tests {
     use super::*;
     use ckptfs_core::coordinator::{Engine, EngineConfig};
 
-    fn fs_with_checkpoints(dir: &std::path::Path, n: usize) -> Arc<CkptFs> {
+    fn fs_with_checkpoints(dir: &std::path::Path, n: usize) -> (Arc<CkptFs>, Arc<Controller>) {
         fs_with(dir, n, 1)
     }
 
-    fn fs_with(dir: &std::path::Path, n: usize, max_concurrent: usize) -> Arc<CkptFs> {
+    fn fs_with(
+        dir: &std::path::Path,
+        n: usize,
+        max_concurrent: usize,
+    ) -> (Arc<CkptFs>, Arc<Controller>) {
         let mut config = EngineConfig::new(dir.join("store"));
         config.backends = vec!["A/0".parse().unwrap()];
         config.retain = Some(10);
@@ -275,11 +289,12 @@ mod tests {
                 .unwrap();
             engine.checkpoint().unwrap();
         }
-        CkptFs::new(Arc::new(Controller::new(engine)))
+        let controller = Arc::new(Controller::new(engine));
+        (CkptFs::new(controller.clone()), controller)
     }
 
-    fn ids(fs: &CkptFs) -> Vec<u64> {
-        fs.controller()
+    fn ids(controller: &Controller) -> Vec<u64> {
+        controller
             .engine()
             .checkpoints()
             .iter()
@@ -316,7 +331,7 @@ mod tests {
     #[test]
     fn the_registry_view_reads_the_same_in_any_windows() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with_checkpoints(dir.path(), 6);
+        let (fs, _) = fs_with_checkpoints(dir.path(), 6);
         let open = || match fs.open(REGISTRY, false).unwrap() {
             OpenedAs::Stream { fh, .. } => fh,
             OpenedAs::Object { .. } => unreachable!(),
@@ -354,12 +369,12 @@ mod tests {
     #[test]
     fn a_line_split_across_writes_runs_once_whole() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with_checkpoints(dir.path(), 3);
+        let (fs, controller) = fs_with_checkpoints(dir.path(), 3);
         let fh = ctl(&fs);
         assert_eq!(fs.write(fh, b"delete ").unwrap(), 7);
-        assert_eq!(ids(&fs), vec![1, 2, 3], "half a line ran");
+        assert_eq!(ids(&controller), vec![1, 2, 3], "half a line ran");
         assert_eq!(fs.write(fh, b"3\ndel").unwrap(), 5);
-        assert_eq!(ids(&fs), vec![1, 2]);
+        assert_eq!(ids(&controller), vec![1, 2]);
         assert_eq!(read_now(&fs, fh), b"{\"ok\":true}\n");
         // The unfinished "del" + "ete 9" is bad as a whole line: refused, nothing runs, and
         // the bad line is gone, carried part included.
@@ -368,15 +383,15 @@ mod tests {
         assert!(String::from_utf8(read_now(&fs, fh))
             .unwrap()
             .contains("no such checkpoint 9"));
-        assert_eq!(ids(&fs), vec![1, 2]);
+        assert_eq!(ids(&controller), vec![1, 2]);
         fs.write(fh, b"delete 2\n").unwrap();
         assert_eq!(read_now(&fs, fh), b"{\"ok\":true}\n");
-        assert_eq!(ids(&fs), vec![1]);
+        assert_eq!(ids(&controller), vec![1]);
         // A last line without newline runs when the handle is closed.
         fs.write(fh, b"delete 1").unwrap();
-        assert_eq!(ids(&fs), vec![1]);
+        assert_eq!(ids(&controller), vec![1]);
         fs.release(fh);
-        assert!(ids(&fs).is_empty());
+        assert!(ids(&controller).is_empty());
     }
 
     /// A stream without newlines (say `cat /dev/zero > ctl`) is refused once it passes
@@ -384,7 +399,7 @@ mod tests {
     #[test]
     fn an_endless_line_is_refused_and_forgotten() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with_checkpoints(dir.path(), 1);
+        let (fs, controller) = fs_with_checkpoints(dir.path(), 1);
         let fh = ctl(&fs);
         let chunk = vec![b'x'; 1 << 20];
         let mut refused = None;
@@ -400,13 +415,13 @@ mod tests {
             .contains("longer than"));
         fs.write(fh, b"delete 1\n").unwrap();
         assert_eq!(read_now(&fs, fh), b"{\"ok\":true}\n");
-        assert!(ids(&fs).is_empty());
+        assert!(ids(&controller).is_empty());
     }
 
     #[test]
     fn inode_numbers_and_lookups_are_stable() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with_checkpoints(dir.path(), 2);
+        let (fs, _) = fs_with_checkpoints(dir.path(), 2);
         let cp = fs.lookup(ROOT, "cp-2").unwrap();
         assert_eq!(cp.ino, 2 << 32);
         let op = fs.lookup(cp.ino, "A").unwrap();
@@ -444,7 +459,7 @@ mod tests {
     #[test]
     fn the_metrics_file_is_a_read_only_picture() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with_checkpoints(dir.path(), 2);
+        let (fs, _) = fs_with_checkpoints(dir.path(), 2);
         let fh = match fs.open(METRICS, false).unwrap() {
             OpenedAs::Stream { fh, seekable: true } => fh,
             _ => panic!("not a seekable stream"),
@@ -482,7 +497,7 @@ mod tests {
     #[test]
     fn a_checkpoint_holds_exactly_the_lines_before_it() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with(dir.path(), 0, 2);
+        let (fs, controller) = fs_with(dir.path(), 0, 2);
         let fh = ctl(&fs);
         fs.write(
             fh,
@@ -499,7 +514,7 @@ mod tests {
         assert_eq!(value_in(&store, first, b"k"), Some(b"1".to_vec()));
         assert_eq!(value_in(&store, second, b"k"), Some(b"2".to_vec()));
         assert_eq!(
-            fs.controller()
+            controller
                 .engine()
                 .get(&"A/0".parse().unwrap(), b"k")
                 .unwrap(),
@@ -512,8 +527,8 @@ mod tests {
     #[test]
     fn checkpoints_without_a_free_slot_are_refused_at_once() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with_checkpoints(dir.path(), 1);
-        let pending = fs.controller().engine().begin_checkpoint().unwrap();
+        let (fs, controller) = fs_with_checkpoints(dir.path(), 1);
+        let pending = controller.engine().begin_checkpoint().unwrap();
         let fh = ctl(&fs);
         let mut text = Vec::new();
         for _ in 0..50 {
@@ -526,7 +541,7 @@ mod tests {
             assert_eq!(pair[1]["ok"], true, "{pair:?}");
         }
         assert!(
-            lock(fs.controller().workers_for_tests()).is_empty(),
+            lock(controller.workers_for_tests()).is_empty(),
             "refused checkpoints started threads"
         );
         // On a write-only handle nobody reads the answer: the refusal shows in status.
@@ -535,12 +550,7 @@ mod tests {
             OpenedAs::Object { .. } => unreachable!(),
         };
         fs.write(wo, b"checkpoint\n").unwrap();
-        let last = fs
-            .controller()
-            .engine()
-            .status()
-            .last_error
-            .unwrap_or_default();
+        let last = controller.engine().status().last_error.unwrap_or_default();
         assert!(last.contains("already in flight"), "{last}");
         let manifest = pending.complete().unwrap();
         assert_eq!(
@@ -554,7 +564,7 @@ mod tests {
     #[test]
     fn unread_answers_are_bounded() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with_checkpoints(dir.path(), 1);
+        let (fs, controller) = fs_with_checkpoints(dir.path(), 1);
         let lines = "put A/0 k v\n".repeat(10_000);
         let wo = match fs.open_access(CTL, false, true).unwrap() {
             OpenedAs::Stream { fh, .. } => fh,
@@ -587,7 +597,7 @@ mod tests {
             read_now(&fs, rw);
         }
         fs.write(rw, b"w\n").unwrap();
-        let engine = fs.controller().engine();
+        let engine = controller.engine();
         assert_eq!(
             engine.get(&"A/0".parse().unwrap(), b"carried").unwrap(),
             Some(b"w".to_vec())
@@ -599,7 +609,7 @@ mod tests {
     #[test]
     fn an_open_directory_outlives_a_drop_and_a_closed_one_fails() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with_checkpoints(dir.path(), 2);
+        let (fs, controller) = fs_with_checkpoints(dir.path(), 2);
         let cp = fs.lookup(ROOT, "cp-2").unwrap();
         let op = fs.lookup(cp.ino, "A").unwrap();
         let sub = fs.lookup(op.ino, "0").unwrap();
@@ -619,7 +629,7 @@ mod tests {
         // A drop by retention (no rmdir) leaves an open cp-N listing whole.
         let cp1 = fs.lookup(ROOT, "cp-1").unwrap();
         let fh = fs.opendir(cp1.ino).unwrap().0;
-        fs.controller().engine().delete_checkpoint(1).unwrap();
+        controller.engine().delete_checkpoint(1).unwrap();
         let names: Vec<_> = fs
             .readdir_handle(fh)
             .unwrap()
@@ -634,7 +644,7 @@ mod tests {
     #[test]
     fn checkpoint_trees_are_a_bounded_cache_with_stable_inodes() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with_checkpoints(dir.path(), 3);
+        let (fs, _) = fs_with_checkpoints(dir.path(), 3);
         *lock(&fs.trees) = TreeCache::new(1);
         let path = |fs: &CkptFs, cp: &str| {
             let top = fs.lookup(ROOT, cp).unwrap();
@@ -655,7 +665,7 @@ mod tests {
     #[test]
     fn listing_the_root_builds_no_tree() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with_checkpoints(dir.path(), 3);
+        let (fs, _) = fs_with_checkpoints(dir.path(), 3);
         let names: Vec<_> = fs
             .readdir(ROOT)
             .unwrap()
