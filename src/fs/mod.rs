@@ -17,6 +17,8 @@
 //! ```
 
 mod control_stream;
+#[cfg(test)]
+mod double;
 pub mod fuse;
 mod handles;
 mod inode;
@@ -266,8 +268,12 @@ impl CkptFs {
 
 #[cfg(test)]
 mod tests {
+    use super::double::Double;
     use super::*;
     use ckptfs_core::coordinator::{Engine, EngineConfig};
+
+    // The real engine, for what needs a live backend: control lines that write and
+    // checkpoint.
 
     fn fs_with_checkpoints(dir: &std::path::Path, n: usize) -> (Arc<CkptFs>, Arc<Controller>) {
         fs_with(dir, n, 1)
@@ -326,12 +332,19 @@ mod tests {
         rx.recv_timeout(Duration::from_secs(30)).unwrap()
     }
 
+    /// The inode of `cp/A/0/name`.
+    fn file_in(fs: &CkptFs, cp: &str, name: &str) -> Attr {
+        let top = fs.lookup(ROOT, cp).unwrap();
+        let op = fs.lookup(top.ino, "A").unwrap();
+        let sub = fs.lookup(op.ino, "0").unwrap();
+        fs.lookup(sub.ino, name).unwrap()
+    }
+
     /// The registry view is written as it is read: any read pattern (small windows,
     /// skipping ahead, going back) gives the bytes of one whole read.
     #[test]
     fn the_registry_view_reads_the_same_in_any_windows() {
-        let dir = tempfile::tempdir().unwrap();
-        let (fs, _) = fs_with_checkpoints(dir.path(), 6);
+        let fs = Double::with_checkpoints(6).fs();
         let open = || match fs.open(REGISTRY, false).unwrap() {
             OpenedAs::Stream { fh, .. } => fh,
             OpenedAs::Object { .. } => unreachable!(),
@@ -342,7 +355,8 @@ mod tests {
             .split(|b| *b == b'\n')
             .filter(|l| !l.is_empty())
             .count();
-        assert!(rows >= 6, "{rows} rows");
+        // CURRENT and IDENTITY are one object each; the other three files differ in each.
+        assert_eq!(rows, 2 + 3 * 6, "{}", String::from_utf8_lossy(&whole));
         assert!(read_at(&fs, fh, whole.len() as u64, 100).is_empty());
         fs.release(fh);
         for window in [1u32, 7, 100, 4096] {
@@ -420,8 +434,7 @@ mod tests {
 
     #[test]
     fn inode_numbers_and_lookups_are_stable() {
-        let dir = tempfile::tempdir().unwrap();
-        let (fs, _) = fs_with_checkpoints(dir.path(), 2);
+        let fs = Double::with_checkpoints(2).fs();
         let cp = fs.lookup(ROOT, "cp-2").unwrap();
         assert_eq!(cp.ino, 2 << 32);
         let op = fs.lookup(cp.ino, "A").unwrap();
@@ -458,18 +471,26 @@ mod tests {
     /// `.ckptfs/metrics` is a picture taken at open, read-only like status.
     #[test]
     fn the_metrics_file_is_a_read_only_picture() {
-        let dir = tempfile::tempdir().unwrap();
-        let (fs, _) = fs_with_checkpoints(dir.path(), 2);
-        let fh = match fs.open(METRICS, false).unwrap() {
+        let double = Double::with_checkpoints(2);
+        let fs = double.fs();
+        let open = || match fs.open(METRICS, false).unwrap() {
             OpenedAs::Stream { fh, seekable: true } => fh,
             _ => panic!("not a seekable stream"),
         };
+        let fh = open();
         let text = String::from_utf8(read_at(&fs, fh, 0, 1 << 20)).unwrap();
-        assert!(
-            text.contains("\nckptfs_checkpoints_completed_total 2\n"),
-            "{text}"
-        );
+        assert!(text.contains("\nckptfs_checkpoints 2\n"), "{text}");
         assert!(text.ends_with("# EOF\n"));
+        // What changes after the open does not show in the open handle; a new open sees it.
+        double.forget(1);
+        assert_eq!(
+            String::from_utf8(read_at(&fs, fh, 0, 1 << 20)).unwrap(),
+            text
+        );
+        fs.release(fh);
+        let fh = open();
+        let now = String::from_utf8(read_at(&fs, fh, 0, 1 << 20)).unwrap();
+        assert!(now.contains("\nckptfs_checkpoints 1\n"), "{now}");
         fs.release(fh);
         assert_eq!(fs.open(METRICS, true).err().unwrap().errno(), libc::EROFS);
     }
@@ -608,8 +629,8 @@ mod tests {
     /// if its checkpoint is dropped meanwhile; afterwards it cannot be opened at all.
     #[test]
     fn an_open_directory_outlives_a_drop_and_a_closed_one_fails() {
-        let dir = tempfile::tempdir().unwrap();
-        let (fs, controller) = fs_with_checkpoints(dir.path(), 2);
+        let double = Double::with_checkpoints(2);
+        let fs = double.fs();
         let cp = fs.lookup(ROOT, "cp-2").unwrap();
         let op = fs.lookup(cp.ino, "A").unwrap();
         let sub = fs.lookup(op.ino, "0").unwrap();
@@ -629,7 +650,7 @@ mod tests {
         // A drop by retention (no rmdir) leaves an open cp-N listing whole.
         let cp1 = fs.lookup(ROOT, "cp-1").unwrap();
         let fh = fs.opendir(cp1.ino).unwrap().0;
-        controller.engine().delete_checkpoint(1).unwrap();
+        double.forget(1);
         let names: Vec<_> = fs
             .readdir_handle(fh)
             .unwrap()
@@ -643,29 +664,21 @@ mod tests {
     /// Trees are a bounded cache; an evicted one is rebuilt with the same inodes.
     #[test]
     fn checkpoint_trees_are_a_bounded_cache_with_stable_inodes() {
-        let dir = tempfile::tempdir().unwrap();
-        let (fs, _) = fs_with_checkpoints(dir.path(), 3);
+        let fs = Double::with_checkpoints(3).fs();
         *lock(&fs.trees) = TreeCache::new(1);
-        let path = |fs: &CkptFs, cp: &str| {
-            let top = fs.lookup(ROOT, cp).unwrap();
-            let op = fs.lookup(top.ino, "A").unwrap();
-            let sub = fs.lookup(op.ino, "0").unwrap();
-            fs.lookup(sub.ino, "CURRENT").unwrap()
-        };
-        let first = path(&fs, "cp-1");
+        let first = file_in(&fs, "cp-1", "CURRENT");
         for cp in ["cp-2", "cp-3", "cp-2"] {
-            path(&fs, cp);
+            file_in(&fs, cp, "CURRENT");
             assert_eq!(lock(&fs.trees).len(), 1);
         }
-        assert_eq!(path(&fs, "cp-1"), first);
+        assert_eq!(file_in(&fs, "cp-1", "CURRENT"), first);
         assert_eq!(fs.getattr(first.ino).unwrap(), first);
     }
 
     /// Listing the root builds no checkpoint tree.
     #[test]
     fn listing_the_root_builds_no_tree() {
-        let dir = tempfile::tempdir().unwrap();
-        let (fs, _) = fs_with_checkpoints(dir.path(), 3);
+        let fs = Double::with_checkpoints(3).fs();
         let names: Vec<_> = fs
             .readdir(ROOT)
             .unwrap()
