@@ -100,6 +100,37 @@ impl Double {
             "no checkpoint {id}"
         );
     }
+
+    /// Drop checkpoint `id` and call the change hook, as the controller does after a drop.
+    pub fn drop_and_tell(&self, id: u64) {
+        self.forget(id);
+        let hook = lock(&self.hook).clone();
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
+
+    /// Delete an object from the store, whatever references it.
+    pub fn delete_object(&self, id: &ObjectId) {
+        self.store.delete(id).unwrap();
+    }
+
+    /// The file `name` of checkpoint `id`'s backend `backend`.
+    pub fn entry(&self, id: u64, backend: &str, name: &str) -> FileEntry {
+        let manifest = self.manifest(id).unwrap();
+        let snapshot = manifest
+            .backends
+            .iter()
+            .find(|b| b.name.to_string() == backend)
+            .unwrap();
+        let file = snapshot.files.iter().find(|f| f.name == name).unwrap();
+        (**file).clone()
+    }
+
+    /// The last error the tree recorded.
+    pub fn last_error(&self) -> Option<String> {
+        lock(&self.last_error).clone()
+    }
 }
 
 impl Checkpoints for Double {
@@ -151,7 +182,7 @@ impl Checkpoints for Double {
         )
     }
 
-    /// The one metric the tests read, as of now.
+    /// The one metric the tests read: how many checkpoints are retained at the call.
     fn metrics_text(&self) -> String {
         format!(
             "# TYPE ckptfs_checkpoints gauge\nckptfs_checkpoints {}\n# EOF\n",

@@ -489,8 +489,8 @@ mod tests {
         );
         fs.release(fh);
         let fh = open();
-        let now = String::from_utf8(read_at(&fs, fh, 0, 1 << 20)).unwrap();
-        assert!(now.contains("\nckptfs_checkpoints 1\n"), "{now}");
+        let later = String::from_utf8(read_at(&fs, fh, 0, 1 << 20)).unwrap();
+        assert!(later.contains("\nckptfs_checkpoints 1\n"), "{later}");
         fs.release(fh);
         assert_eq!(fs.open(METRICS, true).err().unwrap().errno(), libc::EROFS);
     }
@@ -690,5 +690,79 @@ mod tests {
         assert!(lock(&fs.trees).is_empty());
         let attr = fs.getattr(2 << 32).unwrap();
         assert_eq!((attr.nlink, attr.perm), (3, 0o555));
+    }
+
+    /// A checkpoint dropped (and its objects deleted) after a file of it was looked up,
+    /// before the change hook told the tree: opening the file is ENOENT, as for any
+    /// dropped checkpoint, not an EIO recorded as a broken store.
+    #[test]
+    fn a_file_of_a_checkpoint_dropped_after_its_lookup_is_gone_not_broken() {
+        let double = Double::with_checkpoints(2);
+        let fs = double.fs();
+        let sst = file_in(&fs, "cp-2", "000009.sst");
+        let object = double.entry(2, "A/0", "000009.sst").object;
+        double.forget(2);
+        double.delete_object(&object);
+        assert_eq!(fs.open(sst.ino, false).err().unwrap().errno(), libc::ENOENT);
+        assert_eq!(double.last_error(), None);
+    }
+
+    /// A retained checkpoint's file whose object is missing from the store is an EIO at
+    /// open, recorded with the file's path; the checkpoint's other files still open.
+    #[test]
+    fn a_file_whose_object_is_missing_is_an_eio_recorded_with_its_path() {
+        let double = Double::with_checkpoints(1);
+        let fs = double.fs();
+        double.delete_object(&double.entry(1, "A/0", "000009.sst").object);
+        let sst = file_in(&fs, "cp-1", "000009.sst");
+        assert_eq!(fs.open(sst.ino, false).err().unwrap().errno(), libc::EIO);
+        let last = double.last_error().unwrap_or_default();
+        assert!(last.starts_with("cp-1/A/0/000009.sst: "), "{last}");
+        assert!(last.contains("missing from the store"), "{last}");
+        let current = file_in(&fs, "cp-1", "CURRENT");
+        let OpenedAs::Object { fh, .. } = fs.open(current.ino, false).unwrap() else {
+            panic!("CURRENT is not served from its object");
+        };
+        assert_eq!(read_at(&fs, fh, 0, 100), b"MANIFEST-000005\n");
+        fs.release(fh);
+    }
+
+    /// What the tree asked the kernel to forget.
+    #[derive(Default)]
+    struct Forgotten(Mutex<Vec<(u64, Option<String>)>>);
+
+    impl Invalidator for Forgotten {
+        fn entry(&self, parent: u64, name: &str) {
+            lock(&self.0).push((parent, Some(name.to_string())));
+        }
+        fn inode(&self, ino: u64) {
+            lock(&self.0).push((ino, None));
+        }
+    }
+
+    /// When the change hook reports a drop, the kernel is told to forget the dropped
+    /// checkpoint's entry if it was shown one, and the root and `latest` in any case; the
+    /// dropped checkpoint's tree is forgotten too.
+    #[test]
+    fn a_reported_drop_invalidates_what_the_kernel_was_shown() {
+        let double = Double::with_checkpoints(3);
+        let fs = double.fs();
+        let forgotten = Arc::new(Forgotten::default());
+        fs.set_invalidator(forgotten.clone());
+        file_in(&fs, "cp-2", "CURRENT");
+        assert!(lock(&fs.trees).get(2).is_some());
+        double.drop_and_tell(3);
+        assert_eq!(
+            std::mem::take(&mut *lock(&forgotten.0)),
+            vec![(LATEST, None), (ROOT, None)],
+            "cp-3 was never shown"
+        );
+        double.drop_and_tell(2);
+        assert_eq!(
+            std::mem::take(&mut *lock(&forgotten.0)),
+            vec![(ROOT, Some("cp-2".into())), (LATEST, None), (ROOT, None)]
+        );
+        assert!(lock(&fs.trees).get(2).is_none());
+        assert_eq!(fs.readlink(LATEST).unwrap(), "cp-1");
     }
 }

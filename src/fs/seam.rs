@@ -30,9 +30,9 @@ pub trait Checkpoints: Send + Sync {
     fn delete_checkpoint(&self, id: u64) -> Result<()>;
     /// Keep `message` as the last error (shown in status and metrics).
     fn record_error(&self, message: String);
-    /// `.ckptfs/status` as of now.
+    /// `.ckptfs/status`, as the checkpoints are at the call.
     fn status_text(&self) -> String;
-    /// `.ckptfs/metrics` as of now.
+    /// `.ckptfs/metrics`, as the checkpoints are at the call.
     fn metrics_text(&self) -> String;
     /// The directory whose filesystem `statfs` describes.
     fn room(&self) -> &Path;
