@@ -117,7 +117,7 @@ impl CkptFs {
             let e = Error::Invalid(format!(
                 "a control line is longer than {MAX_LINE} bytes; nothing of it runs"
             ));
-            self.controller.engine().record_error(e.to_string());
+            self.checkpoints.record_error(e.to_string());
             push_answers(&stream, vec![Some(answer_line(&Err(Failure::of(&e))))]);
             return Err(e);
         }
@@ -141,13 +141,13 @@ impl CkptFs {
     /// Parse, validate and run complete lines on behalf of a control handle.
     pub(super) fn run_lines(&self, stream: &Arc<ControlStream>, text: &[u8]) -> Result<()> {
         let commands = protocol::parse_write(text).and_then(|c| {
-            self.controller.validate(&c)?;
+            self.control.validate(&c)?;
             Ok(c)
         });
         let commands = match commands {
             Ok(c) => c,
             Err(e) => {
-                self.controller.engine().record_error(e.to_string());
+                self.checkpoints.record_error(e.to_string());
                 push_answers(stream, vec![Some(answer_line(&Err(Failure::of(&e))))]);
                 return Err(e);
             }
@@ -173,12 +173,13 @@ impl CkptFs {
         if stream.discard_answers {
             // Nobody reads these answers: a command refused later (a busy checkpoint, a
             // failed write) must at least show in status.
-            let engine = self.controller.engine().clone();
-            self.controller.execute(
+            let checkpoints = self.checkpoints.clone();
+            self.control.execute(
                 commands,
                 Arc::new(move |_, answer: protocol::Answer| {
                     if let Err(failure) = answer {
-                        engine.record_error(format!("control command refused: {}", failure.error));
+                        checkpoints
+                            .record_error(format!("control command refused: {}", failure.error));
                     }
                 }),
                 &stream.imports,
@@ -203,7 +204,7 @@ impl CkptFs {
                 }
             }
         });
-        self.controller.execute(commands, answer, &stream.imports);
+        self.control.execute(commands, answer, &stream.imports);
         Ok(())
     }
 }

@@ -476,9 +476,8 @@ impl Filesystem for FuseAdapter {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let engine = self.fs.controller().engine();
         // Room in a local store, or in the state directory (cache) of one on object storage.
-        let room = engine.location().local().unwrap_or(engine.state_dir());
+        let room = self.fs.checkpoints.room();
         match nix::sys::statvfs::statvfs(room) {
             Ok(s) => reply.statfs(
                 s.blocks(),

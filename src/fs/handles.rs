@@ -97,11 +97,12 @@ impl CkptFs {
                 seekable: true,
             }),
             STATUS | CHECKPOINTS | METRICS if !write => {
-                let engine = self.controller.engine();
                 let bytes = match ino {
-                    STATUS => views::to_pretty_text(&views::Status::of(engine)),
-                    METRICS => ckptfs_core::metrics::render(engine),
-                    _ => views::checkpoint_lines(engine.checkpoints().iter().map(|m| &**m)),
+                    STATUS => self.checkpoints.status_text(),
+                    METRICS => self.checkpoints.metrics_text(),
+                    _ => {
+                        views::checkpoint_lines(self.checkpoints.checkpoints().iter().map(|m| &**m))
+                    }
                 };
                 ckptfs_core::fsutil::release_free_memory();
                 Ok(OpenedAs::Stream {
@@ -144,7 +145,7 @@ impl CkptFs {
                     }
                     // An append-only file stored as chunks (a MANIFEST, a small WAL):
                     // assembled and verified whole, then served from memory.
-                    let store = self.controller.engine().object_store();
+                    let store = self.checkpoints.object_store();
                     return match chunks.read(store, object, *size) {
                         Ok(bytes) => Ok(OpenedAs::Stream {
                             fh: self.new_handle(Handle::Snapshot(bytes)),
@@ -156,7 +157,7 @@ impl CkptFs {
                 self.prefetch_after(&tree, index);
                 let opened = self
                     .verify_once(object, *size)
-                    .and_then(|_| self.controller.engine().object_store().open(object));
+                    .and_then(|_| self.checkpoints.object_store().open(object));
                 let file = match opened {
                     Ok(file) => Arc::new(file),
                     Err(e) => return Err(self.cannot_serve(cp, &tree, index, object, e)),
@@ -192,7 +193,7 @@ impl CkptFs {
             })
             .take(PREFETCH_FILES)
             .collect();
-        self.controller.engine().object_store().prefetch(&ids);
+        self.checkpoints.object_store().prefetch(&ids);
     }
 
     /// The error for a file of cp-N that cannot be opened: gone if the checkpoint was
@@ -205,14 +206,12 @@ impl CkptFs {
         object: &ObjectId,
         e: Error,
     ) -> Error {
-        if self.controller.engine().manifest(cp).is_none() {
+        if self.checkpoints.manifest(cp).is_none() {
             return Error::NoSuchCheckpoint(cp);
         }
         let path = tree.path_of(index);
         log::error!("cannot serve {path} (object {object}): {e}");
-        self.controller
-            .engine()
-            .record_error(format!("{path}: {e}"));
+        self.checkpoints.record_error(format!("{path}: {e}"));
         e
     }
 
@@ -224,10 +223,7 @@ impl CkptFs {
         if !self.verify || lock(&self.verified).contains(object) {
             return Ok(());
         }
-        self.controller
-            .engine()
-            .object_store()
-            .verify(object, size)?;
+        self.checkpoints.object_store().verify(object, size)?;
         lock(&self.verified).insert(*object);
         Ok(())
     }
@@ -264,11 +260,11 @@ impl CkptFs {
             ))),
             Ok(HandleRef::Chunked(file)) => {
                 let (chunks, file_size) = &*file;
-                let store = self.controller.engine().object_store();
+                let store = self.checkpoints.object_store();
                 let result = chunks.read_range(store, *file_size, offset, size as u64);
                 if let Err(e) = &result {
                     log::error!("cannot read a chunked file: {e}");
-                    self.controller.engine().record_error(format!("read: {e}"));
+                    self.checkpoints.record_error(format!("read: {e}"));
                 }
                 reply(result);
             }

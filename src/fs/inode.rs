@@ -87,7 +87,7 @@ impl CkptFs {
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         match ino {
             ROOT => {
-                let n = self.controller.engine().checkpoints().len() as u32;
+                let n = self.checkpoints.checkpoints().len() as u32;
                 Ok(self.attr(ROOT, Kind::Dir, 0, 0o755, 3 + n, self.mounted_at))
             }
             META_DIR => Ok(self.attr(META_DIR, Kind::Dir, 0, 0o755, 2, self.mounted_at)),
@@ -107,14 +107,13 @@ impl CkptFs {
             _ if split_ino(ino).is_some_and(|(_, index)| index == 0) => {
                 let cp = ino >> 32;
                 let manifest = self
-                    .controller
-                    .engine()
+                    .checkpoints
                     .manifest(cp)
                     .ok_or(Error::NoSuchCheckpoint(cp))?;
                 // The kernel may cache this entry now: invalidate it when cp-N is dropped
                 // (and if that already happened meanwhile, do not hand it out).
                 lock(&self.shown).insert(cp);
-                if self.controller.engine().manifest(cp).is_none() {
+                if self.checkpoints.manifest(cp).is_none() {
                     return Err(Error::NoSuchCheckpoint(cp));
                 }
                 let operators: BTreeSet<&str> = manifest
@@ -158,7 +157,7 @@ impl CkptFs {
                 "latest" => self.getattr(LATEST),
                 _ => {
                     let cp = parse_checkpoint_dir(name).ok_or_else(missing)?;
-                    if self.controller.engine().manifest(cp).is_none() {
+                    if self.checkpoints.manifest(cp).is_none() {
                         return Err(missing());
                     }
                     self.getattr(make_ino(cp, 0))
@@ -192,7 +191,7 @@ impl CkptFs {
         match ino {
             ROOT => {
                 let mut out = vec![entry(META_DIR_NAME, META_DIR)?];
-                let checkpoints = self.controller.engine().checkpoints();
+                let checkpoints = self.checkpoints.checkpoints();
                 if !checkpoints.is_empty() {
                     out.push(entry("latest", LATEST)?);
                 }
@@ -247,7 +246,7 @@ impl CkptFs {
             .map(|(cp, _)| cp);
         let mut listing = top.map(|_| lock(&self.listing));
         if let Some(cp) = top {
-            if self.controller.engine().manifest(cp).is_none() {
+            if self.checkpoints.manifest(cp).is_none() {
                 return Err(Error::NoSuchCheckpoint(cp));
             }
         }
@@ -381,7 +380,7 @@ impl CkptFs {
                 "cp-{cp} is open (being listed, e.g. by a copy); try again when it is closed"
             )));
         }
-        self.controller.engine().delete_checkpoint(cp)?;
+        self.checkpoints.delete_checkpoint(cp)?;
         self.root_generation.fetch_add(1, Ordering::SeqCst);
         lock(&self.trees).remove(&cp);
         drop(listing);

@@ -17,10 +17,13 @@
 //! ```
 
 mod control_stream;
+#[cfg(test)]
+mod double;
 pub mod fuse;
 mod handles;
 mod inode;
 mod registry_view;
+pub mod seam;
 pub mod tree;
 
 use std::collections::{BTreeSet, HashMap};
@@ -34,6 +37,7 @@ use std::time::{Duration, SystemTime};
 use crate::control::Controller;
 use ckptfs_core::error::{Error, Result};
 use ckptfs_core::store::ObjectId;
+use seam::{Checkpoints, ControlLines, Live};
 use tree::{CheckpointTree, TreeCache};
 
 pub use control_stream::ReadCallback;
@@ -114,7 +118,10 @@ pub trait Invalidator: Send + Sync {
 }
 
 pub struct CkptFs {
-    controller: Arc<Controller>,
+    /// The retained checkpoints and their objects (the engine, behind [`seam::Checkpoints`]).
+    checkpoints: Arc<dyn Checkpoints>,
+    /// What runs the control file's lines (the controller, behind [`seam::ControlLines`]).
+    control: Arc<dyn ControlLines>,
     uid: u32,
     gid: u32,
     mounted_at: SystemTime,
@@ -143,8 +150,19 @@ impl CkptFs {
     }
 
     pub fn with_verification(controller: Arc<Controller>, verify: bool) -> Arc<Self> {
+        let live = Arc::new(Live::new(controller));
+        Self::with_parts(live.clone(), live, verify)
+    }
+
+    /// The tree over any [`Checkpoints`] and [`ControlLines`] (the daemon's are [`Live`]).
+    pub fn with_parts(
+        checkpoints: Arc<dyn Checkpoints>,
+        control: Arc<dyn ControlLines>,
+        verify: bool,
+    ) -> Arc<Self> {
         let fs = Arc::new(CkptFs {
-            controller,
+            checkpoints,
+            control,
             uid: nix::unistd::getuid().as_raw(),
             gid: nix::unistd::getgid().as_raw(),
             mounted_at: SystemTime::now(),
@@ -161,16 +179,12 @@ impl CkptFs {
             root_cache: Mutex::new(RootCache::default()),
         });
         let weak = Arc::downgrade(&fs);
-        fs.controller.set_change_hook(Arc::new(move || {
+        fs.checkpoints.set_change_hook(Arc::new(move || {
             if let Some(fs) = weak.upgrade() {
                 fs.checkpoints_changed();
             }
         }));
         fs
-    }
-
-    pub fn controller(&self) -> &Arc<Controller> {
-        &self.controller
     }
 
     pub fn set_invalidator(&self, invalidator: Arc<dyn Invalidator>) {
@@ -181,8 +195,7 @@ impl CkptFs {
     fn checkpoints_changed(&self) {
         self.root_generation.fetch_add(1, Ordering::SeqCst);
         let current: BTreeSet<u64> = self
-            .controller
-            .engine()
+            .checkpoints
             .checkpoints()
             .iter()
             .map(|m| m.id)
@@ -214,15 +227,14 @@ impl CkptFs {
             return Ok(tree.clone());
         }
         let manifest = self
-            .controller
-            .engine()
+            .checkpoints
             .manifest(cp)
             .ok_or(Error::NoSuchCheckpoint(cp))?;
         let tree = Arc::new(CheckpointTree::build(&manifest));
         lock(&self.trees).insert(cp, tree.clone());
         lock(&self.shown).insert(cp);
         // Dropped while we built it? Then the change hook may have run before our insert.
-        if self.controller.engine().manifest(cp).is_none() {
+        if self.checkpoints.manifest(cp).is_none() {
             lock(&self.trees).remove(&cp);
             return Err(Error::NoSuchCheckpoint(cp));
         }
@@ -241,7 +253,7 @@ impl CkptFs {
     }
 
     fn latest(&self) -> Option<u64> {
-        self.controller.engine().checkpoints().last().map(|m| m.id)
+        self.checkpoints.checkpoints().last().map(|m| m.id)
     }
 
     /// The answers the kernel may cache: immutable entries for an hour, the rest a second.
@@ -256,14 +268,22 @@ impl CkptFs {
 
 #[cfg(test)]
 mod tests {
+    use super::double::Double;
     use super::*;
     use ckptfs_core::coordinator::{Engine, EngineConfig};
 
-    fn fs_with_checkpoints(dir: &std::path::Path, n: usize) -> Arc<CkptFs> {
+    // The real engine, for what needs a live backend: control lines that write and
+    // checkpoint.
+
+    fn fs_with_checkpoints(dir: &std::path::Path, n: usize) -> (Arc<CkptFs>, Arc<Controller>) {
         fs_with(dir, n, 1)
     }
 
-    fn fs_with(dir: &std::path::Path, n: usize, max_concurrent: usize) -> Arc<CkptFs> {
+    fn fs_with(
+        dir: &std::path::Path,
+        n: usize,
+        max_concurrent: usize,
+    ) -> (Arc<CkptFs>, Arc<Controller>) {
         let mut config = EngineConfig::new(dir.join("store"));
         config.backends = vec!["A/0".parse().unwrap()];
         config.retain = Some(10);
@@ -275,11 +295,12 @@ mod tests {
                 .unwrap();
             engine.checkpoint().unwrap();
         }
-        CkptFs::new(Arc::new(Controller::new(engine)))
+        let controller = Arc::new(Controller::new(engine));
+        (CkptFs::new(controller.clone()), controller)
     }
 
-    fn ids(fs: &CkptFs) -> Vec<u64> {
-        fs.controller()
+    fn ids(controller: &Controller) -> Vec<u64> {
+        controller
             .engine()
             .checkpoints()
             .iter()
@@ -311,12 +332,19 @@ mod tests {
         rx.recv_timeout(Duration::from_secs(30)).unwrap()
     }
 
+    /// The inode of `cp/A/0/name`.
+    fn file_in(fs: &CkptFs, cp: &str, name: &str) -> Attr {
+        let top = fs.lookup(ROOT, cp).unwrap();
+        let op = fs.lookup(top.ino, "A").unwrap();
+        let sub = fs.lookup(op.ino, "0").unwrap();
+        fs.lookup(sub.ino, name).unwrap()
+    }
+
     /// The registry view is written as it is read: any read pattern (small windows,
     /// skipping ahead, going back) gives the bytes of one whole read.
     #[test]
     fn the_registry_view_reads_the_same_in_any_windows() {
-        let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with_checkpoints(dir.path(), 6);
+        let fs = Double::with_checkpoints(6).fs();
         let open = || match fs.open(REGISTRY, false).unwrap() {
             OpenedAs::Stream { fh, .. } => fh,
             OpenedAs::Object { .. } => unreachable!(),
@@ -327,7 +355,8 @@ mod tests {
             .split(|b| *b == b'\n')
             .filter(|l| !l.is_empty())
             .count();
-        assert!(rows >= 6, "{rows} rows");
+        // CURRENT and IDENTITY are one object each; the other three files differ in each.
+        assert_eq!(rows, 2 + 3 * 6, "{}", String::from_utf8_lossy(&whole));
         assert!(read_at(&fs, fh, whole.len() as u64, 100).is_empty());
         fs.release(fh);
         for window in [1u32, 7, 100, 4096] {
@@ -354,12 +383,12 @@ mod tests {
     #[test]
     fn a_line_split_across_writes_runs_once_whole() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with_checkpoints(dir.path(), 3);
+        let (fs, controller) = fs_with_checkpoints(dir.path(), 3);
         let fh = ctl(&fs);
         assert_eq!(fs.write(fh, b"delete ").unwrap(), 7);
-        assert_eq!(ids(&fs), vec![1, 2, 3], "half a line ran");
+        assert_eq!(ids(&controller), vec![1, 2, 3], "half a line ran");
         assert_eq!(fs.write(fh, b"3\ndel").unwrap(), 5);
-        assert_eq!(ids(&fs), vec![1, 2]);
+        assert_eq!(ids(&controller), vec![1, 2]);
         assert_eq!(read_now(&fs, fh), b"{\"ok\":true}\n");
         // The unfinished "del" + "ete 9" is bad as a whole line: refused, nothing runs, and
         // the bad line is gone, carried part included.
@@ -368,15 +397,15 @@ mod tests {
         assert!(String::from_utf8(read_now(&fs, fh))
             .unwrap()
             .contains("no such checkpoint 9"));
-        assert_eq!(ids(&fs), vec![1, 2]);
+        assert_eq!(ids(&controller), vec![1, 2]);
         fs.write(fh, b"delete 2\n").unwrap();
         assert_eq!(read_now(&fs, fh), b"{\"ok\":true}\n");
-        assert_eq!(ids(&fs), vec![1]);
+        assert_eq!(ids(&controller), vec![1]);
         // A last line without newline runs when the handle is closed.
         fs.write(fh, b"delete 1").unwrap();
-        assert_eq!(ids(&fs), vec![1]);
+        assert_eq!(ids(&controller), vec![1]);
         fs.release(fh);
-        assert!(ids(&fs).is_empty());
+        assert!(ids(&controller).is_empty());
     }
 
     /// A stream without newlines (say `cat /dev/zero > ctl`) is refused once it passes
@@ -384,7 +413,7 @@ mod tests {
     #[test]
     fn an_endless_line_is_refused_and_forgotten() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with_checkpoints(dir.path(), 1);
+        let (fs, controller) = fs_with_checkpoints(dir.path(), 1);
         let fh = ctl(&fs);
         let chunk = vec![b'x'; 1 << 20];
         let mut refused = None;
@@ -400,13 +429,12 @@ mod tests {
             .contains("longer than"));
         fs.write(fh, b"delete 1\n").unwrap();
         assert_eq!(read_now(&fs, fh), b"{\"ok\":true}\n");
-        assert!(ids(&fs).is_empty());
+        assert!(ids(&controller).is_empty());
     }
 
     #[test]
     fn inode_numbers_and_lookups_are_stable() {
-        let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with_checkpoints(dir.path(), 2);
+        let fs = Double::with_checkpoints(2).fs();
         let cp = fs.lookup(ROOT, "cp-2").unwrap();
         assert_eq!(cp.ino, 2 << 32);
         let op = fs.lookup(cp.ino, "A").unwrap();
@@ -443,18 +471,26 @@ mod tests {
     /// `.ckptfs/metrics` is a picture taken at open, read-only like status.
     #[test]
     fn the_metrics_file_is_a_read_only_picture() {
-        let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with_checkpoints(dir.path(), 2);
-        let fh = match fs.open(METRICS, false).unwrap() {
+        let double = Double::with_checkpoints(2);
+        let fs = double.fs();
+        let open = || match fs.open(METRICS, false).unwrap() {
             OpenedAs::Stream { fh, seekable: true } => fh,
             _ => panic!("not a seekable stream"),
         };
+        let fh = open();
         let text = String::from_utf8(read_at(&fs, fh, 0, 1 << 20)).unwrap();
-        assert!(
-            text.contains("\nckptfs_checkpoints_completed_total 2\n"),
-            "{text}"
-        );
+        assert!(text.contains("\nckptfs_checkpoints 2\n"), "{text}");
         assert!(text.ends_with("# EOF\n"));
+        // What changes after the open does not show in the open handle; a new open sees it.
+        double.forget(1);
+        assert_eq!(
+            String::from_utf8(read_at(&fs, fh, 0, 1 << 20)).unwrap(),
+            text
+        );
+        fs.release(fh);
+        let fh = open();
+        let later = String::from_utf8(read_at(&fs, fh, 0, 1 << 20)).unwrap();
+        assert!(later.contains("\nckptfs_checkpoints 1\n"), "{later}");
         fs.release(fh);
         assert_eq!(fs.open(METRICS, true).err().unwrap().errno(), libc::EROFS);
     }
@@ -482,7 +518,7 @@ mod tests {
     #[test]
     fn a_checkpoint_holds_exactly_the_lines_before_it() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with(dir.path(), 0, 2);
+        let (fs, controller) = fs_with(dir.path(), 0, 2);
         let fh = ctl(&fs);
         fs.write(
             fh,
@@ -499,7 +535,7 @@ mod tests {
         assert_eq!(value_in(&store, first, b"k"), Some(b"1".to_vec()));
         assert_eq!(value_in(&store, second, b"k"), Some(b"2".to_vec()));
         assert_eq!(
-            fs.controller()
+            controller
                 .engine()
                 .get(&"A/0".parse().unwrap(), b"k")
                 .unwrap(),
@@ -512,8 +548,8 @@ mod tests {
     #[test]
     fn checkpoints_without_a_free_slot_are_refused_at_once() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with_checkpoints(dir.path(), 1);
-        let pending = fs.controller().engine().begin_checkpoint().unwrap();
+        let (fs, controller) = fs_with_checkpoints(dir.path(), 1);
+        let pending = controller.engine().begin_checkpoint().unwrap();
         let fh = ctl(&fs);
         let mut text = Vec::new();
         for _ in 0..50 {
@@ -526,7 +562,7 @@ mod tests {
             assert_eq!(pair[1]["ok"], true, "{pair:?}");
         }
         assert!(
-            lock(fs.controller().workers_for_tests()).is_empty(),
+            lock(controller.workers_for_tests()).is_empty(),
             "refused checkpoints started threads"
         );
         // On a write-only handle nobody reads the answer: the refusal shows in status.
@@ -535,12 +571,7 @@ mod tests {
             OpenedAs::Object { .. } => unreachable!(),
         };
         fs.write(wo, b"checkpoint\n").unwrap();
-        let last = fs
-            .controller()
-            .engine()
-            .status()
-            .last_error
-            .unwrap_or_default();
+        let last = controller.engine().status().last_error.unwrap_or_default();
         assert!(last.contains("already in flight"), "{last}");
         let manifest = pending.complete().unwrap();
         assert_eq!(
@@ -554,7 +585,7 @@ mod tests {
     #[test]
     fn unread_answers_are_bounded() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with_checkpoints(dir.path(), 1);
+        let (fs, controller) = fs_with_checkpoints(dir.path(), 1);
         let lines = "put A/0 k v\n".repeat(10_000);
         let wo = match fs.open_access(CTL, false, true).unwrap() {
             OpenedAs::Stream { fh, .. } => fh,
@@ -587,7 +618,7 @@ mod tests {
             read_now(&fs, rw);
         }
         fs.write(rw, b"w\n").unwrap();
-        let engine = fs.controller().engine();
+        let engine = controller.engine();
         assert_eq!(
             engine.get(&"A/0".parse().unwrap(), b"carried").unwrap(),
             Some(b"w".to_vec())
@@ -598,8 +629,8 @@ mod tests {
     /// if its checkpoint is dropped meanwhile; afterwards it cannot be opened at all.
     #[test]
     fn an_open_directory_outlives_a_drop_and_a_closed_one_fails() {
-        let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with_checkpoints(dir.path(), 2);
+        let double = Double::with_checkpoints(2);
+        let fs = double.fs();
         let cp = fs.lookup(ROOT, "cp-2").unwrap();
         let op = fs.lookup(cp.ino, "A").unwrap();
         let sub = fs.lookup(op.ino, "0").unwrap();
@@ -619,7 +650,7 @@ mod tests {
         // A drop by retention (no rmdir) leaves an open cp-N listing whole.
         let cp1 = fs.lookup(ROOT, "cp-1").unwrap();
         let fh = fs.opendir(cp1.ino).unwrap().0;
-        fs.controller().engine().delete_checkpoint(1).unwrap();
+        double.forget(1);
         let names: Vec<_> = fs
             .readdir_handle(fh)
             .unwrap()
@@ -633,29 +664,21 @@ mod tests {
     /// Trees are a bounded cache; an evicted one is rebuilt with the same inodes.
     #[test]
     fn checkpoint_trees_are_a_bounded_cache_with_stable_inodes() {
-        let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with_checkpoints(dir.path(), 3);
+        let fs = Double::with_checkpoints(3).fs();
         *lock(&fs.trees) = TreeCache::new(1);
-        let path = |fs: &CkptFs, cp: &str| {
-            let top = fs.lookup(ROOT, cp).unwrap();
-            let op = fs.lookup(top.ino, "A").unwrap();
-            let sub = fs.lookup(op.ino, "0").unwrap();
-            fs.lookup(sub.ino, "CURRENT").unwrap()
-        };
-        let first = path(&fs, "cp-1");
+        let first = file_in(&fs, "cp-1", "CURRENT");
         for cp in ["cp-2", "cp-3", "cp-2"] {
-            path(&fs, cp);
+            file_in(&fs, cp, "CURRENT");
             assert_eq!(lock(&fs.trees).len(), 1);
         }
-        assert_eq!(path(&fs, "cp-1"), first);
+        assert_eq!(file_in(&fs, "cp-1", "CURRENT"), first);
         assert_eq!(fs.getattr(first.ino).unwrap(), first);
     }
 
     /// Listing the root builds no checkpoint tree.
     #[test]
     fn listing_the_root_builds_no_tree() {
-        let dir = tempfile::tempdir().unwrap();
-        let fs = fs_with_checkpoints(dir.path(), 3);
+        let fs = Double::with_checkpoints(3).fs();
         let names: Vec<_> = fs
             .readdir(ROOT)
             .unwrap()
@@ -667,5 +690,79 @@ mod tests {
         assert!(lock(&fs.trees).is_empty());
         let attr = fs.getattr(2 << 32).unwrap();
         assert_eq!((attr.nlink, attr.perm), (3, 0o555));
+    }
+
+    /// A checkpoint dropped (and its objects deleted) after a file of it was looked up,
+    /// before the change hook told the tree: opening the file is ENOENT, as for any
+    /// dropped checkpoint, not an EIO recorded as a broken store.
+    #[test]
+    fn a_file_of_a_checkpoint_dropped_after_its_lookup_is_gone_not_broken() {
+        let double = Double::with_checkpoints(2);
+        let fs = double.fs();
+        let sst = file_in(&fs, "cp-2", "000009.sst");
+        let object = double.entry(2, "A/0", "000009.sst").object;
+        double.forget(2);
+        double.delete_object(&object);
+        assert_eq!(fs.open(sst.ino, false).err().unwrap().errno(), libc::ENOENT);
+        assert_eq!(double.last_error(), None);
+    }
+
+    /// A retained checkpoint's file whose object is missing from the store is an EIO at
+    /// open, recorded with the file's path; the checkpoint's other files still open.
+    #[test]
+    fn a_file_whose_object_is_missing_is_an_eio_recorded_with_its_path() {
+        let double = Double::with_checkpoints(1);
+        let fs = double.fs();
+        double.delete_object(&double.entry(1, "A/0", "000009.sst").object);
+        let sst = file_in(&fs, "cp-1", "000009.sst");
+        assert_eq!(fs.open(sst.ino, false).err().unwrap().errno(), libc::EIO);
+        let last = double.last_error().unwrap_or_default();
+        assert!(last.starts_with("cp-1/A/0/000009.sst: "), "{last}");
+        assert!(last.contains("missing from the store"), "{last}");
+        let current = file_in(&fs, "cp-1", "CURRENT");
+        let OpenedAs::Object { fh, .. } = fs.open(current.ino, false).unwrap() else {
+            panic!("CURRENT is not served from its object");
+        };
+        assert_eq!(read_at(&fs, fh, 0, 100), b"MANIFEST-000005\n");
+        fs.release(fh);
+    }
+
+    /// What the tree asked the kernel to forget.
+    #[derive(Default)]
+    struct Forgotten(Mutex<Vec<(u64, Option<String>)>>);
+
+    impl Invalidator for Forgotten {
+        fn entry(&self, parent: u64, name: &str) {
+            lock(&self.0).push((parent, Some(name.to_string())));
+        }
+        fn inode(&self, ino: u64) {
+            lock(&self.0).push((ino, None));
+        }
+    }
+
+    /// When the change hook reports a drop, the kernel is told to forget the dropped
+    /// checkpoint's entry if it was shown one, and the root and `latest` in any case; the
+    /// dropped checkpoint's tree is forgotten too.
+    #[test]
+    fn a_reported_drop_invalidates_what_the_kernel_was_shown() {
+        let double = Double::with_checkpoints(3);
+        let fs = double.fs();
+        let forgotten = Arc::new(Forgotten::default());
+        fs.set_invalidator(forgotten.clone());
+        file_in(&fs, "cp-2", "CURRENT");
+        assert!(lock(&fs.trees).get(2).is_some());
+        double.drop_and_tell(3);
+        assert_eq!(
+            std::mem::take(&mut *lock(&forgotten.0)),
+            vec![(LATEST, None), (ROOT, None)],
+            "cp-3 was never shown"
+        );
+        double.drop_and_tell(2);
+        assert_eq!(
+            std::mem::take(&mut *lock(&forgotten.0)),
+            vec![(ROOT, Some("cp-2".into())), (LATEST, None), (ROOT, None)]
+        );
+        assert!(lock(&fs.trees).get(2).is_none());
+        assert_eq!(fs.readlink(LATEST).unwrap(), "cp-1");
     }
 }

@@ -22,11 +22,10 @@ pub(super) struct RegistryStream {
 
 impl CkptFs {
     pub(super) fn registry_stream(&self) -> RegistryStream {
-        let engine = self.controller.engine();
-        let counts = engine.reference_counts();
+        let counts = self.checkpoints.reference_counts();
         // Each object's referencing checkpoints as runs of consecutive retained ones: with
         // thousands of checkpoints, a list of every one would be millions of numbers.
-        let checkpoints = engine.checkpoints();
+        let checkpoints = self.checkpoints.checkpoints();
         let rows = object_histories(checkpoints.iter().map(|m| &**m))
             .into_iter()
             .collect();
@@ -80,8 +79,7 @@ impl CkptFs {
     ) {
         // File lists are not sized in the manifests: the store knows.
         let size = history.size.unwrap_or_else(|| {
-            self.controller
-                .engine()
+            self.checkpoints
                 .object_store()
                 .local_path(id)
                 .and_then(|p| std::fs::symlink_metadata(p).ok())

@@ -1,0 +1,113 @@
+//! The seam between the mounted tree and the engine: the calls the tree makes of the
+//! retained checkpoints and their objects ([`Checkpoints`]) and of the control commands
+//! ([`ControlLines`]), and their implementation on the daemon's [`Controller`] ([`Live`]).
+//! The tree holds these traits, not the controller, so its tests can run on checkpoints
+//! held in memory (`double.rs`) without RocksDB.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use crate::control::protocol::Command;
+use crate::control::{AnswerSink, ChangeHook, Controller, StagedImports};
+use ckptfs_core::catalog::Manifest;
+use ckptfs_core::error::Result;
+use ckptfs_core::store::{ObjectId, ObjectStore};
+use ckptfs_core::views;
+
+/// What the tree reads of the retained checkpoints, the one change it makes (`rmdir
+/// cp-N`), and where it records what went wrong.
+pub trait Checkpoints: Send + Sync {
+    /// The retained checkpoints, oldest first.
+    fn checkpoints(&self) -> Vec<Arc<Manifest>>;
+    /// Checkpoint `id`, if it is retained.
+    fn manifest(&self, id: u64) -> Option<Arc<Manifest>>;
+    /// Where the checkpoints' files are stored.
+    fn object_store(&self) -> &dyn ObjectStore;
+    /// How many references each stored object has (`.ckptfs/registry`).
+    fn reference_counts(&self) -> BTreeMap<ObjectId, u32>;
+    /// Drop checkpoint `id` (`rmdir cp-N`).
+    fn delete_checkpoint(&self, id: u64) -> Result<()>;
+    /// Keep `message` as the last error (shown in status and metrics).
+    fn record_error(&self, message: String);
+    /// `.ckptfs/status`, as the checkpoints are at the call.
+    fn status_text(&self) -> String;
+    /// `.ckptfs/metrics`, as the checkpoints are at the call.
+    fn metrics_text(&self) -> String;
+    /// The directory whose filesystem `statfs` describes.
+    fn room(&self) -> &Path;
+    /// Have `hook` called whenever the set of retained checkpoints may have changed.
+    fn set_change_hook(&self, hook: ChangeHook);
+}
+
+/// What the control file asks of the controller: check a write's commands, then run them.
+pub trait ControlLines: Send + Sync {
+    /// Checks that need the engine (see [`Controller::validate`]).
+    fn validate(&self, commands: &[Command]) -> Result<()>;
+    /// Run validated commands in line order, answering each through `answer` (see
+    /// [`Controller::execute`]).
+    fn execute(&self, commands: Vec<Command>, answer: AnswerSink, imports: &Mutex<StagedImports>);
+}
+
+/// Both traits on the daemon's controller and its engine.
+pub struct Live(Arc<Controller>);
+
+impl Live {
+    pub fn new(controller: Arc<Controller>) -> Self {
+        Live(controller)
+    }
+}
+
+impl Checkpoints for Live {
+    fn checkpoints(&self) -> Vec<Arc<Manifest>> {
+        self.0.engine().checkpoints()
+    }
+
+    fn manifest(&self, id: u64) -> Option<Arc<Manifest>> {
+        self.0.engine().manifest(id)
+    }
+
+    fn object_store(&self) -> &dyn ObjectStore {
+        self.0.engine().object_store()
+    }
+
+    fn reference_counts(&self) -> BTreeMap<ObjectId, u32> {
+        self.0.engine().reference_counts()
+    }
+
+    fn delete_checkpoint(&self, id: u64) -> Result<()> {
+        self.0.engine().delete_checkpoint(id)
+    }
+
+    fn record_error(&self, message: String) {
+        self.0.engine().record_error(message);
+    }
+
+    fn status_text(&self) -> String {
+        views::to_pretty_text(&views::Status::of(self.0.engine()))
+    }
+
+    fn metrics_text(&self) -> String {
+        ckptfs_core::metrics::render(self.0.engine())
+    }
+
+    /// Room in a local store, or in the state directory (cache) of one on object storage.
+    fn room(&self) -> &Path {
+        let engine = self.0.engine();
+        engine.location().local().unwrap_or(engine.state_dir())
+    }
+
+    fn set_change_hook(&self, hook: ChangeHook) {
+        self.0.set_change_hook(hook);
+    }
+}
+
+impl ControlLines for Live {
+    fn validate(&self, commands: &[Command]) -> Result<()> {
+        self.0.validate(commands)
+    }
+
+    fn execute(&self, commands: Vec<Command>, answer: AnswerSink, imports: &Mutex<StagedImports>) {
+        self.0.execute(commands, answer, imports);
+    }
+}
