@@ -34,6 +34,7 @@ struct BackingCache {
 }
 
 impl FuseAdapter {
+    /// fuser's filesystem over `fs`.
     pub fn new(fs: Arc<CkptFs>) -> Self {
         FuseAdapter {
             fs,
@@ -506,6 +507,7 @@ enum Invalidation {
 }
 
 impl NotifierInvalidator {
+    /// The invalidator sending through `notifier`, with its thread started.
     pub fn start(notifier: Notifier) -> Arc<Self> {
         let (tx, rx) = mpsc::channel::<Invalidation>();
         std::thread::Builder::new()

@@ -300,6 +300,7 @@ impl CkptFs {
         }
     }
 
+    /// Close handle `fh`.
     pub fn release(&self, fh: u64) {
         let handle = lock(&self.handles).remove(&fh);
         if let Some(Handle::Registry(stream)) = handle {

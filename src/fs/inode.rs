@@ -84,6 +84,7 @@ impl CkptFs {
         }
     }
 
+    /// What `stat` shows of inode `ino`.
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         match ino {
             ROOT => {
@@ -149,6 +150,7 @@ impl CkptFs {
         }
     }
 
+    /// The entry `name` of directory `parent`.
     pub fn lookup(&self, parent: u64, name: &str) -> Result<Attr> {
         let missing = || Error::NotFound(name.to_string());
         match parent {
@@ -303,6 +305,7 @@ impl CkptFs {
         }
     }
 
+    /// Close directory handle `fh`.
     pub fn releasedir(&self, fh: u64) {
         let handle = lock(&self.handles).remove(&fh);
         if let Some(Handle::Dir(_, DirOf::Root)) = handle {
@@ -327,6 +330,7 @@ impl CkptFs {
         }
     }
 
+    /// The target of link `ino` (`latest`).
     pub fn readlink(&self, ino: u64) -> Result<String> {
         if ino != LATEST {
             return Err(Error::Invalid("not a symbolic link".into()));

@@ -46,13 +46,21 @@ pub use inode::{parse_checkpoint_dir, DirCache};
 use handles::Handle;
 use inode::{split_ino, RootCache};
 
+/// The mount's root directory (FUSE's root inode).
 pub const ROOT: u64 = 1;
+/// `.ckptfs/`.
 pub const META_DIR: u64 = 2;
+/// `.ckptfs/ctl`, the control file.
 pub const CTL: u64 = 3;
+/// `.ckptfs/status`.
 pub const STATUS: u64 = 4;
+/// `.ckptfs/registry`.
 pub const REGISTRY: u64 = 5;
+/// `latest`, the link to the newest checkpoint.
 pub const LATEST: u64 = 6;
+/// `.ckptfs/checkpoints`.
 pub const CHECKPOINTS: u64 = 7;
+/// `.ckptfs/metrics`.
 pub const METRICS: u64 = 8;
 
 const META_DIR_NAME: &str = ".ckptfs";
@@ -69,32 +77,47 @@ pub const TREE_CACHE: usize = 256;
 /// until it reads, so a producer that never reads cannot grow the daemon without bound.
 pub const MAX_UNREAD_ANSWERS: usize = 65_536;
 
+/// The file types the tree shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// A directory.
     Dir,
+    /// A regular file.
     File,
+    /// A symbolic link (`latest`).
     Symlink,
 }
 
 /// What `stat` shows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attr {
+    /// The inode number (stable: see `tree.rs`).
     pub ino: u64,
+    /// Its file type.
     pub kind: Kind,
+    /// Its size in bytes.
     pub size: u64,
+    /// Its permission bits.
     pub perm: u16,
+    /// Its link count.
     pub nlink: u32,
+    /// When it last changed: a checkpoint's files show the checkpoint's time.
     pub mtime: SystemTime,
+    /// Its owner: the mount's.
     pub uid: u32,
+    /// Its group: the mount's.
     pub gid: u32,
     /// True for entries that never change while they exist (checkpoint content): the
     /// adapter gives them long cache lifetimes.
     pub immutable: bool,
 }
 
+/// One entry of a directory listing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DirEntry {
+    /// Its name in the directory.
     pub name: String,
+    /// What `stat` shows of it.
     pub attr: Attr,
 }
 
@@ -102,21 +125,33 @@ pub struct DirEntry {
 pub enum OpenedAs {
     /// A stored object: reads go to this file (or the kernel, by passthrough).
     Object {
+        /// The handle.
         fh: u64,
+        /// The object's local file (in the store, or the read cache).
         file: Arc<File>,
+        /// The object the file holds.
         object: ObjectId,
     },
     /// Generated content (seekable) or the control stream (not): reads go through
     /// [`CkptFs::read`].
-    Stream { fh: u64, seekable: bool },
+    Stream {
+        /// The handle.
+        fh: u64,
+        /// Whether reads may go back (generated content) or not (the control stream).
+        seekable: bool,
+    },
 }
 
 /// Lets the core ask the kernel to forget cached entries (implemented by the adapter).
 pub trait Invalidator: Send + Sync {
+    /// Forget the entry `name` of directory `parent`.
     fn entry(&self, parent: u64, name: &str);
+    /// Forget the attributes and data of inode `ino`.
     fn inode(&self, ino: u64);
 }
 
+/// The mounted tree: inode operations, handles and the control stream, independent of
+/// FUSE (`fuse.rs` adapts it to fuser).
 pub struct CkptFs {
     /// The retained checkpoints and their objects (the engine, behind [`seam::Checkpoints`]).
     checkpoints: Arc<dyn Checkpoints>,
@@ -145,10 +180,13 @@ pub struct CkptFs {
 }
 
 impl CkptFs {
+    /// The tree of the daemon's controller, verifying each object at its first open.
     pub fn new(controller: Arc<Controller>) -> Arc<Self> {
         Self::with_verification(controller, true)
     }
 
+    /// The tree of the daemon's controller; `verify` checks each object's hash at its
+    /// first open (off with `--no-verify`).
     pub fn with_verification(controller: Arc<Controller>, verify: bool) -> Arc<Self> {
         let live = Arc::new(Live::new(controller));
         Self::with_parts(live.clone(), live, verify)
@@ -187,6 +225,7 @@ impl CkptFs {
         fs
     }
 
+    /// Where to tell the kernel which cached entries to forget (once the session runs).
     pub fn set_invalidator(&self, invalidator: Arc<dyn Invalidator>) {
         *lock(&self.invalidator) = Some(invalidator);
     }

@@ -53,6 +53,7 @@ pub trait ControlLines: Send + Sync {
 pub struct Live(Arc<Controller>);
 
 impl Live {
+    /// The seam over the daemon's `controller`.
     pub fn new(controller: Arc<Controller>) -> Self {
         Live(controller)
     }

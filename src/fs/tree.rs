@@ -7,22 +7,30 @@ use ckptfs_core::catalog::Manifest;
 use ckptfs_core::store::chunks::Chunks;
 use ckptfs_core::store::ObjectId;
 
+/// What a node of a checkpoint's tree is.
 #[derive(Debug)]
 pub enum NodeKind {
     /// Children as indices into [`CheckpointTree::nodes`], sorted by name.
     Dir(Vec<usize>),
+    /// A backend's file.
     File {
+        /// The stored object holding its bytes (or its chunk list).
         object: ObjectId,
+        /// Its size in bytes.
         size: u64,
         /// Stored as chunks: served from memory, assembled and verified at open.
         chunks: Option<Chunks>,
     },
 }
 
+/// A directory or file of a checkpoint's tree.
 #[derive(Debug)]
 pub struct Node {
+    /// Its name in its parent.
     pub name: String,
+    /// Its parent's index (0 for `cp-N` itself).
     pub parent: usize,
+    /// Directory or file.
     pub kind: NodeKind,
 }
 
@@ -36,6 +44,7 @@ pub struct TreeCache {
 }
 
 impl TreeCache {
+    /// A cache keeping at most `capacity` trees (at least one).
     pub fn new(capacity: usize) -> Self {
         TreeCache {
             trees: Default::default(),
@@ -44,6 +53,7 @@ impl TreeCache {
         }
     }
 
+    /// Checkpoint `id`'s tree, if it is built, marked as just used.
     pub fn get(&mut self, id: u64) -> Option<std::sync::Arc<CheckpointTree>> {
         self.clock += 1;
         let clock = self.clock;
@@ -70,14 +80,17 @@ impl TreeCache {
         }
     }
 
+    /// Forget checkpoint `id`'s tree (the checkpoint was dropped).
     pub fn remove(&mut self, id: &u64) {
         self.trees.remove(id);
     }
 
+    /// How many trees are built.
     pub fn len(&self) -> usize {
         self.trees.len()
     }
 
+    /// True when no tree is built.
     pub fn is_empty(&self) -> bool {
         self.trees.is_empty()
     }
@@ -87,8 +100,11 @@ impl TreeCache {
 /// `N << 32 | index`, stable for as long as the checkpoint exists and across remounts.
 #[derive(Debug)]
 pub struct CheckpointTree {
+    /// The checkpoint's id.
     pub id: u64,
+    /// The checkpoint's time, which every node shows.
     pub mtime: SystemTime,
+    /// Its directories and files; node 0 is `cp-N`.
     pub nodes: Vec<Node>,
 }
 
@@ -104,6 +120,7 @@ impl CheckpointTree {
         parts.join("/")
     }
 
+    /// The tree of `manifest`'s backends and files.
     pub fn build(manifest: &Manifest) -> Self {
         let mut nodes = vec![Node {
             name: format!("cp-{}", manifest.id),
@@ -157,6 +174,7 @@ impl CheckpointTree {
         }
     }
 
+    /// The index of directory `parent`'s child `name`.
     pub fn child(&self, parent: usize, name: &str) -> Option<usize> {
         match &self.nodes.get(parent)?.kind {
             NodeKind::Dir(children) => children
