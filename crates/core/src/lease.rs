@@ -26,7 +26,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::fsutil::{boot_now, lock, now_unix_ms};
+use crate::fsutil::{boot_now, lock, now_unix_ms, wait_timeout};
 use crate::store::records::{Put, Record, Records};
 
 const KEY: &str = crate::store::layout::LEASE;
@@ -467,11 +467,7 @@ fn renew_loop(shared: &Shared, stop: &(Mutex<bool>, Condvar)) {
     let mut wait = interval;
     let mut stopped = lock(&stop.0);
     loop {
-        stopped = stop
-            .1
-            .wait_timeout(stopped, wait)
-            .unwrap_or_else(|p| p.into_inner())
-            .0;
+        stopped = wait_timeout(&stop.1, stopped, wait);
         if *stopped {
             return;
         }

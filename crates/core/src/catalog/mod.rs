@@ -676,7 +676,7 @@ impl Catalog {
                 meta.retain, meta.next_checkpoint
             )));
         }
-        *self.meta_version.lock().unwrap_or_else(|p| p.into_inner()) = MetaVersion {
+        *crate::fsutil::lock(&self.meta_version) = MetaVersion {
             version: record.version,
             revision: meta.revision,
             unconfirmed: Vec::new(),
@@ -725,7 +725,7 @@ impl Catalog {
 
     fn write_meta(&self, meta: &StoreMeta) -> Result<()> {
         self.check_writer()?;
-        let mut state = self.meta_version.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = crate::fsutil::lock(&self.meta_version);
         let versioned = self.records.versioned();
         let mut meta = meta.clone();
         loop {

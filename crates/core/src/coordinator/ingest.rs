@@ -17,6 +17,7 @@ use super::{Base, Engine, State};
 use crate::backend::{chunk_size_for, is_shared_file, wal_number, StagedFile};
 use crate::catalog::{lists, CheckpointStats, FileEntry, FileList};
 use crate::error::{Error, IoContext, Result};
+use crate::fsutil::parallel_map;
 use crate::names::BackendName;
 use crate::store::chunks::Chunks;
 use crate::store::{hash_file, ObjectId, ObjectStore, Staged};
@@ -466,29 +467,9 @@ impl<'a> Ingest<'a> {
 
 /// Stage pieces from memory, several at once where the store gains from it.
 fn stage_all(store: &dyn ObjectStore, pieces: &[Vec<u8>]) -> Vec<Result<Staged>> {
-    let workers = store.upload_concurrency().min(pieces.len());
-    if workers <= 1 {
-        return pieces.iter().map(|p| store.stage_bytes(p)).collect();
-    }
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let done = std::sync::Mutex::new(Vec::with_capacity(pieces.len()));
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let Some(piece) = pieces.get(i) else {
-                    break;
-                };
-                let staged = store.stage_bytes(piece);
-                done.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push((i, staged));
-            });
-        }
-    });
-    let mut done = done.into_inner().unwrap_or_else(|p| p.into_inner());
-    done.sort_by_key(|(i, _)| *i);
-    done.into_iter().map(|(_, staged)| staged).collect()
+    parallel_map(pieces, store.upload_concurrency(), |piece| {
+        store.stage_bytes(piece)
+    })
 }
 
 /// Read up to `buf.len()` bytes at the current position (less only at the end of the file).
@@ -563,24 +544,13 @@ impl<'a> AheadSet<'a> {
         if todo.len() < 2 {
             return set;
         }
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let done = std::sync::Mutex::new(Vec::new());
-        std::thread::scope(|scope| {
-            for _ in 0..workers.min(todo.len()) {
-                scope.spawn(|| loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    let Some(file) = todo.get(i) else { break };
-                    let result = stage_file(engine, store, file, copy_at_once(part, file));
-                    done.lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push((file.name.clone(), result));
-                });
-            }
+        let staged = parallel_map(&todo, workers, |file| {
+            stage_file(engine, store, file, copy_at_once(part, file))
         });
-        set.staged = done
-            .into_inner()
-            .unwrap_or_else(|p| p.into_inner())
-            .into_iter()
+        set.staged = todo
+            .iter()
+            .map(|file| file.name.clone())
+            .zip(staged)
             .collect();
         set
     }

@@ -27,6 +27,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use crate::backend::{Backend, BackendOptions, WriteOp};
 use crate::catalog::{BackendSnapshot, Catalog, FileEntry, FileList, Manifest, StoreMeta};
 use crate::error::{Error, Result};
+use crate::fsutil::{lock, wait};
 use crate::lock::DirLock;
 use crate::names::BackendName;
 use crate::registry::Registry;
@@ -239,17 +240,11 @@ type CatalogWrites<'a> = MutexGuard<'a, ()>;
 
 impl Engine {
     fn catalog_writes(&self) -> CatalogWrites<'_> {
-        self.inner
-            .catalog_writes
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.inner.catalog_writes)
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        self.inner
-            .state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.inner.state)
     }
 
     /// Where the store is.
@@ -294,7 +289,7 @@ impl Engine {
             }
             return Err(Error::NoSuchBackend(name.to_string()));
         };
-        let guard = slot.read().unwrap_or_else(|p| p.into_inner());
+        let guard = crate::fsutil::read(slot);
         let backend = guard
             .as_ref()
             .ok_or_else(|| Error::BackendClosed(name.to_string()))?;
@@ -379,11 +374,7 @@ impl Engine {
     /// 35 MiB in that benchmark, 30 checkpoints a second).
     pub(crate) fn trim_memory(&self) {
         {
-            let mut last = self
-                .inner
-                .last_trim
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut last = lock(&self.inner.last_trim);
             if last.elapsed() < TRIM_INTERVAL {
                 return;
             }
@@ -396,11 +387,7 @@ impl Engine {
     pub fn wait_background(&self) {
         let mut st = self.state();
         while !st.preparing.is_empty() {
-            st = self
-                .inner
-                .slot_freed
-                .wait(st)
-                .unwrap_or_else(|p| p.into_inner());
+            st = wait(&self.inner.slot_freed, st);
         }
     }
 
@@ -409,11 +396,7 @@ impl Engine {
     pub fn wait_idle(&self) {
         let mut st = self.state();
         while !st.in_flight.is_empty() || !st.preparing.is_empty() {
-            st = self
-                .inner
-                .slot_freed
-                .wait(st)
-                .unwrap_or_else(|p| p.into_inner());
+            st = wait(&self.inner.slot_freed, st);
         }
     }
 

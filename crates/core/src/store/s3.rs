@@ -447,10 +447,7 @@ impl S3Objects {
     fn begin_stage(&self, id: ObjectId) {
         let mut uploads = lock(&self.uploads);
         while uploads.deleting.contains(&id) {
-            uploads = self
-                .delete_done
-                .wait(uploads)
-                .unwrap_or_else(|p| p.into_inner());
+            uploads = crate::fsutil::wait(&self.delete_done, uploads);
         }
         *uploads.staged.entry(id).or_default() += 1;
     }
