@@ -801,12 +801,12 @@ pub fn import_flink(
         // The daemon runs elsewhere: it needs the whole path.
         let mut line = format!(
             "import-flink {}",
-            percent::encode(flink::Source::absolute(src)?.as_os_str().as_bytes())
+            percent::encode(flink::FlinkSource::absolute(src)?.as_os_str().as_bytes())
         );
         for root in roots {
             line.push(' ');
             line.push_str(&percent::encode(
-                flink::Source::absolute(root)?.as_os_str().as_bytes(),
+                flink::FlinkSource::absolute(root)?.as_os_str().as_bytes(),
             ));
         }
         let spinner = spinner("import in progress");
@@ -818,7 +818,7 @@ pub fn import_flink(
         }
     } else {
         // Every checkpoint's metadata is read before the store is touched.
-        let src = flink::Source::open(src, roots)?;
+        let src = flink::FlinkSource::open(src, roots)?;
         flink::check_all(&flink::completed(&src)?)?;
         let engine = open_for_import(target, state)?;
         let mut done: Vec<serde_json::Value> = Vec::new();

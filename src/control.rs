@@ -620,7 +620,7 @@ impl Controller {
         roots: &[std::path::PathBuf],
     ) -> Result<Vec<String>> {
         use ckptfs_core::flink::import as flink;
-        let src = flink::Source::open(src, roots)?;
+        let src = flink::FlinkSource::open(src, roots)?;
         flink::check_all(&flink::completed(&src)?)?;
         let deadline = std::time::Instant::now() + FLINK_IMPORT_WAIT;
         let mut pause = std::time::Duration::from_millis(20);
@@ -772,7 +772,7 @@ impl Controller {
             // Connected here, in the daemon (an S3 client's threads do not survive a fork).
             let source = match source.get() {
                 Some(s) => s,
-                None => match ckptfs_core::flink::import::Source::open(&src, &roots) {
+                None => match ckptfs_core::flink::import::FlinkSource::open(&src, &roots) {
                     Ok(s) => source.get_or_init(|| s),
                     Err(e) => {
                         this.engine

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use ckptfs_core::error::Error;
 use ckptfs_core::store::records::Put;
-use ckptfs_core::store::{Location, ObjectId, Opened};
+use ckptfs_core::store::{Location, ObjectId, OpenedStore};
 use ckptfs_core::Engine;
 
 use crate::common::moto::{create_bucket, moto, HttpProxy, Proxy};
@@ -164,7 +164,7 @@ fn a_corrupt_object_is_detected_on_read_and_by_fsck() {
         .find(|f| f.name.ends_with(".sst"))
         .unwrap()
         .clone();
-    let opened = Opened::open(&Location::parse(&url).unwrap()).unwrap();
+    let opened = OpenedStore::open(&Location::parse(&url).unwrap()).unwrap();
     let mut bytes = vec![0u8; sst.size as usize];
     bytes[0] = 1;
     opened
@@ -484,7 +484,7 @@ fn a_read_only_view_reports_an_unreadable_manifest() {
             engine.checkpoint().unwrap();
         }
     }
-    let opened = Opened::open(&Location::parse(&url).unwrap()).unwrap();
+    let opened = OpenedStore::open(&Location::parse(&url).unwrap()).unwrap();
     opened
         .records
         .put("checkpoints/2.json", b"{not a manifest", Put::Overwrite)

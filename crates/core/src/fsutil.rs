@@ -295,7 +295,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let victim = dir.path().join("victim");
         fs::write(&victim, b"precious").unwrap();
-        // The old fixed temporary name, and the target itself, as links to the victim.
+        // A fixed temporary name (`NAME.tmp`), and the target itself, as links to the victim.
         std::os::unix::fs::symlink(
             &victim,
             dir.path()

@@ -1343,7 +1343,7 @@ mod tests {
 
     /// While the store is unreachable a write lands with its answer lost, and the next one
     /// fails without landing but reads the first back: the first is adopted, not forgotten,
-    /// and the write after succeeds (it was once refused as another writer's takeover).
+    /// and the write after succeeds (it is no other writer's takeover).
     #[test]
     fn an_unconfirmed_write_seen_by_a_later_failed_write_is_adopted() {
         use std::sync::atomic::Ordering::SeqCst;

@@ -298,8 +298,8 @@ impl<'a> Ingest<'a> {
             None => stage_file(self.engine, self.store, file, copy_at_once(part, file))?,
         };
         let (staged, expected) = match staging {
-            Staging::Staged(staged, expected) => (staged, expected),
-            Staging::Shareable(id, size) => {
+            StageOutcome::Staged(staged, expected) => (staged, expected),
+            StageOutcome::Shareable(id, size) => {
                 // Same content already stored (another backend, a private file that did
                 // not change, a restored file, or a concurrent checkpoint): pinned here,
                 // under the lock, if it is still alive.
@@ -486,7 +486,7 @@ fn read_full(input: &mut std::fs::File, buf: &mut [u8], path: &std::path::Path) 
 }
 
 /// A file staged (or found stored already) before its turn.
-enum Staging {
+enum StageOutcome {
     /// Staged; with the id and size it hashed to first, if it was hashed first.
     Staged(Staged, Option<(ObjectId, u64)>),
     /// Hashed first, and stored already when looked up (to be pinned in its turn).
@@ -506,15 +506,18 @@ fn stage_file(
     store: &dyn ObjectStore,
     file: &StagedFile,
     copy_at_once: bool,
-) -> Result<Staging> {
+) -> Result<StageOutcome> {
     if copy_at_once {
-        return Ok(Staging::Staged(store.stage(&file.path)?, None));
+        return Ok(StageOutcome::Staged(store.stage(&file.path)?, None));
     }
     let (id, size) = hash_file(&file.path)?;
     if engine.state().can_share(&id) {
-        return Ok(Staging::Shareable(id, size));
+        return Ok(StageOutcome::Shareable(id, size));
     }
-    Ok(Staging::Staged(store.stage(&file.path)?, Some((id, size))))
+    Ok(StageOutcome::Staged(
+        store.stage(&file.path)?,
+        Some((id, size)),
+    ))
 }
 
 /// Files of one backend staged several at once ahead of the sequential walk that pins
@@ -522,7 +525,7 @@ fn stage_file(
 /// What the walk does not take (it stopped at an error) is discarded.
 struct AheadSet<'a> {
     store: &'a dyn ObjectStore,
-    staged: HashMap<String, Result<Staging>>,
+    staged: HashMap<String, Result<StageOutcome>>,
 }
 
 impl<'a> AheadSet<'a> {
@@ -555,7 +558,7 @@ impl<'a> AheadSet<'a> {
         set
     }
 
-    fn take(&mut self, name: &str) -> Option<Result<Staging>> {
+    fn take(&mut self, name: &str) -> Option<Result<StageOutcome>> {
         self.staged.remove(name)
     }
 }
@@ -563,7 +566,7 @@ impl<'a> AheadSet<'a> {
 impl Drop for AheadSet<'_> {
     fn drop(&mut self) {
         for (_, ahead) in self.staged.drain() {
-            if let Ok(Staging::Staged(staged, _)) = ahead {
+            if let Ok(StageOutcome::Staged(staged, _)) = ahead {
                 self.store.discard(staged);
             }
         }

@@ -6,11 +6,14 @@
 //! object, deleting garbage, committing or removing a manifest), never while hashing or
 //! copying file contents. Each backend sits behind its own `RwLock`, taken for writing only
 //! to swap the database during a restore.
-
 //!
 //! One file per part of the story: [`open`] (recovery at start), [`checkpoint`] (taking
-//! one), [`restore`] (rolling back, materializing); this file holds the engine's state and
-//! what the parts share (retention, drops, deleting garbage).
+//! one: what it holds, its synchronous phase, its commit), [`materialize`] (one backend's
+//! synchronous phase and `wal` mode's materializations), [`ingest`] (the one way bytes come
+//! into the store: re-referenced, or staged and published, and pinned), [`flink`]
+//! (importing a Flink job's checkpoints), [`restore`] (rolling back, materializing) and
+//! [`counters`] (what the engine counted since it opened, for metrics); this file holds the
+//! engine's state and what the parts share (retention, drops, deleting garbage).
 
 mod checkpoint;
 pub mod counters;
@@ -215,7 +218,7 @@ pub struct Engine {
 
 /// A read-only picture of the engine for status displays.
 #[derive(Debug, Clone)]
-pub struct Status {
+pub struct EngineStatus {
     pub backends: Vec<BackendName>,
     /// Imported backends (`ckptfs import`).
     pub external: Vec<BackendName>,
@@ -535,9 +538,9 @@ impl Engine {
         self.state().registry.counts()
     }
 
-    pub fn status(&self) -> Status {
+    pub fn status(&self) -> EngineStatus {
         let st = self.state();
-        Status {
+        EngineStatus {
             backends: self.backend_names(),
             external: st.meta.external.clone(),
             checkpoints: st.manifests.values().cloned().collect(),

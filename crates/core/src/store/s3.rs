@@ -533,7 +533,7 @@ impl S3Objects {
     /// Every part in memory holds one of the store's [`S3Objects::part_buffers`] permits
     /// from its read until its upload ends: all uploads together hold at most
     /// `upload_concurrency` parts of [`PART_SIZE`], however many files are staged at once.
-    fn upload(&self, id: &ObjectId, src: Source<'_>) -> Result<()> {
+    fn upload(&self, id: &ObjectId, src: UploadBody<'_>) -> Result<()> {
         let name = Self::object_name(id);
         let key = self.remote.key(&name);
         let what = format!("upload {}", self.remote.url(&name));
@@ -727,29 +727,29 @@ async fn fetch_into(
 }
 
 /// What an upload reads: a file or bytes in memory.
-enum Source<'a> {
+enum UploadBody<'a> {
     File(&'a fs::File, u64),
     Bytes(&'a [u8]),
 }
 
-impl Source<'_> {
+impl UploadBody<'_> {
     fn len(&self) -> u64 {
         match self {
-            Source::File(_, len) => *len,
-            Source::Bytes(b) => b.len() as u64,
+            UploadBody::File(_, len) => *len,
+            UploadBody::Bytes(b) => b.len() as u64,
         }
     }
 
     fn read_range(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
         match self {
-            Source::File(file, _) => {
+            UploadBody::File(file, _) => {
                 use std::os::unix::fs::FileExt;
                 let mut buf = vec![0u8; len];
                 file.read_exact_at(&mut buf, offset)
                     .map_err(|e| Error::io("read for upload", e))?;
                 Ok(buf)
             }
-            Source::Bytes(b) => Ok(b[offset as usize..offset as usize + len].to_vec()),
+            UploadBody::Bytes(b) => Ok(b[offset as usize..offset as usize + len].to_vec()),
         }
     }
 
@@ -764,7 +764,7 @@ impl ObjectStore for S3Objects {
         let (id, size) = hash_file(src)?;
         let file = fs::File::open(src).ctx("open", src)?;
         self.begin_stage(id);
-        match self.upload(&id, Source::File(&file, size)) {
+        match self.upload(&id, UploadBody::File(&file, size)) {
             Ok(()) => Ok(Staged {
                 id,
                 size,
@@ -780,7 +780,7 @@ impl ObjectStore for S3Objects {
     fn stage_bytes(&self, bytes: &[u8]) -> Result<Staged> {
         let id = ObjectId::from_hash(blake3::hash(bytes));
         self.begin_stage(id);
-        match self.upload(&id, Source::Bytes(bytes)) {
+        match self.upload(&id, UploadBody::Bytes(bytes)) {
             Ok(()) => Ok(Staged {
                 id,
                 size: bytes.len() as u64,
