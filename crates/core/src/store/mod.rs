@@ -8,6 +8,7 @@
 
 mod cache;
 pub mod chunks;
+pub mod conditional;
 pub(crate) mod crash;
 pub mod layout;
 mod local;

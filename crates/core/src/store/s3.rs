@@ -31,6 +31,7 @@ use object_store::{
 };
 
 use super::cache::Cache;
+use super::conditional::{read_back, ReadBack};
 use super::records::{Put, Record, Records};
 use super::{hash_file, layout, ObjectId, ObjectStore, Staged, WriteFence};
 use crate::error::{Error, IoContext, Result};
@@ -987,14 +988,13 @@ impl S3Records {
     }
 
     /// A conditional put the server refused may have been our own, landed before a retry
-    /// (a timeout, then "exists" or "changed"): it was ours if the record holds our bytes.
-    ///
-    /// A record that cannot be read is an I/O error: whose it is is unknown, and a refused
-    /// conditional write must not be taken for another writer's while it may be ours.
-    fn was_ours(&self, key: &str, bytes: &[u8]) -> Result<Option<Option<String>>> {
-        match self.get(key) {
-            Ok(Some(record)) if record.bytes == bytes => Ok(Some(record.version)),
-            Ok(_) => Ok(None),
+    /// (a timeout, then "exists" or "changed"): its version if the record holds our bytes,
+    /// `refused` if it holds none or another's. A record that cannot be read is an I/O
+    /// error (see [`read_back`]).
+    fn refused_put(&self, key: &str, bytes: &[u8], refused: Error) -> Result<Option<String>> {
+        match read_back(self, key, bytes) {
+            Ok(ReadBack::Landed { version }) => Ok(version),
+            Ok(ReadBack::Absent | ReadBack::Other(_)) => Err(refused),
             Err(e) => Err(Error::io(
                 format!(
                     "write {}: refused as changed, and it cannot be read back to tell \
@@ -1067,10 +1067,7 @@ impl Records for S3Records {
             Err(
                 e @ (object_store::Error::AlreadyExists { .. }
                 | object_store::Error::Precondition { .. }),
-            ) => match self.was_ours(key, bytes)? {
-                Some(version) => Ok(version),
-                None => Err(remote_error(&what, e)),
-            },
+            ) => self.refused_put(key, bytes, remote_error(&what, e)),
             Err(e) => Err(remote_error(&what, e)),
         }
     }
