@@ -604,7 +604,7 @@ fn resolve_store(path: &Path) -> Result<Location, Error> {
 pub fn graph(path: &Path, format: Option<&str>) -> Result<ExitCode, Error> {
     let store = resolve_store(path)?;
     let manifests = store_checkpoints(&store)?.1;
-    let dot = ckptfs_core::graph::dot(&manifests);
+    let dot = ckptfs_core::commands::graph::dot(&manifests);
     let have_dot = std::process::Command::new("dot")
         .arg("-V")
         .stdout(Stdio::null())
@@ -901,7 +901,9 @@ pub fn export_flink(target: &Path, id: u64, dest: &Path, json: bool) -> Result<E
             let files = export::MountedCheckpoint(mountpoint.join(format!("cp-{id}")));
             export::export(&files, &label.job, label.checkpoint, dest)?
         }
-        Target::Store(location) => export::export_from_store(&location, id, dest)?,
+        Target::Store(location) => {
+            ckptfs_core::commands::export_flink::export_from_store(&location, id, dest)?
+        }
     };
     if json {
         println!("{}", serde_json::to_string(&exported).expect("json"));

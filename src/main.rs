@@ -7,8 +7,9 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use ckptfs_core::backend::{scan_dir, BackendOptions};
+use ckptfs_core::commands::{fsck, restore};
 use ckptfs_core::error::Error;
-use ckptfs_core::{fsck, percent, restore, workload, Engine, EngineConfig};
+use ckptfs_core::{percent, workload, Engine, EngineConfig};
 use cli::{Cli, Command};
 
 /// The effective command line (after mount-helper translation), for re-running as daemon.

@@ -32,7 +32,7 @@ fn one_writer_per_store_with_takeover_of_an_expired_lease() {
     assert!(err.to_string().contains("lease held by"), "{err}");
     // So is fsck, which would write.
     let location = Location::parse(&url).unwrap();
-    assert!(ckptfs_core::fsck::fsck(&location, false, |_| {}).is_err());
+    assert!(ckptfs_core::commands::fsck::fsck(&location, false, |_| {}).is_err());
     drop(first);
     // Released at a clean stop: the next daemon starts at once.
     let second = Engine::open(s3_config(&url, d2.path(), &["A/0"])).unwrap();
@@ -670,7 +670,7 @@ fn two_daemons_alternately_stopped_lose_no_committed_checkpoint() {
     // Every reported checkpoint is there and restores to the very bytes copied out.
     for id in &acked {
         let dest = dir.path().join(format!("restored-{id}"));
-        if let Err(e) = ckptfs_core::restore::restore_checkpoint(
+        if let Err(e) = ckptfs_core::commands::restore::restore_checkpoint(
             Location::parse(&url).unwrap(),
             *id,
             &dest,
@@ -688,7 +688,8 @@ fn two_daemons_alternately_stopped_lose_no_committed_checkpoint() {
             }
         }
     }
-    let report = ckptfs_core::fsck::fsck(Location::parse(&url).unwrap(), false, |_| {}).unwrap();
+    let report =
+        ckptfs_core::commands::fsck::fsck(Location::parse(&url).unwrap(), false, |_| {}).unwrap();
     if !report.missing.is_empty()
         || !report.corrupt.is_empty()
         || !report.unreadable_manifests.is_empty()

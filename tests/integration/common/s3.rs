@@ -42,12 +42,12 @@ pub fn referenced(url: &str) -> BTreeSet<ObjectId> {
         .collect()
 }
 
-/// Restore checkpoint `id` from the URL with `ckptfs_core::restore` and read every backend.
+/// Restore checkpoint `id` from the URL with `ckptfs_core::commands::restore` and read every backend.
 pub fn restored(url: &str, id: u64) -> BTreeMap<BackendName, Kv> {
     let dest = tempfile::tempdir().unwrap();
     let out = dest.path().join("out");
     let location = Location::parse(url).unwrap();
-    ckptfs_core::restore::restore_checkpoint(&location, id, &out, |_| {}).unwrap();
+    ckptfs_core::commands::restore::restore_checkpoint(&location, id, &out, |_| {}).unwrap();
     let mut result = BTreeMap::new();
     for operator in std::fs::read_dir(&out).unwrap() {
         let operator = operator.unwrap();

@@ -817,7 +817,7 @@ mod tests {
         // With a fresh lineage nothing is re-referenced by name (content may still be shared).
         assert_eq!(cp.stats.files_reused, 0);
         let out = dir.path().join("out");
-        crate::restore::restore_checkpoint(&store, cp.id, &out, |_| {}).unwrap();
+        crate::commands::restore::restore_checkpoint(&store, cp.id, &out, |_| {}).unwrap();
         assert_eq!(
             crate::backend::scan_dir(&out.join("A/0")).unwrap(),
             expected
