@@ -777,7 +777,7 @@ fn import_into_store(
     let engine = open_for_import(store, state)?;
     let spinner = spinner("import in progress");
     let done = engine
-        .begin_checkpoint_with(scanned)
+        .begin(ckptfs_core::CheckpointPlan::Import(scanned))
         .and_then(|pending| pending.complete_with_imports());
     spinner.finish_and_clear();
     let (manifest, reports) = done?;

@@ -516,7 +516,10 @@ impl Controller {
             .iter()
             .map(|i| ckptfs_core::import::scan(&i.backend, &i.dir))
             .collect::<Result<Vec<_>>>()
-            .and_then(|scanned| self.engine.begin_checkpoint_with(scanned));
+            .and_then(|scanned| {
+                self.engine
+                    .begin(ckptfs_core::CheckpointPlan::Import(scanned))
+            });
         let pending = match began {
             Ok(p) => p,
             Err(e) => {

@@ -32,6 +32,6 @@ pub mod views;
 pub mod workload;
 
 pub use backend::{BackendOptions, CheckpointMode, WriteOp};
-pub use coordinator::{Engine, EngineConfig, MaterializePolicy, PendingCheckpoint};
+pub use coordinator::{CheckpointPlan, Engine, EngineConfig, MaterializePolicy, PendingCheckpoint};
 pub use error::{Error, Result};
 pub use names::BackendName;

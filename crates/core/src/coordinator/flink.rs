@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use super::{Engine, ImportReport};
+use super::{CheckpointPlan, Engine, ImportReport};
 use crate::catalog::{FlinkLabel, Manifest};
 use crate::error::{IoContext, Result};
 use crate::flink::import::{self as flink, Completed, FlinkSource};
@@ -159,7 +159,7 @@ impl Engine {
             return Ok(None);
         }
         crate::failpoint!("flink::before-begin");
-        let mut pending = self.begin_checkpoint_of(backends)?;
+        let mut pending = self.begin(CheckpointPlan::Application(backends))?;
         // Asked again in the checkpoint slot, which an import holds alone: another importer
         // (the follower, a control line) may have committed it since the look above.
         if held(&job) {

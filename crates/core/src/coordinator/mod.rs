@@ -38,7 +38,7 @@ use crate::store::s3::S3Options;
 use crate::store::{Location, ObjectId, ObjectStore, DEFAULT_ORPHAN_GRACE};
 
 pub use crate::repo::ensure_store_dir;
-pub use checkpoint::{ImportReport, PendingCheckpoint};
+pub use checkpoint::{CheckpointPlan, ImportReport, PendingCheckpoint};
 pub use flink::{FlinkImport, Retries};
 pub use materialize::MaterializePolicy;
 pub use restore::materialize;
