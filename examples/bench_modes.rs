@@ -122,7 +122,8 @@ impl Target for Ckptfs {
     }
 
     fn restore(&mut self, dest: &Path) -> Vec<PathBuf> {
-        ckptfs_core::restore::restore_checkpoint(&self.store, self.last, dest, |_| {}).unwrap();
+        ckptfs_core::commands::restore::restore_checkpoint(&self.store, self.last, dest, |_| {})
+            .unwrap();
         self.names.iter().map(|n| dest.join(n.rel_path())).collect()
     }
 

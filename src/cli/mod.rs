@@ -470,12 +470,12 @@ impl MountArgs {
         let flink = self
             .flink
             .as_deref()
-            .map(ckptfs_core::flink::import::Source::absolute)
+            .map(ckptfs_core::flink::import::FlinkSource::absolute)
             .transpose()?;
         let flink_roots = self
             .flink_roots
             .iter()
-            .map(|r| ckptfs_core::flink::import::Source::absolute(r))
+            .map(|r| ckptfs_core::flink::import::FlinkSource::absolute(r))
             .collect::<Result<Vec<_>, _>>()?;
         engine.retain = self.retain;
         engine.max_concurrent = self.max_concurrent;

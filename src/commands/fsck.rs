@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use ckptfs_core::fsck;
+use ckptfs_core::commands::fsck;
 use ckptfs_core::store::Location;
 
 use ckptfs_core::error::Error;

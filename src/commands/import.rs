@@ -76,7 +76,7 @@ fn import_into_store(
     let engine = open_for_import(store, state)?;
     let spinner = progress::spinner("import in progress");
     let done = engine
-        .begin_checkpoint_with(scanned)
+        .begin(ckptfs_core::CheckpointPlan::Import(scanned))
         .and_then(|pending| pending.complete_with_imports());
     spinner.finish_and_clear();
     let (manifest, reports) = done?;
@@ -110,10 +110,10 @@ pub fn import_flink(
     let done = if client::is_mount(target) {
         // The daemon runs elsewhere: it needs the whole paths.
         let command = Command::ImportFlink {
-            src: flink::Source::absolute(src)?,
+            src: flink::FlinkSource::absolute(src)?,
             roots: roots
                 .iter()
-                .map(|root| flink::Source::absolute(root))
+                .map(|root| flink::FlinkSource::absolute(root))
                 .collect::<Result<_, _>>()?,
         };
         let spinner = progress::spinner("import in progress");
@@ -122,7 +122,7 @@ pub fn import_flink(
         answer?.into_imported()?
     } else {
         // Every checkpoint's metadata is read before the store is touched.
-        let src = flink::Source::open(src, roots)?;
+        let src = flink::FlinkSource::open(src, roots)?;
         flink::check_all(&flink::completed(&src)?)?;
         let engine = open_for_import(target, state)?;
         let mut done: Vec<CheckpointDone> = Vec::new();

@@ -4,9 +4,9 @@
 use std::path::Path;
 use std::process::ExitCode;
 
+use ckptfs_core::commands::restore;
 use ckptfs_core::error::Error;
 use ckptfs_core::flink::export;
-use ckptfs_core::restore;
 use ckptfs_core::store::Location;
 
 use crate::client::{progress, read_checkpoints, Target};
@@ -50,7 +50,9 @@ pub fn export_flink(target: &Path, id: u64, dest: &Path, json: bool) -> Result<E
             let files = export::MountedCheckpoint(mountpoint.join(format!("cp-{id}")));
             export::export(&files, &label.job, label.checkpoint, dest)?
         }
-        Target::Store(location) => export::export_from_store(&location, id, dest)?,
+        Target::Store(location) => {
+            ckptfs_core::commands::export_flink::export_from_store(&location, id, dest)?
+        }
     };
     if json {
         println!("{}", serde_json::to_string(&exported).expect("json"));

@@ -188,7 +188,7 @@ fn print_store_status(status: &StoreStatus) {
 pub fn graph(path: &Path, format: Option<&str>) -> Result<ExitCode, Error> {
     let store = Target::of(path)?.store()?;
     let manifests = store_checkpoints(&store)?.1;
-    let dot = ckptfs_core::graph::dot(&manifests);
+    let dot = ckptfs_core::commands::graph::dot(&manifests);
     let have_dot = std::process::Command::new("dot")
         .arg("-V")
         .stdout(Stdio::null())

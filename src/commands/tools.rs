@@ -75,7 +75,9 @@ pub fn workload(args: WorkloadArgs) -> Result<ExitCode, Error> {
             Some(app) => {
                 rounds.push((app.name().clone(), app.step(keys, value_size)?));
                 let scanned = ckptfs_core::import::scan(app.name(), &app.checkpoint()?)?;
-                engine.begin_checkpoint_with(vec![scanned])?.complete()?
+                engine
+                    .begin(ckptfs_core::CheckpointPlan::Import(vec![scanned]))?
+                    .complete()?
             }
             None => engine.checkpoint()?,
         };

@@ -298,7 +298,10 @@ impl Controller {
             .iter()
             .map(|i| ckptfs_core::import::scan(&i.backend, &i.dir))
             .collect::<Result<Vec<_>>>()
-            .and_then(|scanned| self.engine.begin_checkpoint_with(scanned));
+            .and_then(|scanned| {
+                self.engine
+                    .begin(ckptfs_core::CheckpointPlan::Import(scanned))
+            });
         let pending = match began {
             Ok(p) => p,
             Err(e) => {
@@ -397,7 +400,7 @@ impl Controller {
     /// what each imported checkpoint answers.
     fn import_flink_waiting(&self, src: &Path, roots: &[PathBuf]) -> Result<Vec<CheckpointDone>> {
         use ckptfs_core::flink::import as flink;
-        let src = flink::Source::open(src, roots)?;
+        let src = flink::FlinkSource::open(src, roots)?;
         flink::check_all(&flink::completed(&src)?)?;
         let mut backoff = Backoff::new(FLINK_IMPORT_WAIT);
         let mut done: Vec<CheckpointDone> = Vec::new();

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use ckptfs_core::compaction::SmallFilePolicy;
 use ckptfs_core::coordinator::Retries;
 use ckptfs_core::error::{Error, Result};
-use ckptfs_core::flink::import::Source;
+use ckptfs_core::flink::import::FlinkSource;
 use ckptfs_core::fsutil::lock;
 
 use crate::control::Controller;
@@ -116,7 +116,7 @@ impl Tasks {
             // Connected here, in the daemon (an S3 client's threads do not survive a fork).
             let source = match source.get() {
                 Some(s) => s,
-                None => match Source::open(&src, &roots) {
+                None => match FlinkSource::open(&src, &roots) {
                     Ok(s) => source.get_or_init(|| s),
                     Err(e) => {
                         this.engine()

@@ -544,7 +544,7 @@ mod tests {
     fn value_in(store: &std::path::Path, id: u64, key: &[u8]) -> Option<Vec<u8>> {
         let out = tempfile::tempdir().unwrap();
         let dest = out.path().join("r");
-        ckptfs_core::restore::restore_checkpoint(store, id, &dest, |_| {}).unwrap();
+        ckptfs_core::commands::restore::restore_checkpoint(store, id, &dest, |_| {}).unwrap();
         ckptfs_core::backend::scan_dir(&dest.join("A/0"))
             .unwrap()
             .into_iter()

@@ -99,7 +99,7 @@ fn identical_files_are_stored_once_and_the_store_holds_only_referenced_objects()
     let cp = engine.checkpoint().unwrap();
     // Files with equal bytes (e.g. CURRENT, OPTIONS across backends) share one object.
     let staged = dir.path().join("check");
-    ckptfs_core::restore::restore_checkpoint(&store, cp.id, &staged, |_| {}).unwrap();
+    ckptfs_core::commands::restore::restore_checkpoint(&store, cp.id, &staged, |_| {}).unwrap();
     let mut by_content = std::collections::BTreeMap::new();
     for b in &cp.backends {
         for f in b.files.iter() {
@@ -346,7 +346,7 @@ fn a_missing_object_is_stored_again_not_shared() {
     );
     assert!(cp2.stats.bytes_uploaded >= sst.size);
     drop(engine);
-    let report = ckptfs_core::fsck::fsck(&store, false, |_| {}).unwrap();
+    let report = ckptfs_core::commands::fsck::fsck(&store, false, |_| {}).unwrap();
     assert!(report.is_clean(), "{report:?}");
 }
 
@@ -438,7 +438,7 @@ fn manifests_share_file_lists_and_store_what_changed() {
     let restored = restored_contents(&store, cps.last().unwrap().id);
     assert_eq!(restored[&a], live);
     drop(engine);
-    assert!(ckptfs_core::fsck::fsck(&store, false, |_| {})
+    assert!(ckptfs_core::commands::fsck::fsck(&store, false, |_| {})
         .unwrap()
         .is_clean());
 }
@@ -495,7 +495,7 @@ fn append_only_files_store_what_was_appended() {
     );
     // Restores byte-identical (the restore checks the whole file's hash).
     let out = dir.path().join("out");
-    ckptfs_core::restore::restore_checkpoint(&store, second.id, &out, |_| {}).unwrap();
+    ckptfs_core::commands::restore::restore_checkpoint(&store, second.id, &out, |_| {}).unwrap();
     let restored = std::fs::read(out.join("A/0").join(&after.name)).unwrap();
     assert_eq!(restored.len() as u64, after.size);
     assert_eq!(
@@ -529,11 +529,11 @@ fn append_only_files_store_what_was_appended() {
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[100] ^= 0x20;
     std::fs::write(&path, bytes).unwrap();
-    let report = ckptfs_core::fsck::fsck(&store, false, |_| {}).unwrap();
-    assert_eq!(report.corrupt, vec![chunk.to_hex()], "{report:?}");
-    let report = ckptfs_core::fsck::fsck(&store, true, |_| {}).unwrap();
+    let report = ckptfs_core::commands::fsck::fsck(&store, false, |_| {}).unwrap();
+    assert_eq!(report.corrupt, vec![chunk], "{report:?}");
+    let report = ckptfs_core::commands::fsck::fsck(&store, true, |_| {}).unwrap();
     assert_eq!(report.repaired_objects.len(), 1, "{report:?}");
-    assert!(ckptfs_core::fsck::fsck(&store, false, |_| {})
+    assert!(ckptfs_core::commands::fsck::fsck(&store, false, |_| {})
         .unwrap()
         .is_clean());
 }

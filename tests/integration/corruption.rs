@@ -29,7 +29,8 @@ fn restore_verifies_checksums_and_cleans_up_on_corruption() {
     bytes[100] ^= 0xff;
     std::fs::write(&path, &bytes).unwrap();
     let dest = dir.path().join("out");
-    let err = ckptfs_core::restore::restore_checkpoint(&store, cp.id, &dest, |_| {}).unwrap_err();
+    let err = ckptfs_core::commands::restore::restore_checkpoint(&store, cp.id, &dest, |_| {})
+        .unwrap_err();
     assert!(matches!(err, Error::Corrupt(_)), "{err}");
     assert!(!dest.exists(), "a failed restore left files behind");
 }
@@ -61,14 +62,14 @@ fn fsck_finds_corruption_missing_objects_and_orphans_and_repairs_what_it_can() {
     let missing_path = s.local_path(&missing).unwrap();
     drop(engine);
 
-    let report = ckptfs_core::fsck::fsck(&store, false, |_| {}).unwrap();
+    let report = ckptfs_core::commands::fsck::fsck(&store, false, |_| {}).unwrap();
     assert!(report.is_clean(), "{report:?}");
     assert_eq!(report.counts.len(), report.objects_referenced);
 
     // fsck refuses while a daemon holds the store.
     let engine = Engine::open(config(&store, &["A/0"])).unwrap();
     assert!(matches!(
-        ckptfs_core::fsck::fsck(&store, false, |_| {}),
+        ckptfs_core::commands::fsck::fsck(&store, false, |_| {}),
         Err(Error::Locked { .. })
     ));
     drop(engine);
@@ -83,10 +84,10 @@ fn fsck_finds_corruption_missing_objects_and_orphans_and_repairs_what_it_can() {
     std::fs::create_dir_all(&orphan_dir).unwrap();
     std::fs::write(orphan_dir.join(&orphan), b"orphan").unwrap();
 
-    let report = ckptfs_core::fsck::fsck(&store, true, |_| {}).unwrap();
-    assert_eq!(report.corrupt, vec![corrupt.to_hex()]);
-    assert_eq!(report.missing, vec![missing.to_hex()]);
-    assert_eq!(report.orphans, vec![orphan.clone()]);
+    let report = ckptfs_core::commands::fsck::fsck(&store, true, |_| {}).unwrap();
+    assert_eq!(report.corrupt, vec![corrupt]);
+    assert_eq!(report.missing, vec![missing]);
+    assert_eq!(report.orphans, vec![orphan.parse().unwrap()]);
     assert_eq!(report.repaired_orphans, 1);
     assert_eq!(report.damaged_checkpoints, vec![cp1.id]);
     assert!(!report.is_clean());
@@ -126,9 +127,12 @@ fn fsck_reports_a_damaged_store_metadata_file() {
     let store = dir.path().join("store");
     six_checkpoints(&store);
     std::fs::write(store.join("ckptfs.json"), b"{").unwrap();
-    let report = ckptfs_core::fsck::fsck(&store, false, |_| {}).unwrap();
+    let report = ckptfs_core::commands::fsck::fsck(&store, false, |_| {}).unwrap();
     assert!(
-        report.problems.iter().any(|p| p.contains("ckptfs.json")),
+        report
+            .problems
+            .iter()
+            .any(|p| p.to_string().contains("ckptfs.json")),
         "{report:?}"
     );
     assert!(!report.is_clean());
@@ -148,11 +152,11 @@ fn fsck_quarantines_an_unreadable_manifest_and_keeps_its_objects() {
     std::fs::write(&path, &text[..text.len() * 2 / 3]).unwrap();
     let before = objects(&store);
 
-    let report = ckptfs_core::fsck::fsck(&store, false, |_| {}).unwrap();
+    let report = ckptfs_core::commands::fsck::fsck(&store, false, |_| {}).unwrap();
     assert_eq!(report.unreadable_manifests.len(), 1, "{report:?}");
     assert!(report.orphans_kept.is_some(), "{report:?}");
     assert!(!report.is_clean());
-    let report = ckptfs_core::fsck::fsck(&store, true, |_| {}).unwrap();
+    let report = ckptfs_core::commands::fsck::fsck(&store, true, |_| {}).unwrap();
     assert_eq!(report.quarantined.len(), 1, "{report:?}");
     assert_eq!(report.repaired_orphans, 0, "{report:?}");
     assert!(!path.exists());
@@ -177,9 +181,9 @@ fn fsck_quarantines_an_unreadable_manifest_and_keeps_its_objects() {
     );
     // Once the operator removes the quarantine, fsck --repair collects the garbage.
     std::fs::remove_dir_all(store.join("quarantine")).unwrap();
-    let report = ckptfs_core::fsck::fsck(&store, true, |_| {}).unwrap();
+    let report = ckptfs_core::commands::fsck::fsck(&store, true, |_| {}).unwrap();
     assert!(report.repaired_orphans > 0, "{report:?}");
-    assert!(ckptfs_core::fsck::fsck(&store, false, |_| {})
+    assert!(ckptfs_core::commands::fsck::fsck(&store, false, |_| {})
         .unwrap()
         .is_clean());
 }

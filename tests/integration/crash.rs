@@ -68,7 +68,7 @@ fn kill_9_at_any_moment_loses_nothing_reported_complete() {
             last_reported = Some(last);
         }
         // Without recovery: nothing referenced is missing or corrupt.
-        let report = ckptfs_core::fsck::fsck(&store, false, |_| {}).unwrap();
+        let report = ckptfs_core::commands::fsck::fsck(&store, false, |_| {}).unwrap();
         assert!(
             report.missing.is_empty() && report.corrupt.is_empty(),
             "after kill {round}: {report:?}"
@@ -101,7 +101,7 @@ fn kill_9_at_any_moment_loses_nothing_reported_complete() {
             );
         }
     }
-    let report = ckptfs_core::fsck::fsck(&store, false, |_| {}).unwrap();
+    let report = ckptfs_core::commands::fsck::fsck(&store, false, |_| {}).unwrap();
     assert!(report.is_clean(), "{report:?}");
 }
 
@@ -124,7 +124,7 @@ fn a_crash_mid_upload_leaves_no_trace_after_recovery() {
     );
     drop(engine);
     // fsck sees the orphans of the interrupted checkpoint ...
-    let report = ckptfs_core::fsck::fsck(&store, false, |_| {}).unwrap();
+    let report = ckptfs_core::commands::fsck::fsck(&store, false, |_| {}).unwrap();
     assert!(!report.orphans.is_empty());
     assert!(!report.is_clean());
     // ... and startup recovery removes them.
@@ -134,7 +134,7 @@ fn a_crash_mid_upload_leaves_no_trace_after_recovery() {
     let cp = engine.checkpoint().unwrap();
     assert_eq!(cp.id, 3, "the interrupted checkpoint's id was reused");
     drop(engine);
-    let report = ckptfs_core::fsck::fsck(&store, false, |_| {}).unwrap();
+    let report = ckptfs_core::commands::fsck::fsck(&store, false, |_| {}).unwrap();
     assert!(report.is_clean(), "{report:?}");
 }
 

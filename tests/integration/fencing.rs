@@ -11,7 +11,7 @@ use std::time::Duration;
 use ckptfs_core::catalog::Catalog;
 use ckptfs_core::error::Error;
 use ckptfs_core::store::records::Put;
-use ckptfs_core::store::{Location, ObjectId, Opened};
+use ckptfs_core::store::{Location, ObjectId, OpenedStore};
 use ckptfs_core::Engine;
 
 use crate::common::moto::moto;
@@ -32,7 +32,7 @@ fn one_writer_per_store_with_takeover_of_an_expired_lease() {
     assert!(err.to_string().contains("lease held by"), "{err}");
     // So is fsck, which would write.
     let location = Location::parse(&url).unwrap();
-    assert!(ckptfs_core::fsck::fsck(&location, false, |_| {}).is_err());
+    assert!(ckptfs_core::commands::fsck::fsck(&location, false, |_| {}).is_err());
     drop(first);
     // Released at a clean stop: the next daemon starts at once.
     let second = Engine::open(s3_config(&url, d2.path(), &["A/0"])).unwrap();
@@ -40,7 +40,7 @@ fn one_writer_per_store_with_takeover_of_an_expired_lease() {
     // A lease of a holder on another host that stopped renewing (never released) blocks
     // until the store's clock says it is older than its lease time, whatever expiry the
     // holder's clock wrote into it; then it is taken.
-    let opened = Opened::open(&location).unwrap();
+    let opened = OpenedStore::open(&location).unwrap();
     let ghost = |expires: u64| {
         format!(
             r#"{{"holder":"ghost-host pid 1","token":"x","expires_unix_ms":{expires},"ttl_ms":1000}}"#
@@ -85,7 +85,7 @@ fn a_daemon_whose_lease_is_taken_stops_writing() {
     put_range(&engine, &a, 0..10, "x");
     engine.checkpoint().unwrap();
     // Another daemon takes the store (as after an expiry this one missed).
-    let opened = Opened::open(&Location::parse(&url).unwrap()).unwrap();
+    let opened = OpenedStore::open(&Location::parse(&url).unwrap()).unwrap();
     let until = ckptfs_core::fsutil::now_unix_ms() + 600_000;
     let other = format!(r#"{{"holder":"other pid 2","token":"y","expires_unix_ms":{until}}}"#);
     opened
@@ -139,7 +139,7 @@ fn a_daemon_whose_lease_is_taken_during_its_start_fails_to_start() {
         .env("FAILPOINTS", "open::before-sweep=sleep(4000)")
         .spawn()
         .unwrap();
-    let opened = Opened::open(&Location::parse(&url).unwrap()).unwrap();
+    let opened = OpenedStore::open(&Location::parse(&url).unwrap()).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while opened.records.get("ckptfs.json").unwrap().is_none() {
         assert!(
@@ -341,7 +341,7 @@ fn a_writer_stopped_mid_sweep_deletes_nothing_after_a_takeover() {
     }
     // Orphans no manifest references, among them every CURRENT file a new backend writes:
     // the next writer's checkpoint stores one of them again, under the same key.
-    let opened = Opened::open(&Location::parse(&url).unwrap()).unwrap();
+    let opened = OpenedStore::open(&Location::parse(&url).unwrap()).unwrap();
     let mut blobs: Vec<String> = (1..=40).map(|n| format!("MANIFEST-{n:06}\n")).collect();
     blobs.extend((0..300).map(|i| format!("orphan {i}")));
     for blob in &blobs {
@@ -477,7 +477,7 @@ fn a_manifest_that_lands_after_a_takeover_never_counts() {
         String::from_utf8_lossy(&answer.stdout)
     );
     // The late manifest exists and does not count; B goes on and drops checkpoint 1.
-    let opened = Opened::open(&Location::parse(&url).unwrap()).unwrap();
+    let opened = OpenedStore::open(&Location::parse(&url).unwrap()).unwrap();
     assert!(opened.records.get("checkpoints/2.json").unwrap().is_some());
     ok(ckptfs_with_env(&["put", b.m(), "Op/0", "k3", "v3"], &[]));
     let id: u64 = ok(ckptfs_with_env(&["checkpoint", b.m()], &[]))
@@ -670,7 +670,7 @@ fn two_daemons_alternately_stopped_lose_no_committed_checkpoint() {
     // Every reported checkpoint is there and restores to the very bytes copied out.
     for id in &acked {
         let dest = dir.path().join(format!("restored-{id}"));
-        if let Err(e) = ckptfs_core::restore::restore_checkpoint(
+        if let Err(e) = ckptfs_core::commands::restore::restore_checkpoint(
             Location::parse(&url).unwrap(),
             *id,
             &dest,
@@ -688,7 +688,8 @@ fn two_daemons_alternately_stopped_lose_no_committed_checkpoint() {
             }
         }
     }
-    let report = ckptfs_core::fsck::fsck(Location::parse(&url).unwrap(), false, |_| {}).unwrap();
+    let report =
+        ckptfs_core::commands::fsck::fsck(Location::parse(&url).unwrap(), false, |_| {}).unwrap();
     if !report.missing.is_empty()
         || !report.corrupt.is_empty()
         || !report.unreadable_manifests.is_empty()

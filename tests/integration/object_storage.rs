@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use ckptfs_core::error::Error;
 use ckptfs_core::store::records::Put;
-use ckptfs_core::store::{Location, ObjectId, Opened};
+use ckptfs_core::store::{Location, ObjectId, OpenedStore};
 use ckptfs_core::Engine;
 
 use crate::common::moto::{create_bucket, moto, HttpProxy, Proxy};
@@ -130,7 +130,7 @@ fn an_interrupted_upload_leaves_orphans_that_only_the_grace_period_lets_go() {
     assert!(!orphans.is_empty(), "the crash left no uploaded object");
     // fsck reports them young, and even --repair keeps them.
     let location = Location::parse(&url).unwrap();
-    let report = ckptfs_core::fsck::fsck(&location, true, |_| {}).unwrap();
+    let report = ckptfs_core::commands::fsck::fsck(&location, true, |_| {}).unwrap();
     assert_eq!(report.orphans_young.len(), orphans.len(), "{report:?}");
     assert_eq!(report.repaired_orphans, 0);
     assert!(stored(&url).is_superset(&orphans));
@@ -164,7 +164,7 @@ fn a_corrupt_object_is_detected_on_read_and_by_fsck() {
         .find(|f| f.name.ends_with(".sst"))
         .unwrap()
         .clone();
-    let opened = Opened::open(&Location::parse(&url).unwrap()).unwrap();
+    let opened = OpenedStore::open(&Location::parse(&url).unwrap()).unwrap();
     let mut bytes = vec![0u8; sst.size as usize];
     bytes[0] = 1;
     opened
@@ -173,7 +173,7 @@ fn a_corrupt_object_is_detected_on_read_and_by_fsck() {
         .unwrap();
     let out = tempfile::tempdir().unwrap();
     let location = Location::parse(&url).unwrap();
-    let err = ckptfs_core::restore::restore_checkpoint(
+    let err = ckptfs_core::commands::restore::restore_checkpoint(
         &location,
         manifest.id,
         &out.path().join("x"),
@@ -185,8 +185,8 @@ fn a_corrupt_object_is_detected_on_read_and_by_fsck() {
         !out.path().join("x").exists(),
         "a failed restore left files"
     );
-    let report = ckptfs_core::fsck::fsck(&location, false, |_| {}).unwrap();
-    assert_eq!(report.corrupt, vec![sst.object.to_hex()], "{report:?}");
+    let report = ckptfs_core::commands::fsck::fsck(&location, false, |_| {}).unwrap();
+    assert_eq!(report.corrupt, vec![sst.object], "{report:?}");
     assert_eq!(report.damaged_checkpoints, vec![manifest.id]);
     // Read through a mount: EIO, never the wrong bytes; the other files still read.
     let mnt = dir.path().join("ro");
@@ -484,7 +484,7 @@ fn a_read_only_view_reports_an_unreadable_manifest() {
             engine.checkpoint().unwrap();
         }
     }
-    let opened = Opened::open(&Location::parse(&url).unwrap()).unwrap();
+    let opened = OpenedStore::open(&Location::parse(&url).unwrap()).unwrap();
     opened
         .records
         .put("checkpoints/2.json", b"{not a manifest", Put::Overwrite)

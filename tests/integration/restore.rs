@@ -41,18 +41,24 @@ fn restore_refuses_a_non_empty_destination_and_bad_ids_without_writing() {
     let dest = dir.path().join("dest");
     std::fs::create_dir(&dest).unwrap();
     std::fs::write(dest.join("keep"), b"mine").unwrap();
-    let err = ckptfs_core::restore::restore_checkpoint(&store, 1, &dest, |_| {}).unwrap_err();
+    let err =
+        ckptfs_core::commands::restore::restore_checkpoint(&store, 1, &dest, |_| {}).unwrap_err();
     assert!(matches!(err, Error::NotEmpty(_)), "{err}");
     assert_eq!(std::fs::read(dest.join("keep")).unwrap(), b"mine");
 
     let fresh = dir.path().join("fresh");
-    let err = ckptfs_core::restore::restore_checkpoint(&store, 9, &fresh, |_| {}).unwrap_err();
+    let err =
+        ckptfs_core::commands::restore::restore_checkpoint(&store, 9, &fresh, |_| {}).unwrap_err();
     assert!(matches!(err, Error::NoSuchCheckpoint(9)), "{err}");
     assert!(!fresh.exists());
 
-    let err =
-        ckptfs_core::restore::restore_checkpoint(dir.path().join("nostore"), 1, &fresh, |_| {})
-            .unwrap_err();
+    let err = ckptfs_core::commands::restore::restore_checkpoint(
+        dir.path().join("nostore"),
+        1,
+        &fresh,
+        |_| {},
+    )
+    .unwrap_err();
     assert_eq!(err.errno(), libc::ENOENT, "{err}");
     assert!(!fresh.exists());
 }
@@ -66,7 +72,7 @@ fn a_restored_directory_opens_in_stock_rocksdb_read_only() {
     let expected = scan(&engine, &name("A/0"));
     let cp = engine.checkpoint().unwrap();
     let out = dir.path().join("out");
-    ckptfs_core::restore::restore_checkpoint(&store, cp.id, &out, |_| {}).unwrap();
+    ckptfs_core::commands::restore::restore_checkpoint(&store, cp.id, &out, |_| {}).unwrap();
     let got: Kv = scan_dir(&out.join("A/0")).unwrap().into_iter().collect();
     assert_eq!(got, expected);
     // scan never creates a database where there is none.

@@ -165,7 +165,7 @@ fn workload_then(
 /// The checks after a death; returns the number of checkpoints verified.
 fn check(store: &Path, reported: &BTreeMap<u64, Rounds>, problems: &mut Vec<String>) -> usize {
     // Before any recovery: nothing referenced is missing or corrupt.
-    let report = ckptfs_core::fsck::fsck(store, false, |_| {}).unwrap();
+    let report = ckptfs_core::commands::fsck::fsck(store, false, |_| {}).unwrap();
     if !report.missing.is_empty() || !report.corrupt.is_empty() {
         problems.push(format!("fsck before recovery: {report:?}"));
     }
@@ -218,7 +218,7 @@ fn check(store: &Path, reported: &BTreeMap<u64, Rounds>, problems: &mut Vec<Stri
             }
         }
     }
-    let report = ckptfs_core::fsck::fsck(store, false, |_| {}).unwrap();
+    let report = ckptfs_core::commands::fsck::fsck(store, false, |_| {}).unwrap();
     if !report.is_clean() {
         problems.push(format!("fsck after recovery: {report:?}"));
     }

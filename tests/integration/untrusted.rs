@@ -417,7 +417,7 @@ fn a_link_swapped_in_after_the_listing_is_not_followed() {
     let store = dir.path().join("store");
     let engine = ckptfs_core::Engine::open(ckptfs_core::EngineConfig::new(&store)).unwrap();
     let manifest = engine
-        .begin_checkpoint_with(vec![scanned])
+        .begin(ckptfs_core::CheckpointPlan::Import(vec![scanned]))
         .unwrap()
         .complete()
         .unwrap();

@@ -78,7 +78,7 @@ fn unflushed_writes_are_checkpointed_through_the_wal() {
         ("rocksdict", read_with_rocksdict),
     ] {
         let out = dir.path().join(format!("out-{}", who.replace(' ', "")));
-        ckptfs_core::restore::restore_checkpoint(&store, cp2.id, &out, |_| {}).unwrap();
+        ckptfs_core::commands::restore::restore_checkpoint(&store, cp2.id, &out, |_| {}).unwrap();
         assert_eq!(read(&out.join("A/0")), hex(&expected), "{who}");
     }
 }
@@ -175,7 +175,7 @@ fn flushes_and_compactions_between_materializations_upload_no_sst() {
         ("rocksdict", read_with_rocksdict),
     ] {
         let out = dir.path().join(format!("out-{}", who.replace(' ', "")));
-        ckptfs_core::restore::restore_checkpoint(&store, *id, &out, |_| {}).unwrap();
+        ckptfs_core::commands::restore::restore_checkpoint(&store, *id, &out, |_| {}).unwrap();
         assert_eq!(read(&out.join("A/0")), hex(&state[&a]), "{who}");
     }
 }

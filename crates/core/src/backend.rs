@@ -17,15 +17,14 @@ pub const DEFAULT_FORMAT_VERSION: i32 = 5;
 
 /// RocksDB options ckptfs sets before the user's `--rocksdb-options` (which override them).
 ///
-/// A checkpoint stored the backend's whole MANIFEST every time (it now stores the chunks
-/// appended since the previous checkpoint), and RocksDB lets it grow to 1 GiB by default:
-/// with one small flush per checkpoint it reached 486 KiB per backend after 2,000
-/// checkpoints (scripts/bench-scale). A short MANIFEST still keeps its chunk list short
-/// and a restored database quick to open. A 64 KiB floor with a space
-/// amplification of at most 100% (RocksDB rewrites the MANIFEST compacted once it is twice
-/// its compacted size, and the floor auto-scales with the database) kept it at about
-/// 64 KiB per backend at any point of the same run, for one extra small MANIFEST write now
-/// and then.
+/// RocksDB lets a MANIFEST grow to 1 GiB by default: with one small flush per checkpoint it
+/// reaches 486 KiB per backend after 2,000 checkpoints (scripts/bench-scale). A checkpoint
+/// stores only the MANIFEST's chunks appended since the previous one, but a short MANIFEST
+/// keeps its chunk list short and a restored database quick to open. A 64 KiB floor with a
+/// space amplification of at most 100% (RocksDB rewrites the MANIFEST compacted once it is
+/// twice its compacted size, and the floor auto-scales with the database) keeps it at about
+/// 64 KiB per backend at any point of that run, for one extra small MANIFEST write now and
+/// then.
 pub const DEFAULT_ROCKSDB_OPTIONS: &str =
     "max_manifest_file_size=65536;max_manifest_space_amp_pct=100";
 

@@ -235,8 +235,8 @@ mod tests {
         }
     }
 
-    /// Review finding: a small L0 file that spans into a large file's range must keep the
-    /// run it overlaps from being compacted (RocksDB would pull the large file in).
+    /// A small L0 file that spans into a large file's range keeps the run it overlaps from
+    /// being compacted (RocksDB would pull the large file in).
     #[test]
     fn a_run_overlapped_by_a_file_reaching_a_large_one_is_not_planned() {
         let mut files = vec![

@@ -177,6 +177,66 @@ pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// [`lock`] for reading a `RwLock`.
+pub fn read<T>(l: &std::sync::RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+/// [`lock`] for writing a `RwLock`.
+pub fn write<T>(l: &std::sync::RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Wait on a condition variable with [`lock`]'s guard, going on as [`lock`] does.
+pub fn wait<'a, T>(
+    c: &std::sync::Condvar,
+    guard: std::sync::MutexGuard<'a, T>,
+) -> std::sync::MutexGuard<'a, T> {
+    c.wait(guard).unwrap_or_else(|p| p.into_inner())
+}
+
+/// [`wait`] for at most `timeout`.
+pub fn wait_timeout<'a, T>(
+    c: &std::sync::Condvar,
+    guard: std::sync::MutexGuard<'a, T>,
+    timeout: std::time::Duration,
+) -> std::sync::MutexGuard<'a, T> {
+    c.wait_timeout(guard, timeout)
+        .unwrap_or_else(|p| p.into_inner())
+        .0
+}
+
+/// Call `f` on every item, on up to `workers` scoped threads taking the next item as they
+/// are free; the results in the items' order. One worker (or one item) calls it in turn on
+/// this thread.
+pub fn parallel_map<T: Sync, R: Send>(
+    items: &[T],
+    workers: usize,
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    let workers = workers.min(items.len());
+    if workers <= 1 {
+        return items.iter().map(f).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done = std::sync::Mutex::new(Vec::with_capacity(items.len()));
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let Some(item) = items.get(i) else {
+                    break;
+                };
+                let result = f(item);
+                lock(&done).push((i, result));
+            });
+        }
+    });
+    let mut done = done.into_inner().unwrap_or_else(|p| p.into_inner());
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, result)| result).collect()
+}
+
 /// Time since boot, suspends included (`CLOCK_BOOTTIME`): what a lease's validity is
 /// measured on, since the monotonic clock stops while the host is suspended.
 pub fn boot_now() -> std::time::Duration {
@@ -235,7 +295,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let victim = dir.path().join("victim");
         fs::write(&victim, b"precious").unwrap();
-        // The old fixed temporary name, and the target itself, as links to the victim.
+        // A fixed temporary name (`NAME.tmp`), and the target itself, as links to the victim.
         std::os::unix::fs::symlink(
             &victim,
             dir.path()

@@ -26,7 +26,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::fsutil::{boot_now, lock, now_unix_ms};
+use crate::fsutil::{boot_now, lock, now_unix_ms, wait_timeout};
 use crate::store::records::{Put, Record, Records};
 
 const KEY: &str = crate::store::layout::LEASE;
@@ -73,7 +73,7 @@ struct LeaseRecord {
 
 /// Who and what this process is, as a lease names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Identity {
+struct ProcessIdentity {
     host: String,
     boot_id: String,
     pid_ns: String,
@@ -81,10 +81,10 @@ struct Identity {
     start_ticks: u64,
 }
 
-impl Identity {
-    fn current() -> Identity {
+impl ProcessIdentity {
+    fn current() -> ProcessIdentity {
         let pid = std::process::id();
-        Identity {
+        ProcessIdentity {
             host: nix::unistd::gethostname()
                 .ok()
                 .and_then(|h| h.into_string().ok())
@@ -116,7 +116,7 @@ fn process_start_ticks(pid: u32) -> Option<u64> {
 impl LeaseRecord {
     /// True if the holder is provably dead: it ran on this host, in this boot and pid
     /// namespace, and its process is gone (or the pid now belongs to a later process).
-    fn holder_is_dead(&self, me: &Identity) -> bool {
+    fn holder_is_dead(&self, me: &ProcessIdentity) -> bool {
         let same_place = !self.boot_id.is_empty()
             && !self.pid_ns.is_empty()
             && self.pid != 0
@@ -131,7 +131,7 @@ impl LeaseRecord {
 
 struct Shared {
     records: Arc<dyn Records>,
-    me: Identity,
+    me: ProcessIdentity,
     holder: String,
     token: String,
     ttl: Duration,
@@ -241,7 +241,12 @@ struct Watch {
 }
 
 impl Watch {
-    fn judge(&mut self, records: &dyn Records, me: &Identity, ttl: Duration) -> Result<Verdict> {
+    fn judge(
+        &mut self,
+        records: &dyn Records,
+        me: &ProcessIdentity,
+        ttl: Duration,
+    ) -> Result<Verdict> {
         let looked = boot_now();
         let Some(record) = records.get(KEY)? else {
             return Ok(Verdict::Take(Put::Create, "a new lease".into()));
@@ -314,7 +319,7 @@ impl Lease {
     /// Take the lease of the store in `records`, waiting up to `wait` for a live holder's
     /// lease to end; fails naming the holder if it does not.
     pub fn acquire(records: Arc<dyn Records>, ttl: Duration, wait: Duration) -> Result<Lease> {
-        let me = Identity::current();
+        let me = ProcessIdentity::current();
         let holder = format!("{} pid {}", me.host, me.pid);
         let token = blake3::hash(
             format!(
@@ -467,11 +472,7 @@ fn renew_loop(shared: &Shared, stop: &(Mutex<bool>, Condvar)) {
     let mut wait = interval;
     let mut stopped = lock(&stop.0);
     loop {
-        stopped = stop
-            .1
-            .wait_timeout(stopped, wait)
-            .unwrap_or_else(|p| p.into_inner())
-            .0;
+        stopped = wait_timeout(&stop.1, stopped, wait);
         if *stopped {
             return;
         }
@@ -526,7 +527,7 @@ mod tests {
 
     #[test]
     fn the_start_time_of_this_process_is_read_and_a_missing_pid_has_none() {
-        let me = Identity::current();
+        let me = ProcessIdentity::current();
         assert!(me.start_ticks > 0);
         assert_eq!(process_start_ticks(me.pid), Some(me.start_ticks));
         // Pids are below 2^22 on Linux.
@@ -549,7 +550,7 @@ mod tests {
 
     #[test]
     fn a_holder_is_dead_only_on_this_host_boot_and_namespace_with_its_process_gone() {
-        let me = Identity::current();
+        let me = ProcessIdentity::current();
         let record = |pid: u32, start_ticks: u64, host: &str| LeaseRecord {
             holder: "h".into(),
             token: "t".into(),

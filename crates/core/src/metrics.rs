@@ -14,7 +14,7 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::coordinator::counters::Counters;
-use crate::coordinator::{Engine, Status};
+use crate::coordinator::{Engine, EngineStatus};
 
 /// The HTTP content type of the text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -38,7 +38,7 @@ pub fn render(engine: &Engine) -> String {
     text
 }
 
-fn register_daemon(registry: &mut Registry, engine: &Engine, status: &Status) {
+fn register_daemon(registry: &mut Registry, engine: &Engine, status: &EngineStatus) {
     let labels = vec![
         ("version", env!("CARGO_PKG_VERSION").to_string()),
         ("store", engine.location().to_string()),
@@ -52,7 +52,7 @@ fn register_daemon(registry: &mut Registry, engine: &Engine, status: &Status) {
     );
 }
 
-fn register_checkpoints(registry: &mut Registry, counters: &Counters, status: &Status) {
+fn register_checkpoints(registry: &mut Registry, counters: &Counters, status: &EngineStatus) {
     registry.register(
         "checkpoints_completed",
         "Checkpoints committed since the daemon started",
@@ -101,7 +101,7 @@ fn register_checkpoints(registry: &mut Registry, counters: &Counters, status: &S
     );
 }
 
-fn register_imports(registry: &mut Registry, counters: &Counters, status: &Status) {
+fn register_imports(registry: &mut Registry, counters: &Counters, status: &EngineStatus) {
     registry.register(
         "imports_completed",
         "Directories imported (`ckptfs import`, one per backend) by committed checkpoints \
@@ -132,7 +132,7 @@ fn register_imports(registry: &mut Registry, counters: &Counters, status: &Statu
     );
 }
 
-fn register_store(registry: &mut Registry, status: &Status) {
+fn register_store(registry: &mut Registry, status: &EngineStatus) {
     registry.register(
         "store_objects",
         "Stored objects the retained checkpoints reference",
@@ -147,7 +147,7 @@ fn register_store(registry: &mut Registry, status: &Status) {
     );
 }
 
-fn register_compaction(registry: &mut Registry, status: &Status) {
+fn register_compaction(registry: &mut Registry, status: &EngineStatus) {
     let (files, bytes) = status.small_file_compactions;
     registry.register(
         "small_file_compaction_files",

@@ -26,7 +26,7 @@ use crate::lock::{DirLock, StoreLock};
 use crate::store::layout::{self, CHECKPOINTS, META};
 use crate::store::records::{LocalRecords, Records};
 use crate::store::s3::{Remote, S3Objects, S3Options, S3Records};
-use crate::store::{LocalStore, Location, ObjectStore, Opened};
+use crate::store::{LocalStore, Location, ObjectStore, OpenedStore};
 
 /// An opened store: its objects, its records and the catalog over them.
 pub struct Repo {
@@ -35,7 +35,7 @@ pub struct Repo {
     pub records: Arc<dyn Records>,
     pub catalog: Catalog,
     /// A reader's raw opening, which holds its temporary cache of fetched objects.
-    _raw: Option<Opened>,
+    _raw: Option<OpenedStore>,
 }
 
 /// What makes this process the store's only writer, held as long as it writes.
@@ -123,7 +123,7 @@ impl Repo {
         location: Location,
         objects: Arc<dyn ObjectStore>,
         records: Arc<dyn Records>,
-        raw: Option<Opened>,
+        raw: Option<OpenedStore>,
     ) -> Repo {
         let catalog = Catalog::new(records.clone(), objects.clone());
         Repo {
@@ -148,7 +148,7 @@ impl Repo {
         if let Location::Local(root) = location {
             check_is_store(root)?;
         }
-        let opened = Opened::open(location)?;
+        let opened = OpenedStore::open(location)?;
         let repo = Repo::new(
             location.clone(),
             opened.objects.clone(),

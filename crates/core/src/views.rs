@@ -4,8 +4,8 @@
 //! builds them offline with the same functions), so the two sides cannot drift apart.
 //!
 //! The fields of [`CheckpointRow`], [`Status`] and [`StoreStatus`] are declared in
-//! alphabetical order: the order these views have always had (they were built as
-//! `serde_json` maps, which sort their keys), so their bytes stay what they were.
+//! alphabetical order, the order of a `serde_json` map (which sorts its keys): the bytes
+//! of these views are those of sorted maps, which the readers of the files expect.
 
 use std::collections::BTreeMap;
 
@@ -146,7 +146,7 @@ impl Status {
 
 /// Who holds the lease of a store on object storage.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Lease {
+pub struct LeaseView {
     pub expires_unix_ms: u64,
     pub holder: String,
 }
@@ -164,7 +164,7 @@ pub struct StoreStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub external: Vec<String>,
     pub format: Option<u32>,
-    pub lease: Option<Lease>,
+    pub lease: Option<LeaseView>,
     pub next_checkpoint: Option<u64>,
     pub objects: usize,
     pub retain: Option<u32>,
@@ -195,7 +195,7 @@ impl StoreStatus {
                 m.external.iter().map(|b| b.to_string()).collect()
             }),
             format: meta.map(|m| m.format),
-            lease: lease.map(|(holder, expires_unix_ms)| Lease {
+            lease: lease.map(|(holder, expires_unix_ms)| LeaseView {
                 expires_unix_ms,
                 holder,
             }),

@@ -58,7 +58,7 @@ pub fn restored_contents(
     let store = store.into();
     let dest = tempfile::tempdir().unwrap();
     let out = dest.path().join("out");
-    ckptfs_core::restore::restore_checkpoint(&store, id, &out, |_| {}).unwrap();
+    ckptfs_core::commands::restore::restore_checkpoint(&store, id, &out, |_| {}).unwrap();
     let manifest = ckptfs_core::repo::Repo::reader(&store)
         .unwrap()
         .catalog

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 
 use ckptfs_core::catalog::Catalog;
-use ckptfs_core::store::{Location, ObjectId, Opened};
+use ckptfs_core::store::{Location, ObjectId, OpenedStore};
 use ckptfs_core::{BackendName, EngineConfig};
 
 use super::moto::moto;
@@ -26,13 +26,13 @@ pub fn s3_config(url: &str, state: &Path, backends: &[&str]) -> EngineConfig {
 
 /// What the bucket holds under the store's `objects/`.
 pub fn stored(url: &str) -> BTreeSet<ObjectId> {
-    let opened = Opened::open(&Location::parse(url).unwrap()).unwrap();
+    let opened = OpenedStore::open(&Location::parse(url).unwrap()).unwrap();
     opened.objects.list().unwrap().into_iter().collect()
 }
 
 /// The objects the store's manifests reference (objects and file lists).
 pub fn referenced(url: &str) -> BTreeSet<ObjectId> {
-    let opened = Opened::open(&Location::parse(url).unwrap()).unwrap();
+    let opened = OpenedStore::open(&Location::parse(url).unwrap()).unwrap();
     let catalog = Catalog::new(opened.records.clone(), opened.objects.clone());
     catalog
         .load_all()
@@ -42,12 +42,12 @@ pub fn referenced(url: &str) -> BTreeSet<ObjectId> {
         .collect()
 }
 
-/// Restore checkpoint `id` from the URL with `ckptfs_core::restore` and read every backend.
+/// Restore checkpoint `id` from the URL with `ckptfs_core::commands::restore` and read every backend.
 pub fn restored(url: &str, id: u64) -> BTreeMap<BackendName, Kv> {
     let dest = tempfile::tempdir().unwrap();
     let out = dest.path().join("out");
     let location = Location::parse(url).unwrap();
-    ckptfs_core::restore::restore_checkpoint(&location, id, &out, |_| {}).unwrap();
+    ckptfs_core::commands::restore::restore_checkpoint(&location, id, &out, |_| {}).unwrap();
     let mut result = BTreeMap::new();
     for operator in std::fs::read_dir(&out).unwrap() {
         let operator = operator.unwrap();
@@ -141,7 +141,7 @@ pub fn assert_whole(url: &str) {
         missing.is_empty(),
         "referenced objects missing: {missing:?}"
     );
-    let opened = Opened::open(&Location::parse(url).unwrap()).unwrap();
+    let opened = OpenedStore::open(&Location::parse(url).unwrap()).unwrap();
     let catalog = Catalog::new(opened.records.clone(), opened.objects.clone());
     for id in catalog.list_ids().unwrap().0 {
         restored(url, id);

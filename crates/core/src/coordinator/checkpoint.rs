@@ -2,14 +2,14 @@
 //! asynchronous upload of what the store does not hold yet, the commit of the manifest,
 //! registration and retention.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
 
 use super::ingest::{Ingest, PendingBackend};
 use super::materialize::StagedBackend;
-use super::{base_of, Engine, State};
+use super::{base_of, Base, Engine, State};
 use crate::backend::StagedFile;
 use crate::catalog::{BackendSnapshot, CheckpointStats, Manifest, FORMAT};
 use crate::error::{Error, Result};
@@ -19,33 +19,90 @@ use crate::names::BackendName;
 use crate::store::crash::CrashAfter;
 use crate::store::{ObjectId, ObjectStore};
 
+/// What a checkpoint holds. The hosted backends are always staged; the plan says which
+/// backends are imported and what becomes of the store's other backends.
+#[derive(Debug)]
+pub enum CheckpointPlan {
+    /// The hosted backends; every other backend of the store is carried over unchanged
+    /// from the newest checkpoint.
+    Hosted,
+    /// The hosted backends and these imports (RocksDB checkpoint directories checked by
+    /// [`crate::import::scan`]), each the state of its backend, an external one from now
+    /// on; every other backend is carried over unchanged (`ckptfs import`).
+    Import(Vec<Scanned>),
+    /// The hosted backends and these imports, nothing carried over: an application's
+    /// checkpoint that names every backend it has (a Flink checkpoint: an operator no
+    /// longer in the job is gone).
+    Application(Vec<Scanned>),
+}
+
+impl CheckpointPlan {
+    /// The imports, and whether the other backends are carried over.
+    fn into_parts(self) -> (Vec<Scanned>, bool) {
+        match self {
+            CheckpointPlan::Hosted => (Vec::new(), true),
+            CheckpointPlan::Import(imports) => (imports, true),
+            CheckpointPlan::Application(imports) => (imports, false),
+        }
+    }
+}
+
 impl Engine {
-    /// The synchronous phase: allocate an id, then stage every backend's files (RocksDB's
-    /// native checkpoint: hard links, a flush in `flush` mode; see [`super::materialize`]).
-    /// Writers may continue as soon as this returns.
+    /// [`Engine::begin`] of a checkpoint of the hosted backends ([`CheckpointPlan::Hosted`]).
     pub fn begin_checkpoint(&self) -> Result<PendingCheckpoint> {
-        self.begin_checkpoint_with(Vec::new())
+        self.begin(CheckpointPlan::Hosted)
     }
 
-    /// [`Engine::begin_checkpoint`] in which each of `imports` (a RocksDB checkpoint
-    /// directory checked by [`crate::import::scan`]) becomes the state of its backend, an
-    /// external one from now on. Every backend neither hosted nor imported is carried over
-    /// unchanged from the newest checkpoint. An import is the only checkpoint in flight.
-    pub fn begin_checkpoint_with(&self, imports: Vec<Scanned>) -> Result<PendingCheckpoint> {
-        self.begin_importing(imports, true)
-    }
-
-    /// [`Engine::begin_checkpoint_with`] of a checkpoint that holds the hosted backends and
-    /// `imports`, nothing carried over: an application's checkpoint that names every
-    /// backend it has (a Flink checkpoint: an operator no longer in the job is gone).
-    pub fn begin_checkpoint_of(&self, imports: Vec<Scanned>) -> Result<PendingCheckpoint> {
-        self.begin_importing(imports, false)
-    }
-
-    fn begin_importing(&self, imports: Vec<Scanned>, carry: bool) -> Result<PendingCheckpoint> {
+    /// The synchronous phase of a checkpoint as `plan` says: take a slot and reserve an
+    /// id, then stage every hosted backend's files (RocksDB's native checkpoint: hard
+    /// links, a flush in `flush` mode; see [`super::materialize`]) and pin what the imports
+    /// and the carried backends re-reference. Writers may continue as soon as this returns.
+    /// A checkpoint that imports is the only one in flight.
+    pub fn begin(&self, plan: CheckpointPlan) -> Result<PendingCheckpoint> {
         self.check_writable()?;
+        let (imports, carry) = plan.into_parts();
+        self.check_imports(&imports)?;
+        let started_unix_ms = now_unix_ms();
+        let (id, bases) = self.take_slot(&imports)?;
+        let clock = Instant::now();
+        let mut pending = PendingCheckpoint {
+            engine: self.clone(),
+            id,
+            parts: Vec::new(),
+            carried: Vec::new(),
+            scanned: Vec::new(),
+            flink: None,
+            staging: self
+                .inner
+                .state_dir
+                .join(crate::store::layout::STAGING)
+                .join(id.to_string()),
+            started: clock,
+            started_unix_ms,
+            sync_micros: 0,
+            pins: Vec::new(),
+            stats: CheckpointStats::default(),
+            list_bytes: 0,
+            finished: false,
+            keep_objects: false,
+        };
+        // The first failure fails the checkpoint; what every part pinned is released then.
+        let staged = self.stage_hosted(&mut pending, &bases, clock);
+        let held = self.hold_imports(&mut pending, imports, carry);
+        pending.sync_micros = clock.elapsed().as_micros() as u64;
+        match staged.and(held) {
+            Ok(()) => Ok(pending),
+            Err(e) => {
+                pending.fail(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Refuse imports this engine cannot take: a backend it hosts, or one imported twice.
+    fn check_imports(&self, imports: &[Scanned]) -> Result<()> {
         let mut seen = BTreeSet::new();
-        for import in &imports {
+        for import in imports {
             if self.inner.backends.contains_key(&import.backend) {
                 return Err(Error::Invalid(format!(
                     "backend {} is hosted by this daemon: import into another name",
@@ -59,89 +116,101 @@ impl Engine {
                 )));
             }
         }
-        let started_unix_ms = now_unix_ms();
-        let (id, bases) = {
-            let _writes = self.catalog_writes();
-            let (id, meta) = {
-                let mut st = self.state();
-                if st.restoring {
-                    return Err(Error::Busy("a restore is in progress".into()));
-                }
-                if let Some(n) = st.importing {
-                    return Err(Error::Busy(format!(
-                        "checkpoint {n} imports backends; try again when it completes"
-                    )));
-                }
-                if let Some(hosted) = imports
-                    .iter()
-                    .find(|i| st.meta.backends.contains(&i.backend))
-                {
-                    return Err(Error::Invalid(format!(
-                        "backend {} is hosted (a daemon of this store runs its RocksDB): \
-                         import into another name",
-                        hosted.backend
-                    )));
-                }
-                if !imports.is_empty() && !st.in_flight.is_empty() {
-                    return Err(Error::Busy(format!(
-                        "an import waits for the checkpoints in flight ({}) to complete; \
-                         try again when they have",
-                        st.in_flight
-                            .iter()
-                            .map(|n| n.to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )));
-                }
-                if st.in_flight.len() >= self.inner.max_concurrent {
-                    return Err(Error::Busy(format!(
-                        "{} checkpoint(s) already in flight (max_concurrent = {}); try \
-                         again when it completes",
-                        st.in_flight.len(),
-                        self.inner.max_concurrent
-                    )));
-                }
-                let id = st.meta.next_checkpoint;
-                let mut meta = st.meta.clone();
-                meta.next_checkpoint += 1;
-                if self.inner.catalog.commits_in_meta() {
-                    // Reserved, not committed: a manifest of this id counts only once a
-                    // later write of the metadata confirms it.
-                    meta.pending.push(id);
-                }
-                st.in_flight.insert(id);
-                if !imports.is_empty() {
-                    st.importing = Some(id);
-                }
-                (id, meta)
-            };
-            // The id is reserved durably before anything of the checkpoint is stored (the
-            // state lock is not held meanwhile: the slot is taken already).
-            let saved = self.inner.catalog.save_meta(&meta);
+        Ok(())
+    }
+
+    /// Take a slot for a checkpoint and reserve its id durably, before anything of it is
+    /// stored; its id and the bases of the hosted backends. A checkpoint that imports
+    /// waits for no other: it is refused while others are in flight, and takes the import
+    /// slot, which refuses every other checkpoint until it leaves flight.
+    fn take_slot(&self, imports: &[Scanned]) -> Result<(u64, HashMap<BackendName, Base>)> {
+        let _writes = self.catalog_writes();
+        let (id, meta) = {
             let mut st = self.state();
-            if let Err(e) = saved {
-                st.in_flight.remove(&id);
-                if st.importing == Some(id) {
-                    st.importing = None;
-                }
-                self.inner.slot_freed.notify_all();
-                self.inner.counters.checkpoint_failed();
-                return Err(e);
+            if st.restoring {
+                return Err(Error::Busy("a restore is in progress".into()));
             }
-            st.meta = meta;
-            (id, st.bases.clone())
+            if let Some(n) = st.importing {
+                return Err(Error::Busy(format!(
+                    "checkpoint {n} imports backends; try again when it completes"
+                )));
+            }
+            if let Some(hosted) = imports
+                .iter()
+                .find(|i| st.meta.backends.contains(&i.backend))
+            {
+                return Err(Error::Invalid(format!(
+                    "backend {} is hosted (a daemon of this store runs its RocksDB): \
+                     import into another name",
+                    hosted.backend
+                )));
+            }
+            if !imports.is_empty() && !st.in_flight.is_empty() {
+                return Err(Error::Busy(format!(
+                    "an import waits for the checkpoints in flight ({}) to complete; \
+                     try again when they have",
+                    st.in_flight
+                        .iter()
+                        .map(|n| n.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            if st.in_flight.len() >= self.inner.max_concurrent {
+                return Err(Error::Busy(format!(
+                    "{} checkpoint(s) already in flight (max_concurrent = {}); try \
+                     again when it completes",
+                    st.in_flight.len(),
+                    self.inner.max_concurrent
+                )));
+            }
+            let id = st.meta.next_checkpoint;
+            let mut meta = st.meta.clone();
+            meta.next_checkpoint += 1;
+            if self.inner.catalog.commits_in_meta() {
+                // Reserved, not committed: a manifest of this id counts only once a
+                // later write of the metadata confirms it.
+                meta.pending.push(id);
+            }
+            st.in_flight.insert(id);
+            if !imports.is_empty() {
+                st.importing = Some(id);
+            }
+            (id, meta)
         };
-        let clock = Instant::now();
-        let staging = self
-            .inner
-            .state_dir
-            .join(crate::store::layout::STAGING)
-            .join(id.to_string());
-        let mut parts = Vec::new();
-        let mut pins = Vec::new();
-        let mut stats = CheckpointStats::default();
-        // Every backend at once: a backend's native checkpoint waits on its own flush (flush
-        // mode) or WAL copy (wal mode), not on the others'.
+        // The state lock is not held while the metadata is written: the slot is taken
+        // already.
+        let saved = self.inner.catalog.save_meta(&meta);
+        let mut st = self.state();
+        if let Err(e) = saved {
+            self.leave_flight(&mut st, id);
+            self.inner.counters.checkpoint_failed();
+            return Err(e);
+        }
+        st.meta = meta;
+        Ok((id, st.bases.clone()))
+    }
+
+    /// A checkpoint leaves flight (committed, failed, or its id never reserved): its slot,
+    /// and the import slot if it held it, are free again.
+    pub(super) fn leave_flight(&self, st: &mut State, id: u64) {
+        st.in_flight.remove(&id);
+        if st.importing == Some(id) {
+            st.importing = None;
+        }
+        self.inner.slot_freed.notify_all();
+    }
+
+    /// Stage every hosted backend at once into `pending` (a backend's native checkpoint
+    /// waits on its own flush in flush mode, or its WAL copy in wal mode, not on the
+    /// others'); the first failure, after every backend's pins are taken into `pending`.
+    fn stage_hosted(
+        &self,
+        pending: &mut PendingCheckpoint,
+        bases: &HashMap<BackendName, Base>,
+        clock: Instant,
+    ) -> Result<()> {
+        let staging = &pending.staging;
         let stage = |name: &BackendName| {
             let mut pins = Vec::new();
             let dir = staging.join(name.rel_path());
@@ -167,11 +236,11 @@ impl Engine {
         };
         let mut sync = Ok(());
         for (name, (result, backend_pins)) in names.into_iter().zip(staged) {
-            pins.extend(backend_pins);
+            pending.pins.extend(backend_pins);
             match result {
                 Ok(staged) => {
-                    stats.bytes_uploaded_materialization += staged.uploaded_before;
-                    parts.push(PendingBackend {
+                    pending.stats.bytes_uploaded_materialization += staged.uploaded_before;
+                    pending.parts.push(PendingBackend {
                         name: name.clone(),
                         lineage: staged.lineage,
                         files: staged.files,
@@ -185,8 +254,21 @@ impl Engine {
                 Err(_) => {}
             }
         }
-        // Imports and carried backends: what they reuse is pinned now, under the lock
-        // (nothing the newest checkpoint holds can be deleted before).
+        sync
+    }
+
+    /// Take the imports and (with `carry`) the carried backends into `pending`: what they
+    /// re-reference is pinned now, under the lock (nothing the newest checkpoint holds can
+    /// be deleted before). The first failure: an object to carry or re-reference that is
+    /// missing or being deleted.
+    fn hold_imports(
+        &self,
+        pending: &mut PendingCheckpoint,
+        imports: Vec<Scanned>,
+        carry: bool,
+    ) -> Result<()> {
+        let id = pending.id;
+        let pins = &mut pending.pins;
         let (carried, pinned, imported) = {
             let mut st = self.state();
             let carried = if carry {
@@ -196,56 +278,31 @@ impl Engine {
             };
             let pinned = carried
                 .iter()
-                .try_for_each(|snapshot| pin_snapshot(&mut st, snapshot, &mut pins));
+                .try_for_each(|snapshot| pin_snapshot(&mut st, snapshot, pins));
             let imported: Vec<(PendingBackend, Vec<ScannedFile>)> = imports
                 .into_iter()
-                .map(|import| import_part(&mut st, id, import, &mut pins))
+                .map(|import| import_part(&mut st, id, import, pins))
                 .collect();
             (carried, pinned, imported)
         };
-        if let (Err(e), true) = (pinned, sync.is_ok()) {
-            sync = Err(e);
-        }
-        let mut scanned = Vec::new();
+        pending.carried = carried;
+        let mut held = pinned;
         for (part, files) in imported {
             let kept = |name: &str| part.kept.iter().any(|k| k.name == name);
             if let (Some(lost), true) = (
                 files.iter().find(|f| f.is_stored() && !kept(&f.name)),
-                sync.is_ok(),
+                held.is_ok(),
             ) {
-                sync = Err(Error::Busy(format!(
+                held = Err(Error::Busy(format!(
                     "{}/{} was in the store when listed and is being deleted now: import again \
                      (it is then fetched)",
                     part.name, lost.name
                 )));
             }
-            parts.push(part);
-            scanned.push(files);
+            pending.parts.push(part);
+            pending.scanned.push(files);
         }
-        let pending = PendingCheckpoint {
-            engine: self.clone(),
-            id,
-            parts,
-            carried,
-            scanned,
-            flink: None,
-            staging,
-            started: clock,
-            started_unix_ms,
-            sync_micros: clock.elapsed().as_micros() as u64,
-            pins,
-            stats,
-            list_bytes: 0,
-            finished: false,
-            keep_objects: false,
-        };
-        match sync {
-            Ok(()) => Ok(pending),
-            Err(e) => {
-                pending.fail(&e);
-                Err(e)
-            }
-        }
+        held
     }
 }
 
@@ -618,11 +675,7 @@ impl PendingCheckpoint {
         st.registry.set_sizes(manifest.stored_sizes());
         crate::failpoint!("checkpoint::after-register");
         engine.release_pins(&mut st, self.pins.drain(..));
-        st.in_flight.remove(&id);
-        if st.importing == Some(id) {
-            st.importing = None;
-        }
-        inner.slot_freed.notify_all();
+        engine.leave_flight(&mut st, id);
         let mut prune = Vec::new();
         for (part, snapshot) in self
             .parts
@@ -711,15 +764,11 @@ impl PendingCheckpoint {
             st.kept.extend(self.pins.iter().copied());
         }
         engine.release_pins(&mut st, self.pins.drain(..));
-        st.in_flight.remove(&self.id);
-        if st.importing == Some(self.id) {
-            st.importing = None;
-        }
         if engine.inner.catalog.commits_in_meta() {
             // Its reservation ends: void from the next write of the metadata on.
             st.meta.make_void(self.id);
         }
-        engine.inner.slot_freed.notify_all();
+        engine.leave_flight(&mut st, self.id);
         // Not committed, whatever the reason (an error, an abort, a drop).
         engine.inner.counters.checkpoint_failed();
         engine

@@ -8,10 +8,10 @@
 
 use std::sync::Arc;
 
-use super::{Engine, ImportReport};
+use super::{CheckpointPlan, Engine, ImportReport};
 use crate::catalog::{FlinkLabel, Manifest};
 use crate::error::{IoContext, Result};
-use crate::flink::import::{self as flink, Completed, Source};
+use crate::flink::import::{self as flink, Completed, FlinkSource};
 use crate::names::BackendName;
 
 /// What a follower remembers between its looks: the Flink checkpoints (job directory's
@@ -33,7 +33,7 @@ impl Engine {
     /// the newest the store holds from that job and that the store did not hold and drop,
     /// oldest first. Without `keep_going`, the first failure ends the import; with it
     /// ([`Engine::follow_flink`]), a source no job has written to yet holds nothing.
-    pub fn import_flink(&self, src: &Source, keep_going: bool) -> Result<Vec<FlinkImport>> {
+    pub fn import_flink(&self, src: &FlinkSource, keep_going: bool) -> Result<Vec<FlinkImport>> {
         self.import_flink_with(src, keep_going, &mut Retries::default())
     }
 
@@ -41,13 +41,17 @@ impl Engine {
     /// reported and the later ones still imported; a checkpoint that failed is tried again
     /// at every look while Flink still has it (`retries` remembers them), though a newer
     /// one was imported meanwhile.
-    pub fn follow_flink(&self, src: &Source, retries: &mut Retries) -> Result<Vec<FlinkImport>> {
+    pub fn follow_flink(
+        &self,
+        src: &FlinkSource,
+        retries: &mut Retries,
+    ) -> Result<Vec<FlinkImport>> {
         self.import_flink_with(src, true, retries)
     }
 
     fn import_flink_with(
         &self,
-        src: &Source,
+        src: &FlinkSource,
         keep_going: bool,
         retries: &mut Retries,
     ) -> Result<Vec<FlinkImport>> {
@@ -155,7 +159,7 @@ impl Engine {
             return Ok(None);
         }
         crate::failpoint!("flink::before-begin");
-        let mut pending = self.begin_checkpoint_of(backends)?;
+        let mut pending = self.begin(CheckpointPlan::Application(backends))?;
         // Asked again in the checkpoint slot, which an import holds alone: another importer
         // (the follower, a control line) may have committed it since the look above.
         if held(&job) {

@@ -17,6 +17,7 @@ use super::{Base, Engine, State};
 use crate::backend::{chunk_size_for, is_shared_file, wal_number, StagedFile};
 use crate::catalog::{lists, CheckpointStats, FileEntry, FileList};
 use crate::error::{Error, IoContext, Result};
+use crate::fsutil::parallel_map;
 use crate::names::BackendName;
 use crate::store::chunks::Chunks;
 use crate::store::{hash_file, ObjectId, ObjectStore, Staged};
@@ -297,8 +298,8 @@ impl<'a> Ingest<'a> {
             None => stage_file(self.engine, self.store, file, copy_at_once(part, file))?,
         };
         let (staged, expected) = match staging {
-            Staging::Staged(staged, expected) => (staged, expected),
-            Staging::Shareable(id, size) => {
+            StageOutcome::Staged(staged, expected) => (staged, expected),
+            StageOutcome::Shareable(id, size) => {
                 // Same content already stored (another backend, a private file that did
                 // not change, a restored file, or a concurrent checkpoint): pinned here,
                 // under the lock, if it is still alive.
@@ -466,29 +467,9 @@ impl<'a> Ingest<'a> {
 
 /// Stage pieces from memory, several at once where the store gains from it.
 fn stage_all(store: &dyn ObjectStore, pieces: &[Vec<u8>]) -> Vec<Result<Staged>> {
-    let workers = store.upload_concurrency().min(pieces.len());
-    if workers <= 1 {
-        return pieces.iter().map(|p| store.stage_bytes(p)).collect();
-    }
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let done = std::sync::Mutex::new(Vec::with_capacity(pieces.len()));
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let Some(piece) = pieces.get(i) else {
-                    break;
-                };
-                let staged = store.stage_bytes(piece);
-                done.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push((i, staged));
-            });
-        }
-    });
-    let mut done = done.into_inner().unwrap_or_else(|p| p.into_inner());
-    done.sort_by_key(|(i, _)| *i);
-    done.into_iter().map(|(_, staged)| staged).collect()
+    parallel_map(pieces, store.upload_concurrency(), |piece| {
+        store.stage_bytes(piece)
+    })
 }
 
 /// Read up to `buf.len()` bytes at the current position (less only at the end of the file).
@@ -505,7 +486,7 @@ fn read_full(input: &mut std::fs::File, buf: &mut [u8], path: &std::path::Path) 
 }
 
 /// A file staged (or found stored already) before its turn.
-enum Staging {
+enum StageOutcome {
     /// Staged; with the id and size it hashed to first, if it was hashed first.
     Staged(Staged, Option<(ObjectId, u64)>),
     /// Hashed first, and stored already when looked up (to be pinned in its turn).
@@ -525,15 +506,18 @@ fn stage_file(
     store: &dyn ObjectStore,
     file: &StagedFile,
     copy_at_once: bool,
-) -> Result<Staging> {
+) -> Result<StageOutcome> {
     if copy_at_once {
-        return Ok(Staging::Staged(store.stage(&file.path)?, None));
+        return Ok(StageOutcome::Staged(store.stage(&file.path)?, None));
     }
     let (id, size) = hash_file(&file.path)?;
     if engine.state().can_share(&id) {
-        return Ok(Staging::Shareable(id, size));
+        return Ok(StageOutcome::Shareable(id, size));
     }
-    Ok(Staging::Staged(store.stage(&file.path)?, Some((id, size))))
+    Ok(StageOutcome::Staged(
+        store.stage(&file.path)?,
+        Some((id, size)),
+    ))
 }
 
 /// Files of one backend staged several at once ahead of the sequential walk that pins
@@ -541,7 +525,7 @@ fn stage_file(
 /// What the walk does not take (it stopped at an error) is discarded.
 struct AheadSet<'a> {
     store: &'a dyn ObjectStore,
-    staged: HashMap<String, Result<Staging>>,
+    staged: HashMap<String, Result<StageOutcome>>,
 }
 
 impl<'a> AheadSet<'a> {
@@ -563,29 +547,18 @@ impl<'a> AheadSet<'a> {
         if todo.len() < 2 {
             return set;
         }
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let done = std::sync::Mutex::new(Vec::new());
-        std::thread::scope(|scope| {
-            for _ in 0..workers.min(todo.len()) {
-                scope.spawn(|| loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    let Some(file) = todo.get(i) else { break };
-                    let result = stage_file(engine, store, file, copy_at_once(part, file));
-                    done.lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push((file.name.clone(), result));
-                });
-            }
+        let staged = parallel_map(&todo, workers, |file| {
+            stage_file(engine, store, file, copy_at_once(part, file))
         });
-        set.staged = done
-            .into_inner()
-            .unwrap_or_else(|p| p.into_inner())
-            .into_iter()
+        set.staged = todo
+            .iter()
+            .map(|file| file.name.clone())
+            .zip(staged)
             .collect();
         set
     }
 
-    fn take(&mut self, name: &str) -> Option<Result<Staging>> {
+    fn take(&mut self, name: &str) -> Option<Result<StageOutcome>> {
         self.staged.remove(name)
     }
 }
@@ -593,7 +566,7 @@ impl<'a> AheadSet<'a> {
 impl Drop for AheadSet<'_> {
     fn drop(&mut self) {
         for (_, ahead) in self.staged.drain() {
-            if let Ok(Staging::Staged(staged, _)) = ahead {
+            if let Ok(StageOutcome::Staged(staged, _)) = ahead {
                 self.store.discard(staged);
             }
         }

@@ -79,7 +79,7 @@ pub(super) struct Prepared {
 }
 
 /// What a checkpoint builds on (see [`Engine::choose_base`]).
-struct Base {
+struct BaseChoice {
     /// The materialization, and whether it is a prepared one adopted now (with the bytes
     /// it stored).
     on_top_of: Option<(Materialization, Option<u64>)>,
@@ -190,12 +190,12 @@ impl Engine {
         started: Instant,
         policy: &MaterializePolicy,
         pins: &mut Vec<ObjectId>,
-    ) -> Base {
+    ) -> BaseChoice {
         let mut st = self.state();
         if let Some(prepared) = st.prepared.remove(name) {
             if prepared.mat.lineage == lineage {
                 pins.extend(prepared.pins);
-                return Base {
+                return BaseChoice {
                     on_top_of: Some((prepared.mat, Some(prepared.uploaded))),
                     prepare: false,
                 };
@@ -209,7 +209,7 @@ impl Engine {
             .filter(|m| m.lineage == lineage)
             .cloned()
         else {
-            return Base {
+            return BaseChoice {
                 on_top_of: None,
                 prepare: false,
             };
@@ -217,7 +217,7 @@ impl Engine {
         let due =
             started.duration_since(mat.at) >= policy.interval || mat.wal_bytes >= policy.wal_bytes;
         if due && !policy.background {
-            return Base {
+            return BaseChoice {
                 on_top_of: None,
                 prepare: false,
             };
@@ -229,7 +229,7 @@ impl Engine {
             .map(|(id, _)| id)
             .collect();
         if !objects.iter().all(|id| st.can_share(id)) {
-            return Base {
+            return BaseChoice {
                 on_top_of: None,
                 prepare: false,
             };
@@ -239,7 +239,7 @@ impl Engine {
             pins.push(id);
         }
         let prepare = due && st.preparing.insert(name.clone());
-        Base {
+        BaseChoice {
             on_top_of: Some((mat, None)),
             prepare,
         }

@@ -6,11 +6,14 @@
 //! object, deleting garbage, committing or removing a manifest), never while hashing or
 //! copying file contents. Each backend sits behind its own `RwLock`, taken for writing only
 //! to swap the database during a restore.
-
 //!
 //! One file per part of the story: [`open`] (recovery at start), [`checkpoint`] (taking
-//! one), [`restore`] (rolling back, materializing); this file holds the engine's state and
-//! what the parts share (retention, drops, deleting garbage).
+//! one: what it holds, its synchronous phase, its commit), [`materialize`] (one backend's
+//! synchronous phase and `wal` mode's materializations), [`ingest`] (the one way bytes come
+//! into the store: re-referenced, or staged and published, and pinned), [`flink`]
+//! (importing a Flink job's checkpoints), [`restore`] (rolling back, materializing) and
+//! [`counters`] (what the engine counted since it opened, for metrics); this file holds the
+//! engine's state and what the parts share (retention, drops, deleting garbage).
 
 mod checkpoint;
 pub mod counters;
@@ -27,6 +30,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use crate::backend::{Backend, BackendOptions, WriteOp};
 use crate::catalog::{BackendSnapshot, Catalog, FileEntry, FileList, Manifest, StoreMeta};
 use crate::error::{Error, Result};
+use crate::fsutil::{lock, wait};
 use crate::lock::DirLock;
 use crate::names::BackendName;
 use crate::registry::Registry;
@@ -34,7 +38,7 @@ use crate::store::s3::S3Options;
 use crate::store::{Location, ObjectId, ObjectStore, DEFAULT_ORPHAN_GRACE};
 
 pub use crate::repo::ensure_store_dir;
-pub use checkpoint::{ImportReport, PendingCheckpoint};
+pub use checkpoint::{CheckpointPlan, ImportReport, PendingCheckpoint};
 pub use flink::{FlinkImport, Retries};
 pub use materialize::MaterializePolicy;
 pub use restore::materialize;
@@ -214,7 +218,7 @@ pub struct Engine {
 
 /// A read-only picture of the engine for status displays.
 #[derive(Debug, Clone)]
-pub struct Status {
+pub struct EngineStatus {
     pub backends: Vec<BackendName>,
     /// Imported backends (`ckptfs import`).
     pub external: Vec<BackendName>,
@@ -239,17 +243,11 @@ type CatalogWrites<'a> = MutexGuard<'a, ()>;
 
 impl Engine {
     fn catalog_writes(&self) -> CatalogWrites<'_> {
-        self.inner
-            .catalog_writes
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.inner.catalog_writes)
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        self.inner
-            .state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.inner.state)
     }
 
     /// Where the store is.
@@ -294,7 +292,7 @@ impl Engine {
             }
             return Err(Error::NoSuchBackend(name.clone()));
         };
-        let guard = slot.read().unwrap_or_else(|p| p.into_inner());
+        let guard = crate::fsutil::read(slot);
         let backend = guard
             .as_ref()
             .ok_or_else(|| Error::BackendClosed(name.clone()))?;
@@ -379,11 +377,7 @@ impl Engine {
     /// 35 MiB in that benchmark, 30 checkpoints a second).
     pub(crate) fn trim_memory(&self) {
         {
-            let mut last = self
-                .inner
-                .last_trim
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut last = lock(&self.inner.last_trim);
             if last.elapsed() < TRIM_INTERVAL {
                 return;
             }
@@ -396,11 +390,7 @@ impl Engine {
     pub fn wait_background(&self) {
         let mut st = self.state();
         while !st.preparing.is_empty() {
-            st = self
-                .inner
-                .slot_freed
-                .wait(st)
-                .unwrap_or_else(|p| p.into_inner());
+            st = wait(&self.inner.slot_freed, st);
         }
     }
 
@@ -409,11 +399,7 @@ impl Engine {
     pub fn wait_idle(&self) {
         let mut st = self.state();
         while !st.in_flight.is_empty() || !st.preparing.is_empty() {
-            st = self
-                .inner
-                .slot_freed
-                .wait(st)
-                .unwrap_or_else(|p| p.into_inner());
+            st = wait(&self.inner.slot_freed, st);
         }
     }
 
@@ -552,9 +538,9 @@ impl Engine {
         self.state().registry.counts()
     }
 
-    pub fn status(&self) -> Status {
+    pub fn status(&self) -> EngineStatus {
         let st = self.state();
-        Status {
+        EngineStatus {
             backends: self.backend_names(),
             external: st.meta.external.clone(),
             checkpoints: st.manifests.values().cloned().collect(),
@@ -831,7 +817,7 @@ mod tests {
         // With a fresh lineage nothing is re-referenced by name (content may still be shared).
         assert_eq!(cp.stats.files_reused, 0);
         let out = dir.path().join("out");
-        crate::restore::restore_checkpoint(&store, cp.id, &out, |_| {}).unwrap();
+        crate::commands::restore::restore_checkpoint(&store, cp.id, &out, |_| {}).unwrap();
         assert_eq!(
             crate::backend::scan_dir(&out.join("A/0")).unwrap(),
             expected

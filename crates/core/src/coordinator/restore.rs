@@ -68,11 +68,7 @@ impl Engine {
             // is gone: no write is acknowledged that the next start could roll back.
             let mut guards: Vec<_> = items
                 .iter()
-                .map(|(_, s)| {
-                    self.inner.backends[&s.name]
-                        .write()
-                        .unwrap_or_else(|p| p.into_inner())
-                })
+                .map(|(_, s)| crate::fsutil::write(&self.inner.backends[&s.name]))
                 .collect();
             // From the first swap on, a crash must not leave some backends restored and
             // others not: the next start finishes the restore (see Engine::open).

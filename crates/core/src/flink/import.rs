@@ -30,26 +30,26 @@ pub const FLINK_META: &str = "FLINK-KEYED-META";
 /// Where a Flink job's checkpoints are: a directory, or a prefix of an S3 bucket
 /// (`s3://BUCKET/PREFIX`, configured from the standard AWS environment like a store). Every
 /// file is read through its [`Tree`], confined to it (and to the more roots the user named,
-/// [`Source::with_root`]): a `_metadata` naming a file outside is refused.
+/// [`FlinkSource::open`]): a `_metadata` naming a file outside is refused.
 #[derive(Clone)]
-pub struct Source {
+pub struct FlinkSource {
     tree: Arc<dyn Tree>,
     /// More roots the user named: the directories of the jobs a job was restored from in
     /// CLAIM mode, whose files its checkpoints go on naming.
     also: Vec<Arc<dyn Tree>>,
 }
 
-impl std::fmt::Debug for Source {
+impl std::fmt::Debug for FlinkSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.describe())
     }
 }
 
-impl Source {
+impl FlinkSource {
     /// `SRC` of `import-flink` and `mount --flink`: `s3://BUCKET[/PREFIX]`, a `file://`
     /// URL or a directory (which is opened: it must exist).
-    pub fn parse(arg: &Path) -> Result<Source> {
-        Ok(Source {
+    pub fn parse(arg: &Path) -> Result<FlinkSource> {
+        Ok(FlinkSource {
             tree: Self::tree(arg)?,
             also: Vec::new(),
         })
@@ -88,10 +88,10 @@ impl Source {
         Ok(Arc::new(tree))
     }
 
-    /// [`Source::parse`] of `src`, also reading the files below each of `roots` that its
+    /// [`FlinkSource::parse`] of `src`, also reading the files below each of `roots` that its
     /// checkpoints name (a job restored in CLAIM mode names the files of the job it was
     /// restored from: `--source-root`).
-    pub fn open(src: &Path, roots: &[PathBuf]) -> Result<Source> {
+    pub fn open(src: &Path, roots: &[PathBuf]) -> Result<FlinkSource> {
         let mut source = Self::parse(src)?;
         for root in roots {
             source.also.push(Self::tree(root)?);
@@ -136,7 +136,7 @@ pub struct Completed {
     /// The job's directory (`chk-N/`, `shared/`, `taskowned/`) below the source's root
     /// ("": the root itself).
     pub job_dir: String,
-    pub source: Source,
+    pub source: FlinkSource,
 }
 
 impl Completed {
@@ -171,7 +171,7 @@ pub fn is_job_id(name: &str) -> bool {
 /// of one under another name) or a checkpoint root holding one job (several are refused:
 /// their backends would mix in one store). Oldest first (by checkpoint id). A `chk-N`
 /// without `_metadata` is skipped (in flight or abandoned).
-pub fn completed(src: &Source) -> Result<Vec<Completed>> {
+pub fn completed(src: &FlinkSource) -> Result<Vec<Completed>> {
     if let Some(found) = completed_if_any(src)? {
         return Ok(found);
     }
@@ -193,7 +193,7 @@ pub fn completed(src: &Source) -> Result<Vec<Completed>> {
 
 /// [`completed`], or `None` where no job has written yet (a follower started before the
 /// job, which makes its directory with its first checkpoint).
-pub fn completed_if_any(src: &Source) -> Result<Option<Vec<Completed>>> {
+pub fn completed_if_any(src: &FlinkSource) -> Result<Option<Vec<Completed>>> {
     let tree = src.tree.as_ref();
     let jobs = jobs(tree)?;
     if jobs.is_empty() {
@@ -502,7 +502,7 @@ pub fn subtasks(
     let metadata = metadata::parse(&bytes).map_err(in_checkpoint)?;
     let layout = layout(&metadata).map_err(in_checkpoint)?;
     let mut job = is_job_id(&completed.job).then(|| completed.job.clone());
-    let opened = RefCell::new(Opened::new());
+    let opened = RefCell::new(OpenFiles::new());
     let mut out = Vec::new();
     for (backend, named) in &layout.subtasks {
         let to = Staging {
@@ -567,10 +567,10 @@ struct Staging<'a> {
     known: &'a dyn Fn(&BackendName, &str, &str, u64) -> bool,
     /// The local files opened for this checkpoint, by tree and path: a file its handles
     /// name many times (a union list state, or a crafted `_metadata`) holds one descriptor.
-    opened: &'a RefCell<Opened>,
+    opened: &'a RefCell<OpenFiles>,
 }
 
-type Opened = std::collections::HashMap<(usize, String), Arc<crate::source::SourceFile>>;
+type OpenFiles = std::collections::HashMap<(usize, String), Arc<crate::source::SourceFile>>;
 
 /// One file named by a checkpoint: where its bytes are, and its source.
 fn file(
@@ -788,7 +788,7 @@ mod tests {
             rewritten[at - 8..at].copy_from_slice(&(size as i64).to_be_bytes());
         }
         std::fs::write(&metadata_path, &rewritten).unwrap();
-        let found = completed(&Source::parse(&job).unwrap()).unwrap();
+        let found = completed(&FlinkSource::parse(&job).unwrap()).unwrap();
         let staging = tempfile::tempdir().unwrap();
         let listed = subtasks(&found[2], staging.path(), &|_, _, _, _| false).unwrap();
         let held: std::collections::BTreeSet<PathBuf> = listed
@@ -804,7 +804,7 @@ mod tests {
     #[test]
     fn the_fixture_job_lists_its_completed_checkpoints_and_subtasks() {
         let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/flink/job1");
-        let found = completed(&Source::parse(&fixture).unwrap()).unwrap();
+        let found = completed(&FlinkSource::parse(&fixture).unwrap()).unwrap();
         assert_eq!(
             found.iter().map(|c| c.checkpoint).collect::<Vec<_>>(),
             [4, 5, 6]

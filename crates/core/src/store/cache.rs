@@ -58,10 +58,7 @@ impl Cache {
     pub(super) fn wait_fetch(&self, id: &ObjectId) {
         let mut fetching = lock(&self.fetching);
         while fetching.contains(id) {
-            fetching = self
-                .fetched
-                .wait(fetching)
-                .unwrap_or_else(|p| p.into_inner());
+            fetching = crate::fsutil::wait(&self.fetched, fetching);
         }
     }
 

@@ -8,6 +8,7 @@
 
 mod cache;
 pub mod chunks;
+pub mod conditional;
 pub(crate) mod crash;
 pub mod layout;
 mod local;
@@ -116,19 +117,19 @@ impl From<&Path> for Location {
 /// A store opened for reading by a command that is not the daemon (`restore`, `fsck`,
 /// `graph`): its objects and records; an object store's read cache lives in a temporary
 /// directory for as long as this does.
-pub struct Opened {
+pub struct OpenedStore {
     pub objects: std::sync::Arc<dyn ObjectStore>,
     pub records: std::sync::Arc<dyn records::Records>,
     _cache: Option<tempfile::TempDir>,
 }
 
-impl Opened {
+impl OpenedStore {
     /// The objects and records at `location`, without creating anything and without
     /// asking whether they are a ckptfs store ([`crate::repo::Repo`] does): raw access
     /// for the reader's opening and for tests.
-    pub fn open(location: &Location) -> Result<Opened> {
+    pub fn open(location: &Location) -> Result<OpenedStore> {
         match location {
-            Location::Local(root) => Ok(Opened {
+            Location::Local(root) => Ok(OpenedStore {
                 objects: std::sync::Arc::new(LocalStore::open_existing(root)?),
                 records: std::sync::Arc::new(records::LocalRecords::new(root)),
                 _cache: None,
@@ -145,7 +146,7 @@ impl Opened {
                     s3::S3Options::default(),
                     &cache.path().join(layout::OBJECTS),
                 )?;
-                Ok(Opened {
+                Ok(OpenedStore {
                     objects: std::sync::Arc::new(objects),
                     records: std::sync::Arc::new(s3::S3Records::new(remote)),
                     _cache: Some(cache),
@@ -161,7 +162,7 @@ pub struct ObjectId([u8; 32]);
 
 /// Hashing an id for a hash table needs only some of its bytes: they are a cryptographic
 /// hash already, uniformly spread (and equal ids still hash equally). Feeding 8 bytes
-/// instead of 32 made loading 10,000 checkpoints' registry measurably cheaper.
+/// rather than 32 makes loading 10,000 checkpoints' registry measurably cheaper.
 impl std::hash::Hash for ObjectId {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         let mut head = [0u8; 8];

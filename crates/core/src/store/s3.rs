@@ -31,6 +31,7 @@ use object_store::{
 };
 
 use super::cache::Cache;
+use super::conditional::{read_back, ReadBack};
 use super::records::{Put, Record, Records};
 use super::{hash_file, layout, ObjectId, ObjectStore, Staged, WriteFence};
 use crate::error::{Error, IoContext, Result};
@@ -466,10 +467,7 @@ impl S3Objects {
     fn begin_stage(&self, id: ObjectId) {
         let mut uploads = lock(&self.uploads);
         while uploads.deleting.contains(&id) {
-            uploads = self
-                .delete_done
-                .wait(uploads)
-                .unwrap_or_else(|p| p.into_inner());
+            uploads = crate::fsutil::wait(&self.delete_done, uploads);
         }
         *uploads.staged.entry(id).or_default() += 1;
     }
@@ -555,7 +553,7 @@ impl S3Objects {
     /// Every part in memory holds one of the store's [`S3Objects::part_buffers`] permits
     /// from its read until its upload ends: all uploads together hold at most
     /// `upload_concurrency` parts of [`PART_SIZE`], however many files are staged at once.
-    fn upload(&self, id: &ObjectId, src: Source<'_>) -> Result<()> {
+    fn upload(&self, id: &ObjectId, src: UploadBody<'_>) -> Result<()> {
         let name = Self::object_name(id);
         let key = self.remote.key(&name);
         let what = format!("upload {}", self.remote.url(&name));
@@ -749,29 +747,29 @@ async fn fetch_into(
 }
 
 /// What an upload reads: a file or bytes in memory.
-enum Source<'a> {
+enum UploadBody<'a> {
     File(&'a fs::File, u64),
     Bytes(&'a [u8]),
 }
 
-impl Source<'_> {
+impl UploadBody<'_> {
     fn len(&self) -> u64 {
         match self {
-            Source::File(_, len) => *len,
-            Source::Bytes(b) => b.len() as u64,
+            UploadBody::File(_, len) => *len,
+            UploadBody::Bytes(b) => b.len() as u64,
         }
     }
 
     fn read_range(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
         match self {
-            Source::File(file, _) => {
+            UploadBody::File(file, _) => {
                 use std::os::unix::fs::FileExt;
                 let mut buf = vec![0u8; len];
                 file.read_exact_at(&mut buf, offset)
                     .map_err(|e| Error::io("read for upload", e))?;
                 Ok(buf)
             }
-            Source::Bytes(b) => Ok(b[offset as usize..offset as usize + len].to_vec()),
+            UploadBody::Bytes(b) => Ok(b[offset as usize..offset as usize + len].to_vec()),
         }
     }
 
@@ -786,7 +784,7 @@ impl ObjectStore for S3Objects {
         let (id, size) = hash_file(src)?;
         let file = fs::File::open(src).ctx("open", src)?;
         self.begin_stage(id);
-        match self.upload(&id, Source::File(&file, size)) {
+        match self.upload(&id, UploadBody::File(&file, size)) {
             Ok(()) => Ok(Staged {
                 id,
                 size,
@@ -802,7 +800,7 @@ impl ObjectStore for S3Objects {
     fn stage_bytes(&self, bytes: &[u8]) -> Result<Staged> {
         let id = ObjectId::from_hash(blake3::hash(bytes));
         self.begin_stage(id);
-        match self.upload(&id, Source::Bytes(bytes)) {
+        match self.upload(&id, UploadBody::Bytes(bytes)) {
             Ok(()) => Ok(Staged {
                 id,
                 size: bytes.len() as u64,
@@ -1009,14 +1007,13 @@ impl S3Records {
     }
 
     /// A conditional put the server refused may have been our own, landed before a retry
-    /// (a timeout, then "exists" or "changed"): it was ours if the record holds our bytes.
-    ///
-    /// A record that cannot be read is an I/O error: whose it is is unknown, and a refused
-    /// conditional write must not be taken for another writer's while it may be ours.
-    fn was_ours(&self, key: &str, bytes: &[u8]) -> Result<Option<Option<String>>> {
-        match self.get(key) {
-            Ok(Some(record)) if record.bytes == bytes => Ok(Some(record.version)),
-            Ok(_) => Ok(None),
+    /// (a timeout, then "exists" or "changed"): its version if the record holds our bytes,
+    /// `refused` if it holds none or another's. A record that cannot be read is an I/O
+    /// error (see [`read_back`]).
+    fn refused_put(&self, key: &str, bytes: &[u8], refused: Error) -> Result<Option<String>> {
+        match read_back(self, key, bytes) {
+            Ok(ReadBack::Landed { version }) => Ok(version),
+            Ok(ReadBack::Absent | ReadBack::Other(_)) => Err(refused),
             Err(e) => Err(Error::io(
                 format!(
                     "write {}: refused as changed, and it cannot be read back to tell \
@@ -1089,10 +1086,7 @@ impl Records for S3Records {
             Err(
                 e @ (object_store::Error::AlreadyExists { .. }
                 | object_store::Error::Precondition { .. }),
-            ) => match self.was_ours(key, bytes)? {
-                Some(version) => Ok(version),
-                None => Err(remote_error(&what, e)),
-            },
+            ) => self.refused_put(key, bytes, remote_error(&what, e)),
             Err(e) => Err(remote_error(&what, e)),
         }
     }

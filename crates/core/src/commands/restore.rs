@@ -4,7 +4,7 @@ use std::path::Path;
 
 use crate::coordinator::materialize;
 use crate::error::{Error, Result};
-use crate::fsutil::{is_empty_or_missing, remove_tree};
+use crate::fsutil::{is_empty_or_missing, lock, parallel_map, remove_tree};
 use crate::repo::Repo;
 use crate::store::Location;
 
@@ -43,32 +43,13 @@ pub fn restore_checkpoint(
         // Several backends at once (they share nothing but the store), at most
         // RESTORE_THREADS: the manifest, not the host, says how many there are.
         let progress = std::sync::Mutex::new(&mut progress);
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let written: Vec<Result<()>> = std::thread::scope(|scope| {
-            let threads: Vec<_> = (0..manifest.backends.len().min(RESTORE_THREADS))
-                .map(|_| {
-                    let (progress, next, manifest) = (&progress, &next, &manifest);
-                    scope.spawn(move || {
-                        let mut results = Vec::new();
-                        loop {
-                            let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                            let Some(snapshot) = manifest.backends.get(i) else {
-                                return results;
-                            };
-                            results.push(materialize(
-                                objects,
-                                snapshot,
-                                &dest.join(snapshot.name.rel_path()),
-                                &mut |n| (progress.lock().unwrap_or_else(|p| p.into_inner()))(n),
-                            ));
-                        }
-                    })
-                })
-                .collect();
-            threads
-                .into_iter()
-                .flat_map(|t| t.join().expect("a restore thread panicked"))
-                .collect()
+        let written = parallel_map(&manifest.backends, RESTORE_THREADS, |snapshot| {
+            materialize(
+                objects,
+                snapshot,
+                &dest.join(snapshot.name.rel_path()),
+                &mut |n| (lock(&progress))(n),
+            )
         });
         written.into_iter().collect::<Result<Vec<()>>>()?;
         Ok(RestoreReport {

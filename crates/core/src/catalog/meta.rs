@@ -1,0 +1,126 @@
+//! The store's small metadata record, `ckptfs.json`: its settings and counters, and on
+//! object storage the writer's epoch and the pending and void checkpoints that make its
+//! conditional write the commit point (see the catalog's module documentation).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::manifest::{is_zero, FlinkLabel, FORMAT};
+use crate::names::BackendName;
+
+/// Store-wide settings and counters, in `ckptfs.json`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StoreMeta {
+    pub format: u32,
+    /// The id the next checkpoint gets; ids are never reused.
+    pub next_checkpoint: u64,
+    pub retain: u32,
+    pub backends: Vec<BackendName>,
+    /// Object storage: the writer generation. Every daemon that starts writing raises it,
+    /// so the metadata it writes differs from anything an earlier writer read.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub epoch: u64,
+    /// Object storage: writes of this file so far; each write has new bytes (a new ETag),
+    /// so a conditional write can never succeed on a version it did not read.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub revision: u64,
+    /// Object storage: checkpoints whose id is reserved and whose commit is not confirmed
+    /// yet. Their manifests may exist and do not count.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending: Vec<u64>,
+    /// Object storage: every manifest with an id below this is void (dropped, or written
+    /// by a writer that lost the store before it confirmed it).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub void_below: u64,
+    /// Object storage: void ids at or above `void_below`, sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub void: Vec<u64>,
+    /// Backends whose state is imported (`ckptfs import`), not hosted (format 7): never
+    /// opened by a daemon, carried over unchanged by every checkpoint that does not import
+    /// them. Sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub external: Vec<BackendName>,
+    /// Flink checkpoints this store held and dropped (`rmdir`, `delete`, retention), by
+    /// job, sorted, the newest [`FLINK_DROPS_KEPT`] of each: never imported again, so a
+    /// user's drop sticks while Flink still retains the checkpoint. An optional field: a
+    /// store without it reads as one that dropped none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub flink_dropped: BTreeMap<String, Vec<u64>>,
+}
+
+/// How many dropped Flink checkpoints [`StoreMeta::flink_dropped`] remembers per job (Flink
+/// retains a few; one that was dropped longer ago than that is gone from Flink's directory).
+pub const FLINK_DROPS_KEPT: usize = 1024;
+
+impl Default for StoreMeta {
+    fn default() -> Self {
+        StoreMeta {
+            format: FORMAT,
+            next_checkpoint: 1,
+            retain: 3,
+            backends: Vec::new(),
+            epoch: 0,
+            revision: 0,
+            pending: Vec::new(),
+            void_below: 0,
+            void: Vec::new(),
+            external: Vec::new(),
+            flink_dropped: BTreeMap::new(),
+        }
+    }
+}
+
+impl StoreMeta {
+    /// Remember that the checkpoint imported from `label` was dropped.
+    pub fn record_flink_drop(&mut self, label: &FlinkLabel) {
+        let dropped = self.flink_dropped.entry(label.job.clone()).or_default();
+        if let Err(at) = dropped.binary_search(&label.checkpoint) {
+            dropped.insert(at, label.checkpoint);
+        }
+        if dropped.len() > FLINK_DROPS_KEPT {
+            dropped.drain(..dropped.len() - FLINK_DROPS_KEPT);
+        }
+    }
+
+    /// Whether checkpoint `checkpoint` of Flink job `job` was imported and dropped.
+    pub fn flink_was_dropped(&self, job: &str, checkpoint: u64) -> bool {
+        self.flink_dropped
+            .get(job)
+            .is_some_and(|d| d.binary_search(&checkpoint).is_ok())
+    }
+
+    /// True if a manifest of checkpoint `id` is a committed checkpoint: not pending, not
+    /// void. (Always true on a local store, which keeps neither list.)
+    pub fn counts(&self, id: u64) -> bool {
+        id >= self.void_below
+            && self.void.binary_search(&id).is_err()
+            && !self.pending.contains(&id)
+    }
+
+    /// Make `id` void: its manifest, if one exists or lands later, never counts.
+    pub fn make_void(&mut self, id: u64) {
+        self.pending.retain(|p| *p != id);
+        if id >= self.void_below {
+            if let Err(at) = self.void.binary_search(&id) {
+                self.void.insert(at, id);
+            }
+        }
+    }
+
+    /// Keep the void list short: every id below the smallest one that may still count
+    /// (`live`: the committed and in-flight checkpoints) is void as a range.
+    pub fn compact_void(&mut self, live: impl IntoIterator<Item = u64>) {
+        let floor = live
+            .into_iter()
+            .chain(self.pending.iter().copied())
+            .chain(std::iter::once(self.next_checkpoint))
+            .min()
+            .unwrap_or(self.next_checkpoint);
+        if floor > self.void_below {
+            self.void_below = floor;
+        }
+        let below = self.void_below;
+        self.void.retain(|id| *id >= below);
+    }
+}
