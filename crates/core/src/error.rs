@@ -3,8 +3,6 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::names::BackendName;
-
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
@@ -21,7 +19,7 @@ pub enum Error {
     #[error("invalid backend name {name:?}: {reason}")]
     InvalidBackendName { name: String, reason: &'static str },
     #[error("no such backend: {0}")]
-    NoSuchBackend(BackendName),
+    NoSuchBackend(String),
     #[error("no such checkpoint: {0}")]
     NoSuchCheckpoint(u64),
     /// Bad input from a user (command, option, argument).
@@ -52,7 +50,7 @@ pub enum Error {
     ReadOnly(String),
     /// A backend whose database could not be reopened (after a failed restore).
     #[error("backend {0} is not open (a restore failed; see the log)")]
-    BackendClosed(BackendName),
+    BackendClosed(String),
     #[error("not found: {0}")]
     NotFound(String),
     /// A create-only write found the record there already.

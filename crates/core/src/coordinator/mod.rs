@@ -290,12 +290,12 @@ impl Engine {
             if self.state().meta.external.contains(name) {
                 return Err(Self::refuse_external(name));
             }
-            return Err(Error::NoSuchBackend(name.clone()));
+            return Err(Error::NoSuchBackend(name.to_string()));
         };
         let guard = crate::fsutil::read(slot);
         let backend = guard
             .as_ref()
-            .ok_or_else(|| Error::BackendClosed(name.clone()))?;
+            .ok_or_else(|| Error::BackendClosed(name.to_string()))?;
         f(backend)
     }
 

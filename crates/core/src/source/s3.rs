@@ -103,8 +103,14 @@ impl Tree for S3Tree {
         let key = self.key(rel)?;
         crate::fsutil::create_private_dir_all(staging)?;
         let path = staging.join(name);
-        self.remote.download(&key, &path, limit)?;
-        Ok(Fetched::Downloaded(path))
+        match self.remote.download(&key, &path, limit)? {
+            Some(_) => Ok(Fetched::Downloaded(path)),
+            None => Err(super::refused(
+                format!("s3://{}/{key}", self.remote.bucket()),
+                format!("more than the {limit} bytes its handle says"),
+                libc::EINVAL,
+            )),
+        }
     }
 
     fn locate(&self, uri: &str) -> Option<String> {

@@ -292,12 +292,12 @@ impl Remote {
         })
     }
 
-    /// Object `key` written to `to` (a new file), durably; its length. One larger than
-    /// `limit` bytes is refused once that many are in, and `to` removed.
-    pub fn download(&self, key: &str, to: &Path, limit: u64) -> Result<u64> {
+    /// Object `key` written to `to` (a new file), durably; its length, or `None` for one
+    /// larger than `limit` bytes, given up once that many are in (and `to` removed).
+    pub fn download(&self, key: &str, to: &Path, limit: u64) -> Result<Option<u64>> {
         let what = format!("read s3://{}/{key}", self.bucket);
         let mut out = create_new_private().open(to).ctx("create", to)?;
-        let total: Result<u64> = self.block_on(async {
+        let total: Result<Option<u64>> = self.block_on(async {
             let got = self
                 .client
                 .get(&Key::from(key))
@@ -309,18 +309,17 @@ impl Remote {
                 let piece = piece.map_err(|e| remote_error(&what, e))?;
                 total += piece.len() as u64;
                 if total > limit {
-                    return Err(crate::source::refused(
-                        format!("s3://{}/{key}", self.bucket),
-                        format!("more than the {limit} bytes its handle says"),
-                        libc::EINVAL,
-                    ));
+                    return Ok(None);
                 }
                 out.write_all(&piece).ctx("write", to)?;
             }
-            Ok(total)
+            Ok(Some(total))
         });
-        let total = total.and_then(|n| out.sync_all().ctx("fsync", to).map(|()| n));
-        if total.is_err() {
+        let total = total.and_then(|n| match n {
+            Some(_) => out.sync_all().ctx("fsync", to).map(|()| n),
+            None => Ok(None),
+        });
+        if !matches!(total, Ok(Some(_))) {
             let _ = fs::remove_file(to);
         }
         total
