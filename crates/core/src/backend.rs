@@ -78,14 +78,19 @@ impl std::fmt::Display for CheckpointMode {
 /// (see [`Backend::prune_archived_wals`]). RocksDB itself never purges it first.
 const WAL_ARCHIVE_TTL_SECONDS: u64 = 100 * 365 * 24 * 3600;
 
+/// How the hosted RocksDB instances are opened and checkpointed; one set for every backend
+/// of a daemon.
 #[derive(Debug, Clone)]
 pub struct BackendOptions {
+    /// The block-based table `format_version` of the SSTs written (default
+    /// [`DEFAULT_FORMAT_VERSION`]).
     pub format_version: i32,
     /// Memtable size; small values make more, smaller SSTs (tests use this).
     pub write_buffer_size: Option<usize>,
     /// Further RocksDB options in RocksDB's own `name=value;name=value` syntax, applied
     /// last, e.g. `target_file_size_base=8388608;max_bytes_for_level_base=33554432`.
     pub rocksdb_options: Option<String>,
+    /// How a checkpoint captures the memtables.
     pub checkpoint_mode: CheckpointMode,
 }
 
@@ -179,15 +184,21 @@ impl BackendOptions {
 /// One write of a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WriteOp {
+    /// Set a key (the first) to a value (the second).
     Put(Vec<u8>, Vec<u8>),
+    /// Remove a key.
     Delete(Vec<u8>),
 }
 
 /// A file of a native checkpoint, hard-linked (or, for the WAL, copied) into staging.
 #[derive(Debug, Clone)]
 pub struct StagedFile {
+    /// The RocksDB file name, the name it gets in the checkpoint.
     pub name: String,
+    /// Where its bytes are read from: the link or copy in staging, or for an import the
+    /// file's [`crate::import::ScannedFile::path`].
     pub path: PathBuf,
+    /// Its length in bytes when staged.
     pub size: u64,
     /// An imported file: where it is read from (see [`crate::import::ScannedFile`]),
     /// recorded in its entry.
@@ -239,6 +250,8 @@ pub fn wal_number(name: &str) -> Option<u64> {
     stem.parse().ok()
 }
 
+/// One hosted RocksDB instance, open for reads and writes: its database lives in
+/// `DIR/db` ([`Backend::db_dir`]) and its lineage in `DIR/lineage`.
 pub struct Backend {
     name: BackendName,
     dir: PathBuf,
@@ -325,14 +338,18 @@ impl Backend {
         }
     }
 
+    /// The backend's name.
     pub fn name(&self) -> &BackendName {
         &self.name
     }
 
+    /// The directory of the backend's state (its database in `db/`, its `lineage`).
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
+    /// The identity of this database's file numbering: new when the database is created
+    /// or restored, so names from one lineage are never matched against another's.
     pub fn lineage(&self) -> &str {
         &self.lineage
     }
@@ -350,10 +367,12 @@ impl Backend {
         Ok(())
     }
 
+    /// The value of `key`, `None` if it is not set.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         Ok(self.db.get(key)?)
     }
 
+    /// Flush the memtables into SSTs (waits for it).
     pub fn flush(&self) -> Result<()> {
         self.db.flush()?;
         Ok(())

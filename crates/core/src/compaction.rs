@@ -12,10 +12,15 @@
 /// What the planner needs to know of one live SST.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SstInfo {
+    /// The file's name as RocksDB's list of live files gives it.
     pub name: String,
+    /// Its length in bytes.
     pub size: u64,
+    /// The LSM level it is in (0 is the level flushes write to).
     pub level: i32,
+    /// Its smallest key.
     pub start: Vec<u8>,
+    /// Its largest key.
     pub end: Vec<u8>,
 }
 
@@ -43,9 +48,13 @@ impl Default for SmallFilePolicy {
 /// A key range to compact (both ends inclusive) and what it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RangePlan {
+    /// The range's first key.
     pub start: Vec<u8>,
+    /// The range's last key.
     pub end: Vec<u8>,
+    /// The live files the range overlaps, at any level.
     pub files: usize,
+    /// Their bytes.
     pub bytes: u64,
 }
 

@@ -25,19 +25,23 @@ use crate::source::{Kind, LocalTree, SourceFile, Tree, MAX_CURRENT_BYTES};
 /// One directory to import as one backend's state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImportDir {
+    /// The backend whose state it becomes.
     pub backend: BackendName,
+    /// The RocksDB checkpoint directory.
     pub dir: PathBuf,
 }
 
 /// A directory checked and listed: what an import will store.
 #[derive(Debug, Clone)]
 pub struct Scanned {
+    /// The backend whose state it becomes.
     pub backend: BackendName,
-    /// Sorted by name.
+    /// The directory's files, sorted by name.
     pub files: Vec<ScannedFile>,
 }
 
 impl Scanned {
+    /// The bytes of all its files, as listed.
     pub fn bytes(&self) -> u64 {
         self.files.iter().map(|f| f.size).sum()
     }
@@ -46,10 +50,12 @@ impl Scanned {
 /// A regular file of an imported directory, as it was when listed.
 #[derive(Debug, Clone)]
 pub struct ScannedFile {
+    /// Its name in the directory, and in the backend's snapshot.
     pub name: String,
     /// Where the engine reads it: a source file's descriptor (`/proc/self/fd/N`), or a
     /// file ckptfs wrote itself into a staging directory; empty for [`ScannedFile::stored`].
     pub path: PathBuf,
+    /// Its length in bytes when listed.
     pub size: u64,
     /// What the file's entry records as where it came from, by which the backend's next
     /// import re-references it unread (`None`: a file ckptfs wrote itself, read each time).

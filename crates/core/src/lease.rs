@@ -33,8 +33,9 @@ const KEY: &str = crate::store::layout::LEASE;
 
 /// How long a lease lasts without renewal (renewed every third of it).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
-/// The shortest and longest lease times accepted (a renewal a second at the shortest).
+/// The shortest lease time accepted (a renewal a second).
 pub const MIN_TTL: Duration = Duration::from_secs(3);
+/// The longest lease time accepted (a dead writer's lease can hold the store up that long).
 pub const MAX_TTL: Duration = Duration::from_secs(3600);
 /// The part of the lease time a holder writes for after sending its last landed renewal.
 const VALID_FRACTION: f64 = 0.8;
@@ -155,6 +156,9 @@ pub struct Lease {
 pub struct Fence(Arc<Shared>);
 
 impl Fence {
+    /// Fail ([`Error::Conflict`]) if this process may not write: its lease was lost
+    /// (taken over, or another writer found in a conditional commit), or it could not be
+    /// renewed within its validity.
     pub fn check(&self) -> Result<()> {
         let shared = &self.0;
         if shared.lost.load(Ordering::SeqCst) {
@@ -413,6 +417,8 @@ impl Lease {
         })
     }
 
+    /// The fence of this lease, for the catalog and the object store to check before each
+    /// write.
     pub fn fence(&self) -> Fence {
         Fence(self.shared.clone())
     }

@@ -19,6 +19,8 @@ pub struct BackendName {
 }
 
 impl BackendName {
+    /// The backend `operator/subtask`; an operator outside the rules is
+    /// [`Error::InvalidBackendName`].
     pub fn new(operator: &str, subtask: u32) -> Result<Self, Error> {
         validate_operator(operator)?;
         Ok(BackendName {
@@ -27,10 +29,12 @@ impl BackendName {
         })
     }
 
+    /// The operator part: one path component.
     pub fn operator(&self) -> &str {
         &self.operator
     }
 
+    /// The subtask part.
     pub fn subtask(&self) -> u32 {
         self.subtask
     }

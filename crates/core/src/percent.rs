@@ -3,6 +3,9 @@
 
 use crate::error::{Error, Result};
 
+/// `bytes` as text: the printable ASCII bytes other than `%` as they are, every other byte
+/// (space, `%`, control and non-ASCII bytes) as `%XX` in upper-case hex. The text holds no
+/// whitespace.
 pub fn encode(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len());
     for &b in bytes {
@@ -15,6 +18,9 @@ pub fn encode(bytes: &[u8]) -> String {
     out
 }
 
+/// The bytes [`encode`] made `text` from: each `%XX` (either case) is one byte, any other
+/// character stands for itself. A `%` not followed by two hex digits is
+/// [`Error::Invalid`].
 pub fn decode(text: &str) -> Result<Vec<u8>> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());

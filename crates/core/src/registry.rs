@@ -28,6 +28,9 @@ struct Slot {
     size: u64,
 }
 
+/// The reference counts and pins of every live object, and what each retained checkpoint
+/// was registered with. An object has a slot while it is referenced or pinned; a slot whose
+/// count and pins both reach zero is freed and its object reported as garbage.
 #[derive(Debug, Default, Clone)]
 pub struct Registry {
     /// Slot numbers, found by their object's id. Only the 4-byte slot is kept per entry
@@ -60,6 +63,7 @@ fn digest(ids: impl Iterator<Item = ObjectId>) -> u64 {
 }
 
 impl Registry {
+    /// A registry of no checkpoint and no object.
     pub fn new() -> Self {
         Self::default()
     }
@@ -123,10 +127,12 @@ impl Registry {
         self.find(id).is_some()
     }
 
+    /// How many retained checkpoints reference `id` (0 for an unknown object).
     pub fn count(&self, id: &ObjectId) -> u32 {
         self.slot(id).map_or(0, |e| e.count)
     }
 
+    /// How many pins in-flight checkpoints hold on `id` (0 for an unknown object).
     pub fn pins(&self, id: &ObjectId) -> u32 {
         self.slot(id).map_or(0, |e| e.pins)
     }
@@ -166,6 +172,7 @@ impl Registry {
         self.live_slots().map(|e| e.id).collect()
     }
 
+    /// The registered (retained) checkpoints, ascending.
     pub fn checkpoint_ids(&self) -> impl Iterator<Item = u64> + '_ {
         self.checkpoints.keys().copied()
     }

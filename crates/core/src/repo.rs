@@ -30,9 +30,13 @@ use crate::store::{LocalStore, Location, ObjectStore, OpenedStore};
 
 /// An opened store: its objects, its records and the catalog over them.
 pub struct Repo {
+    /// Where the store is.
     pub location: Location,
+    /// The store's objects (content-addressed).
     pub objects: Arc<dyn ObjectStore>,
+    /// The store's named records: metadata, manifests, quarantine, lease.
     pub records: Arc<dyn Records>,
+    /// The catalog of checkpoints over those records and objects.
     pub catalog: Catalog,
     /// A reader's raw opening, which holds its temporary cache of fetched objects.
     _raw: Option<OpenedStore>,
@@ -40,14 +44,18 @@ pub struct Repo {
 
 /// What makes this process the store's only writer, held as long as it writes.
 pub enum Writer {
+    /// A local store's lock file.
     Lock(#[allow(dead_code)] StoreLock),
+    /// The lease of a store on object storage, renewed in the background.
     Lease(#[allow(dead_code)] Lease),
 }
 
 /// A daemon's state directory (the live databases, staging, the cache), locked: the store
 /// lock does not cover a state directory shared by mistake with a daemon of another store.
 pub struct StateDir {
+    /// The directory, resolved (no symbolic link in it).
     pub path: PathBuf,
+    /// Its lock, held as long as this is.
     pub lock: DirLock,
 }
 
@@ -73,8 +81,12 @@ pub struct WriterOptions<'a> {
     pub state: Option<&'a Path>,
     /// The checkpoint the backends are to start from: the store must have checkpoints.
     pub restore_from: Option<u64>,
+    /// Object storage: how long the lease lasts unless renewed.
     pub lease_ttl: std::time::Duration,
+    /// Object storage: how long to wait for a lease another daemon holds; zero fails at
+    /// once.
     pub lease_wait: std::time::Duration,
+    /// Object storage: uploads in flight and the read cache's size.
     pub s3: &'a S3Options,
 }
 
@@ -82,11 +94,14 @@ pub struct WriterOptions<'a> {
 /// released before the store's lock or lease (a daemon that then takes the store finds the
 /// state directory free).
 pub struct OpenedWriter {
+    /// The store.
     pub repo: Repo,
+    /// The state directory, locked.
     pub state: StateDir,
     /// Whether the store held objects before (a store with objects and no metadata is
     /// incomplete, never new).
     pub had_objects: bool,
+    /// What makes this process the writer; the last field, so it is released last.
     pub writer: Writer,
 }
 

@@ -25,26 +25,42 @@ pub const STORE_STATUS_CHECKPOINTS: usize = 10;
 /// One checkpoint as `.ckptfs/checkpoints`, `status` and `ckptfs ls` show it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointRow {
+    /// Milliseconds of the asynchronous phase, up to the commit.
     pub async_ms: f64,
+    /// Backends whose materialization the checkpoint adopted (`wal` mode).
     pub backends_materialized: u64,
+    /// Bytes of the files the checkpoint names.
     pub bytes: u64,
+    /// Bytes the checkpoint stored as new objects (files, chunks, file lists).
     pub bytes_uploaded: u64,
+    /// Of `bytes_uploaded`, bytes of new chunks of append-only files other than WAL files
+    /// (MANIFEST).
     pub bytes_uploaded_append_only: u64,
+    /// Bytes an adopted background materialization stored before the checkpoint began.
     pub bytes_uploaded_materialization: u64,
+    /// Of `bytes_uploaded`, bytes of new WAL chunks.
     pub bytes_uploaded_wal: u64,
+    /// Bytes of the WAL files the checkpoint names.
     pub bytes_wal: u64,
+    /// When the checkpoint's files were stored, in milliseconds since the Unix epoch.
     pub completed_unix_ms: u64,
+    /// Files the checkpoint names.
     pub files: u64,
+    /// Files not re-referenced by name (stored, or found stored by their hash).
     pub files_new: u64,
+    /// Files re-referenced without being read.
     pub files_reused: u64,
     /// Imported from a Flink checkpoint: which.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flink: Option<crate::catalog::FlinkLabel>,
+    /// The checkpoint's id.
     pub id: u64,
+    /// Milliseconds of the synchronous phase, during which writers wait.
     pub sync_ms: f64,
 }
 
 impl CheckpointRow {
+    /// The row of the checkpoint `m` describes.
     pub fn of(m: &Manifest) -> CheckpointRow {
         let s = &m.stats;
         CheckpointRow {
@@ -70,7 +86,9 @@ impl CheckpointRow {
 /// Small SSTs merged by small-file compaction since the daemon started.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SmallFileCompactions {
+    /// Bytes of the SSTs merged.
     pub bytes: u64,
+    /// SSTs merged.
     pub files: u64,
 }
 
@@ -78,11 +96,15 @@ pub struct SmallFileCompactions {
 /// checkpoints (the newest [`STATUS_CHECKPOINTS`] one by one, all of them as runs of ids).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Status {
+    /// The hosted backends, sorted.
     pub backends: Vec<String>,
+    /// How checkpoints capture the memtables: `flush` or `wal`.
     pub checkpoint_mode: String,
     /// Every retained checkpoint, as runs of consecutive ids: [first, last].
     pub checkpoint_runs: Vec<[u64; 2]>,
+    /// The newest [`STATUS_CHECKPOINTS`] retained checkpoints, oldest first.
     pub checkpoints: Vec<CheckpointRow>,
+    /// How many checkpoints are retained.
     pub checkpoints_total: usize,
     /// Backends whose state is imported (`ckptfs import`), not hosted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -90,17 +112,26 @@ pub struct Status {
     /// Flink checkpoints imported and dropped since, by job: never imported again.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub flink_dropped: BTreeMap<String, Vec<u64>>,
+    /// The checkpoints begun and not yet committed or failed, ascending.
     pub in_flight: Vec<u64>,
+    /// The newest error the daemon recorded, if any
+    /// ([`EngineStatus::last_error`](crate::coordinator::EngineStatus::last_error)).
     pub last_error: Option<String>,
     /// `wal` mode: the checkpoint each backend's newest confirmed materialization is.
     pub materializations: BTreeMap<String, u64>,
+    /// Most checkpoints in flight at once.
     pub max_concurrent: usize,
     /// Stored objects the retained checkpoints reference.
     pub objects: usize,
+    /// The daemon's process id.
     pub pid: u32,
+    /// A read-only view of a store another daemon writes (`mount --read-only`).
     pub read_only: bool,
+    /// How many checkpoints the store retains.
     pub retain: u32,
+    /// Small SSTs merged since the daemon started.
     pub small_file_compactions: SmallFileCompactions,
+    /// Where the store is: a path or an `s3://` URL.
     pub store: String,
     /// Bytes of the objects the retained checkpoints reference (file lists not sized).
     pub store_bytes: u64,
@@ -147,7 +178,10 @@ impl Status {
 /// Who holds the lease of a store on object storage.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseView {
+    /// When the lease expires unless renewed, by the holder's clock, in milliseconds since
+    /// the Unix epoch (0: released). Shown to people; clocks differ.
     pub expires_unix_ms: u64,
+    /// Who holds it: host and process id.
     pub holder: String,
 }
 
@@ -156,19 +190,32 @@ pub struct LeaseView {
 /// metadata record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoreStatus {
+    /// The hosted backends the metadata names.
     pub backends: Option<Vec<String>>,
+    /// Every retained checkpoint, as runs of consecutive ids: [first, last].
     pub checkpoint_runs: Vec<[u64; 2]>,
+    /// The newest [`STORE_STATUS_CHECKPOINTS`] retained checkpoints, oldest first.
     pub checkpoints: Vec<CheckpointRow>,
+    /// How many checkpoints are retained.
     pub checkpoints_total: usize,
     /// Backends whose state is imported (`ckptfs import`), not hosted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub external: Vec<String>,
+    /// The format the metadata was written in.
     pub format: Option<u32>,
+    /// Who holds the store's lease; `None` where there is no lease record (a local store,
+    /// or one no daemon wrote to).
     pub lease: Option<LeaseView>,
+    /// The id the next checkpoint gets.
     pub next_checkpoint: Option<u64>,
+    /// Stored objects the retained checkpoints' files reference (files and chunks; file
+    /// lists not counted).
     pub objects: usize,
+    /// How many checkpoints the store retains.
     pub retain: Option<u32>,
+    /// Where the store is: a path or an `s3://` URL.
     pub store: String,
+    /// Bytes of those objects.
     pub store_bytes: u64,
 }
 
@@ -224,7 +271,9 @@ pub fn checkpoint_runs(ids: impl IntoIterator<Item = u64>) -> Vec<[u64; 2]> {
 /// One stored object as a line of `.ckptfs/registry` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegistryRow {
+    /// The object.
     pub id: ObjectId,
+    /// Its length in bytes.
     pub size: u64,
     /// How many retained checkpoints reference it.
     pub refcount: u32,
@@ -237,9 +286,12 @@ pub struct RegistryRow {
     pub file_list_of: Vec<String>,
 }
 
+/// One file a stored object is, as [`RegistryRow::files`] lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegistryFile {
+    /// The backend the file belongs to.
     pub backend: String,
+    /// The file's RocksDB name.
     pub name: String,
 }
 

@@ -11,6 +11,8 @@ use crate::coordinator::Engine;
 use crate::error::{Error, Result};
 use crate::names::BackendName;
 
+/// The key each round's batch sets to the round's number (decimal), so a backend's
+/// contents say which round they are.
 pub const ROUND_KEY: &[u8] = b"__round";
 
 fn key(k: u32) -> Vec<u8> {
@@ -132,6 +134,7 @@ impl AppDb {
         })
     }
 
+    /// The backend the database stands for.
     pub fn name(&self) -> &BackendName {
         &self.name
     }

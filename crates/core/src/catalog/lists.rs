@@ -45,14 +45,18 @@ struct StoredList {
 /// first (empty: not stored as a list, as in format 1 and 2 manifests).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FileList {
+    /// The files, sorted by name.
     pub files: Files,
+    /// The list objects they are read from, newest first.
     pub chain: Chain,
 }
 
 /// A list object to store for a backend's files.
 #[derive(Debug)]
 pub struct Encoded {
+    /// The list object's bytes (compact JSON and a newline).
     pub bytes: Vec<u8>,
+    /// Its id: the BLAKE3 hash of `bytes`.
     pub id: ObjectId,
     /// The new list's chain: its own id, then its base's chain (if it is a delta).
     pub chain: Chain,
@@ -130,6 +134,7 @@ pub struct ListReader<'a> {
 }
 
 impl<'a> ListReader<'a> {
+    /// A reader of the list objects in `store`, nothing resolved yet.
     pub fn new(store: &'a dyn ObjectStore) -> Self {
         ListReader {
             store,

@@ -84,6 +84,9 @@ pub(super) fn check_format(format: u32, sealed: bool) -> Result<()> {
     Ok(())
 }
 
+/// One file of a backend's checkpoint: its RocksDB name, its content and how that is
+/// stored. Entries are immutable and shared (`Arc`) between the checkpoints that list the
+/// same file.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Hash)]
 #[serde(deny_unknown_fields)]
 pub struct FileEntry {
@@ -92,6 +95,7 @@ pub struct FileEntry {
     /// The BLAKE3 hash of the file's content: the object that holds it, unless it is
     /// stored as chunks.
     pub object: ObjectId,
+    /// The file's length in bytes.
     pub size: u64,
     /// An append-only file stored as chunks (format 4; WAL files from format 5): only the
     /// chunks are objects.
@@ -143,8 +147,10 @@ impl FileEntry {
     }
 }
 
+/// One backend's state in a checkpoint: the files of its RocksDB directory at that point.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackendSnapshot {
+    /// The backend.
     pub name: BackendName,
     /// Identity of the local RocksDB instance that produced the files: file names are only
     /// meaningful within one lineage (a restore starts a new one).
@@ -182,12 +188,25 @@ impl BackendSnapshot {
     }
 }
 
+/// The figures of one checkpoint, over all its backends, as its manifest records them.
+/// The five fields from `bytes_uploaded_append_only` to `bytes_uploaded_materialization`
+/// are left out of the JSON when zero, so that manifests written before them keep their
+/// checksums: a missing one reads as zero.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct CheckpointStats {
+    /// Files the checkpoint names.
     pub files_total: u64,
+    /// Files not re-referenced by name: their content was stored, or found stored already
+    /// (by its hash).
     pub files_new: u64,
+    /// Files re-referenced without being read: the same SST as the previous confirmed
+    /// checkpoint of the lineage, a file kept from a materialization or matched by its
+    /// import source, or a file of a backend carried over unchanged.
     pub files_reused: u64,
+    /// Bytes of the files the checkpoint names (file lists not counted).
     pub bytes_total: u64,
+    /// Bytes this checkpoint stored as new objects: files, chunks and file lists (what a
+    /// background materialization stored before is in `bytes_uploaded_materialization`).
     pub bytes_uploaded: u64,
     /// Bytes of the SST (shared) files that were not re-referenced from the previous
     /// confirmed checkpoint, whether uploaded or found already stored.
@@ -209,18 +228,32 @@ pub struct CheckpointStats {
     /// (not in `bytes_uploaded`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub bytes_uploaded_materialization: u64,
+    /// Microseconds of the synchronous phase ([`crate::Engine::begin`]), after which
+    /// writers continue.
     pub sync_micros: u64,
+    /// Microseconds of the asynchronous phase up to the commit: storing the files and file
+    /// lists.
     pub async_micros: u64,
 }
 
+/// One committed checkpoint, as read from (or about to be written to) the catalog: every
+/// backend's files and the checkpoint's figures.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Manifest {
     /// The format of the file this was read from (or [`FORMAT`] for one about to be written).
     pub format: u32,
+    /// The checkpoint's id, reserved from the store's `next_checkpoint`: a later checkpoint
+    /// has a larger id.
     pub id: u64,
+    /// When the checkpoint began (before its synchronous phase), in milliseconds since the
+    /// Unix epoch.
     pub started_unix_ms: u64,
+    /// When its files were stored, just before the commit, in milliseconds since the Unix
+    /// epoch.
     pub completed_unix_ms: u64,
+    /// One snapshot per backend, sorted by name.
     pub backends: Vec<BackendSnapshot>,
+    /// The checkpoint's figures.
     pub stats: CheckpointStats,
     /// Imported from a Flink checkpoint (`ckptfs import-flink`): which.
     pub flink: Option<FlinkLabel>,
@@ -231,6 +264,7 @@ pub struct Manifest {
 pub struct FlinkLabel {
     /// The job id (32 hex).
     pub job: String,
+    /// The Flink checkpoint's id (its `chk-<id>` directory).
     pub checkpoint: u64,
 }
 
@@ -424,6 +458,7 @@ impl Manifest {
         })
     }
 
+    /// The snapshot of backend `name`, if the checkpoint has one.
     pub fn backend(&self, name: &BackendName) -> Option<&BackendSnapshot> {
         self.backends.iter().find(|b| &b.name == name)
     }

@@ -12,10 +12,13 @@ use crate::names::BackendName;
 /// Store-wide settings and counters, in `ckptfs.json`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct StoreMeta {
+    /// The format this record was written in ([`FORMAT`] for one about to be written).
     pub format: u32,
     /// The id the next checkpoint gets; ids are never reused.
     pub next_checkpoint: u64,
+    /// How many checkpoints are retained (at least 1); the oldest beyond it are dropped.
     pub retain: u32,
+    /// The hosted backends: those a daemon of the store opens, sorted.
     pub backends: Vec<BackendName>,
     /// Object storage: the writer generation. Every daemon that starts writing raises it,
     /// so the metadata it writes differs from anything an earlier writer read.

@@ -140,6 +140,11 @@ impl Catalog {
         self.records.describe(QUARANTINE)
     }
 
+    /// Read the store metadata (`ckptfs.json`), `None` if there is none. One that cannot
+    /// be parsed, does not match its checksum, has a format this build does not read or
+    /// holds a zero `retain` or `next_checkpoint` is [`Error::Corrupt`]. Remembers the
+    /// version read: on object storage the next [`Catalog::save_meta`] is conditional on
+    /// it.
     pub fn load_meta(&self) -> Result<Option<StoreMeta>> {
         let path = self.records.describe(META);
         let Some(record) = self.records.get(META)? else {

@@ -57,14 +57,17 @@ impl Files {
         }
     }
 
+    /// The entries, sorted by name.
     pub fn iter(&self) -> impl Iterator<Item = &Arc<FileEntry>> + Clone + '_ {
         self.blocks.iter().flat_map(|b| b.iter())
     }
 
+    /// The number of entries.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// True when there is no entry.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -132,14 +135,17 @@ impl Chain {
         self.0.as_ref().map(|l| l.id)
     }
 
+    /// The number of lists in the chain.
     pub fn len(&self) -> usize {
         self.0.as_ref().map_or(0, |l| l.len)
     }
 
+    /// True for no list at all (files listed inline in the manifest).
     pub fn is_empty(&self) -> bool {
         self.0.is_none()
     }
 
+    /// The lists' ids, newest first.
     pub fn iter(&self) -> impl Iterator<Item = ObjectId> + '_ {
         std::iter::successors(self.0.as_deref(), |l| l.next.0.as_deref()).map(|l| l.id)
     }
@@ -152,6 +158,7 @@ impl Chain {
         }
     }
 
+    /// True if list `id` is in the chain.
     pub fn contains(&self, id: &ObjectId) -> bool {
         self.iter().any(|l| l == *id)
     }

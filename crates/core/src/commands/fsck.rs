@@ -22,14 +22,23 @@ use crate::store::{hash_file, Location, ObjectId};
 /// shows.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct FsckReport {
+    /// The checkpoints whose manifest was read, ascending.
     pub checkpoints: Vec<u64>,
+    /// Objects those manifests reference: files, chunks and file lists.
     pub objects_referenced: usize,
+    /// Objects the store holds.
     pub objects_stored: usize,
+    /// Bytes of the referenced files and chunks (file lists not sized).
     pub bytes_referenced: u64,
     /// Reference count per object, recomputed from the manifests.
     pub counts: BTreeMap<ObjectId, u32>,
+    /// Stored objects no readable manifest references (the young ones among them too, see
+    /// `orphans_young`).
     pub orphans: Vec<ObjectId>,
+    /// Referenced files and chunks the store does not hold.
     pub missing: Vec<ObjectId>,
+    /// Referenced files and chunks the store holds but that fail verification: another
+    /// size, another hash, or a read that failed.
     pub corrupt: Vec<ObjectId>,
     /// Checkpoints that reference a missing or corrupt object.
     pub damaged_checkpoints: Vec<u64>,
@@ -48,11 +57,15 @@ pub struct FsckReport {
     /// daemon still running; never deleted by fsck.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub orphans_young: Vec<ObjectId>,
+    /// Leftovers of interrupted writes: objects being staged in a local store's `tmp/`,
+    /// and temporary files of manifests and metadata.
     pub staged_leftovers: usize,
     /// Missing or corrupt objects that `--repair` stored again from an identical copy
     /// found outside the store.
     pub repaired_objects: Vec<RepairedObject>,
+    /// Orphans `--repair` deleted.
     pub repaired_orphans: usize,
+    /// Leftovers `--repair` removed.
     pub repaired_leftovers: usize,
 }
 
@@ -94,6 +107,7 @@ serialize_as_text!(
 pub struct UnreadableManifest {
     /// Its file name in `checkpoints/`.
     pub name: String,
+    /// Why it cannot be read.
     pub error: String,
 }
 
@@ -131,9 +145,14 @@ impl fmt::Display for StoreProblem {
 /// Why orphans are kept rather than deleted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OrphansKept {
+    /// The store has no `checkpoints/` directory.
     NoCatalogDir,
+    /// The store holds objects but neither a readable `ckptfs.json` nor a readable
+    /// manifest.
     NoReadableCatalog,
+    /// A manifest cannot be read.
     UnreadableManifest,
+    /// `quarantine/` holds manifests.
     Quarantine,
 }
 
@@ -153,6 +172,7 @@ impl fmt::Display for OrphansKept {
 /// A missing or corrupt object stored again from an identical copy (shown as `ID <- PATH`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RepairedObject {
+    /// The object stored again.
     pub id: ObjectId,
     /// The file its bytes were read from.
     pub from: PathBuf,

@@ -11,8 +11,11 @@ use crate::store::Location;
 /// What a restore wrote.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct RestoreReport {
+    /// Backends written, one directory each.
     pub backends: usize,
+    /// Files written, over all backends.
     pub files: usize,
+    /// Bytes of those files.
     pub bytes: u64,
 }
 

@@ -309,13 +309,16 @@ impl Engine {
 /// What one import of a checkpoint read and stored (the answer to `ckptfs import`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ImportReport {
+    /// The backend imported into.
     pub backend: BackendName,
     /// The directory's files and bytes.
     pub files: u64,
+    /// The bytes of those files.
     pub bytes: u64,
     /// Files read (hashed or copied): those not re-referenced by their source, and their
     /// bytes.
     pub files_read: u64,
+    /// The bytes of the files read.
     pub bytes_read: u64,
     /// Bytes the store did not hold yet (file list excluded).
     pub bytes_stored: u64,
@@ -476,10 +479,12 @@ pub struct PendingCheckpoint {
 }
 
 impl PendingCheckpoint {
+    /// The id reserved for the checkpoint.
     pub fn id(&self) -> u64 {
         self.id
     }
 
+    /// Microseconds the synchronous phase took.
     pub fn sync_micros(&self) -> u64 {
         self.sync_micros
     }

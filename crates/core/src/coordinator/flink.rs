@@ -23,8 +23,13 @@ pub struct Retries {
 
 /// What importing one Flink checkpoint gave.
 pub struct FlinkImport {
+    /// The Flink job id; for a failed import, the name of the job's directory (its id,
+    /// unless it is a copy under another name).
     pub job: String,
+    /// The Flink checkpoint's id.
     pub checkpoint: u64,
+    /// The committed checkpoint and what each of its imports read and stored, or why the
+    /// import failed.
     pub result: Result<(Arc<Manifest>, Vec<ImportReport>)>,
 }
 

@@ -43,8 +43,11 @@ pub use flink::{FlinkImport, Retries};
 pub use materialize::MaterializePolicy;
 pub use restore::materialize;
 
+/// What [`Engine::open`] opens and how: the store, the backends to host, and the settings
+/// of the daemon. [`EngineConfig::new`] gives the defaults.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
+    /// The store: a local directory or an S3 bucket prefix.
     pub store: Location,
     /// Where the live RocksDB instances and the staging area live (default `STORE/state`).
     pub state: Option<PathBuf>,
@@ -52,7 +55,10 @@ pub struct EngineConfig {
     pub backends: Vec<BackendName>,
     /// Number of retained checkpoints; `None` keeps the store's setting (default 3).
     pub retain: Option<u32>,
+    /// Most checkpoints in flight at once (default 1; 0 counts as 1; a read-only view
+    /// takes 1 whatever is set).
     pub max_concurrent: usize,
+    /// How the hosted RocksDB instances are opened and checkpointed.
     pub backend_options: BackendOptions,
     /// Start every backend of this checkpoint from it, discarding the local state.
     pub restore_from: Option<u64>,
@@ -74,6 +80,10 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
+    /// The defaults for the store at `store`: no state directory named (`STORE/state` on
+    /// a local store), no backends added, the store's retention, one checkpoint in flight,
+    /// the default backend options (`flush` mode), no restore, the default lease and
+    /// orphan grace, no wait for a held lease, backends hosted.
     pub fn new(store: impl Into<Location>) -> Self {
         EngineConfig {
             store: store.into(),
@@ -219,20 +229,30 @@ pub struct Engine {
 /// A read-only picture of the engine for status displays.
 #[derive(Debug, Clone)]
 pub struct EngineStatus {
+    /// The hosted backends, sorted.
     pub backends: Vec<BackendName>,
     /// Imported backends (`ckptfs import`).
     pub external: Vec<BackendName>,
+    /// The retained checkpoints, oldest first.
     pub checkpoints: Vec<Arc<Manifest>>,
+    /// The ids of the checkpoints begun and not yet committed or failed, ascending.
     pub in_flight: Vec<u64>,
+    /// How many checkpoints the store retains.
     pub retain: u32,
+    /// Most checkpoints in flight at once.
     pub max_concurrent: usize,
+    /// The newest error recorded, if any: the problems found at start (joined by `; `), a
+    /// failed checkpoint, restore or retention, an unreadable manifest, or what the
+    /// daemon recorded ([`Engine::record_error`]).
     pub last_error: Option<String>,
     /// Small SSTs merged by small-file compaction since start: files, bytes.
     pub small_file_compactions: (u64, u64),
     /// Stored objects the retained checkpoints reference, and their bytes (files and
     /// chunks; file lists are counted but not sized).
     pub objects: usize,
+    /// The bytes of those objects (see `objects`).
     pub referenced_bytes: u64,
+    /// How the checkpoints capture the memtables.
     pub checkpoint_mode: crate::backend::CheckpointMode,
     /// `wal` mode: the checkpoint each backend's newest confirmed materialization is.
     pub materializations: Vec<(BackendName, u64)>,
@@ -255,14 +275,17 @@ impl Engine {
         &self.inner.location
     }
 
+    /// The state directory (resolved): the live RocksDB instances, staging, the cache.
     pub fn state_dir(&self) -> &Path {
         &self.inner.state_dir
     }
 
+    /// The store's objects.
     pub fn object_store(&self) -> &dyn ObjectStore {
         self.inner.store.as_ref()
     }
 
+    /// The hosted backends, sorted.
     pub fn backend_names(&self) -> Vec<BackendName> {
         self.inner.backends.keys().cloned().collect()
     }
@@ -304,22 +327,27 @@ impl Engine {
         self.with_backend(name, |b| b.write(ops))
     }
 
+    /// Set `key` to `value` in one backend.
     pub fn put(&self, name: &BackendName, key: &[u8], value: &[u8]) -> Result<()> {
         self.write(name, &[WriteOp::Put(key.to_vec(), value.to_vec())])
     }
 
+    /// Remove `key` from one backend.
     pub fn delete(&self, name: &BackendName, key: &[u8]) -> Result<()> {
         self.write(name, &[WriteOp::Delete(key.to_vec())])
     }
 
+    /// The value of `key` in one backend, `None` if it is not set.
     pub fn get(&self, name: &BackendName, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.with_backend(name, |b| b.get(key))
     }
 
+    /// Flush one backend's memtables into SSTs (waits for it).
     pub fn flush(&self, name: &BackendName) -> Result<()> {
         self.with_backend(name, |b| b.flush())
     }
 
+    /// Compact one backend's whole key range (waits for it).
     pub fn compact(&self, name: &BackendName) -> Result<()> {
         self.with_backend(name, |b| b.compact())
     }
@@ -355,10 +383,12 @@ impl Engine {
         Ok((files, bytes))
     }
 
+    /// Every key and value of one backend, in key order.
     pub fn scan(&self, name: &BackendName) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         self.with_backend(name, |b| b.scan())
     }
 
+    /// Names and sizes of one backend's live SST files.
     pub fn live_sst_files(&self, name: &BackendName) -> Result<Vec<(String, u64)>> {
         self.with_backend(name, |b| b.live_sst_files())
     }
@@ -521,14 +551,17 @@ impl Engine {
         self.apply_retention(&writes)
     }
 
+    /// How many checkpoints the store retains.
     pub fn retain(&self) -> u32 {
         self.state().meta.retain
     }
 
+    /// The retained checkpoints, oldest first.
     pub fn checkpoints(&self) -> Vec<Arc<Manifest>> {
         self.state().manifests.values().cloned().collect()
     }
 
+    /// The manifest of retained checkpoint `id`, `None` if it is not retained.
     pub fn manifest(&self, id: u64) -> Option<Arc<Manifest>> {
         self.state().manifests.get(&id).cloned()
     }
@@ -538,6 +571,7 @@ impl Engine {
         self.state().registry.counts()
     }
 
+    /// A picture of the engine now, for status displays.
     pub fn status(&self) -> EngineStatus {
         let st = self.state();
         EngineStatus {

@@ -47,10 +47,13 @@ impl CheckpointFiles for MountedCheckpoint {
 pub struct Exported {
     /// The Flink checkpoint directory (holding `_metadata`): what Flink restores from.
     pub path: PathBuf,
+    /// The Flink job id (32 hex).
     pub job: String,
+    /// The Flink checkpoint's id.
     pub checkpoint: u64,
     /// Files written (`_metadata` included) and their bytes.
     pub files: u64,
+    /// The bytes of those files.
     pub bytes: u64,
 }
 

@@ -113,6 +113,7 @@ impl FlinkSource {
         std::path::absolute(arg).ctx("resolve", arg)
     }
 
+    /// The source's root as the user named it (`/data/flink`, `s3://bucket/prefix`).
     pub fn describe(&self) -> String {
         self.tree.describe()
     }
@@ -130,12 +131,15 @@ impl FlinkSource {
 /// A completed checkpoint of a Flink job (its `_metadata` exists).
 #[derive(Debug, Clone)]
 pub struct Completed {
-    /// The job id (32 hex), the name of its directory.
+    /// The name of the job's directory: the job id (32 hex), or another name for a copy
+    /// of one (whose metadata still names the id in its paths).
     pub job: String,
+    /// The Flink checkpoint's id (its `chk-<id>` directory).
     pub checkpoint: u64,
     /// The job's directory (`chk-N/`, `shared/`, `taskowned/`) below the source's root
     /// ("": the root itself).
     pub job_dir: String,
+    /// The source it was found in, through which its files are read.
     pub source: FlinkSource,
 }
 
@@ -343,8 +347,11 @@ pub const LONG_NAME: usize = 200;
 /// path. No operator's directory is named `_flink` ([`operator_dir_name`] writes `_` only
 /// before two hex digits).
 pub const JOB_OPERATOR: &str = "_flink";
+/// The name of a Flink checkpoint's metadata file, in its `chk-N/` directory and in the
+/// [`job_backend`].
 pub const METADATA: &str = "_metadata";
 
+/// The backend that keeps a Flink checkpoint's own files: [`JOB_OPERATOR`], subtask 0.
 pub fn job_backend() -> BackendName {
     BackendName::new(JOB_OPERATOR, 0).expect("a valid backend name")
 }
@@ -354,7 +361,11 @@ pub fn job_backend() -> BackendName {
 /// files in [`job_backend`]. Inline handles are listed with the subtasks (they are files of
 /// a RocksDB directory) but not with the job (the `_metadata` holds them).
 pub struct Layout<'a> {
+    /// Each subtask with RocksDB incremental state: its backend and its files (name and
+    /// handle), sorted by name.
     pub subtasks: Vec<(BackendName, Vec<(String, &'a StreamHandle)>)>,
+    /// The job's other files that are not inline: each under the last part of its path,
+    /// sorted by name.
     pub job_files: Vec<(String, &'a StreamHandle)>,
 }
 

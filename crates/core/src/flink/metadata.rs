@@ -20,23 +20,32 @@ const MASTER_STATE_MAGIC: u32 = 0xC96B_1696;
 /// One `_metadata` file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Metadata {
+    /// The metadata format version (one of [`VERSIONS`]).
     pub version: u32,
+    /// The Flink checkpoint's id (its `chk-<id>` directory).
     pub checkpoint_id: u64,
     /// Master states (rare): kept as their bytes.
     pub master_states: Vec<Vec<u8>>,
+    /// The operators as `_metadata` lists them, in its order.
     pub operators: Vec<OperatorState>,
 }
 
 /// One operator's state, as `_metadata` lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OperatorState {
-    /// Version 5 on: the operator's name and uid (`None` when the job set none).
+    /// Version 5 on: the operator's name, that of its chain of operators (`my-op,
+    /// Filter`); `None` when empty, and before version 5.
     pub name: Option<String>,
+    /// Version 5 on: the operator's uid; `None` when the job set none, and before version
+    /// 5.
     pub uid: Option<String>,
     /// The 32-hex operator id (as Flink's UI and logs show it).
     pub id: String,
+    /// The number of subtasks the operator ran with.
     pub parallelism: u32,
+    /// Its maximum parallelism: the number of key groups its keyed state is split into.
     pub max_parallelism: u32,
+    /// The state of the operator's coordinator (on the job manager), if it has one.
     pub coordinator_state: Option<StreamHandle>,
     /// The subtasks with state (finished ones are left out).
     pub subtasks: Vec<SubtaskState>,
@@ -45,10 +54,15 @@ pub struct OperatorState {
 /// One subtask's state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubtaskState {
+    /// The subtask's index, from 0.
     pub index: u32,
+    /// Operator state the state backend manages (list and broadcast state).
     pub managed_operator_state: Option<OperatorStateHandle>,
+    /// Operator state the operator wrote itself.
     pub raw_operator_state: Option<OperatorStateHandle>,
+    /// Keyed state the state backend manages: where a RocksDB backend's snapshot is.
     pub managed_keyed: Option<KeyedHandle>,
+    /// Keyed state the operator wrote itself (heap timers, for one).
     pub raw_keyed: Option<KeyedHandle>,
 }
 
@@ -60,9 +74,13 @@ pub enum KeyedHandle {
     /// A full snapshot by key groups (types 3, 7, 12: heap state, canonical savepoints):
     /// not a RocksDB directory.
     KeyGroups {
+        /// The handle's type byte (3, 7 or 12).
         type_byte: u8,
+        /// The first key group.
         start: u32,
+        /// The number of key groups.
         count: u32,
+        /// The stream that holds them.
         handle: Option<StreamHandle>,
     },
 }
@@ -70,9 +88,13 @@ pub enum KeyedHandle {
 /// `IncrementalRemoteKeyedStateHandle`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IncrementalHandle {
+    /// The Flink checkpoint that created this handle.
     pub checkpoint_id: u64,
+    /// The identity (a UUID) of the RocksDB keyed state backend that took the snapshot.
     pub backend_id: String,
+    /// The first key group of the subtask's range.
     pub key_group_start: u32,
+    /// The number of key groups in the range.
     pub key_group_count: u32,
     /// Flink's own meta data of the backend (`KeyedBackendSerializationProxy`): not a
     /// RocksDB file, needed to give the state back to Flink.
@@ -91,22 +113,32 @@ pub enum StreamHandle {
     /// A file, by absolute URI (`file:/…/shared/<uuid>`, `s3://…`). `at`: where the path
     /// is in `_metadata` (its length prefix), so that an export can write another.
     File {
+        /// The file's absolute URI.
         path: String,
+        /// Its length in bytes.
         size: u64,
+        /// The offset in `_metadata` of the path's length prefix.
         at: usize,
     },
     /// A file in the checkpoint's own directory (the one holding `_metadata`).
     Relative {
+        /// The file's path relative to that directory.
         path: String,
+        /// Its length in bytes.
         size: u64,
+        /// The offset in `_metadata` of the path's length prefix.
         at: usize,
     },
     /// A range of a file shared by several (file merging).
     Segment {
+        /// The absolute URI of the file that holds the range.
         path: String,
+        /// Where the range begins in it, in bytes.
         start: u64,
+        /// The range's length in bytes.
         size: u64,
     },
+    /// A segment of no bytes (file merging): nothing to read.
     EmptySegment,
 }
 
@@ -126,8 +158,12 @@ impl StreamHandle {
 /// Operator (non-keyed) state of a subtask: the handle that holds it, with its offsets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OperatorStateHandle {
+    /// The handle's type byte: 4, or 17 for a file-merging segment.
     pub type_byte: u8,
+    /// Each named state: its name, its distribution mode (0 split, 1 union, 2 broadcast)
+    /// and the offsets of its partitions in `handle`'s stream.
     pub states: Vec<(String, u8, Vec<u64>)>,
+    /// The stream that holds the states.
     pub handle: Option<StreamHandle>,
 }
 

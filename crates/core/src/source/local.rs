@@ -435,14 +435,20 @@ impl Tree for LocalTree {
 /// modification time (seconds.nanoseconds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stamp {
+    /// The device the file is on (`st_dev`).
     pub dev: u64,
+    /// Its inode number.
     pub ino: u64,
+    /// Its length in bytes.
     pub size: u64,
+    /// Its modification time: seconds since the Unix epoch.
     pub mtime: i64,
+    /// The nanoseconds of the modification time (0 to 999,999,999).
     pub mtime_nsec: i64,
 }
 
 impl Stamp {
+    /// The stamp of a file with this metadata.
     pub fn of(meta: &std::fs::Metadata) -> Stamp {
         Stamp {
             dev: meta.dev(),
@@ -482,6 +488,7 @@ impl SourceFile {
         PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
     }
 
+    /// The open file itself.
     pub fn file(&self) -> &std::fs::File {
         &self.file
     }

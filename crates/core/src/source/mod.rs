@@ -69,15 +69,20 @@ pub fn checked_relative<'a>(shown: &dyn std::fmt::Display, rel: &'a str) -> Resu
 /// One entry of a listed directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
+    /// Its name in the directory.
     pub name: String,
+    /// What kind of file it is.
     pub kind: Kind,
     /// Bytes, for a file (0 otherwise).
     pub size: u64,
 }
 
+/// The kind of a listed entry, as the listing says (a link is not followed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// A regular file.
     File,
+    /// A directory (on object storage, a common prefix of keys).
     Dir,
     /// A symbolic link, FIFO, socket or device: never read.
     Other,

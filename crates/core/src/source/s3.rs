@@ -9,6 +9,7 @@ use super::{checked_relative, join, refused, Entry, Fetched, Kind, Tree};
 use crate::error::Result;
 use crate::store::s3::Remote;
 
+/// The keys below one prefix of a bucket, as a [`Tree`]: `/` separates the levels.
 pub struct S3Tree {
     remote: Arc<Remote>,
     /// Without a trailing `/`; empty: the whole bucket.
@@ -16,6 +17,8 @@ pub struct S3Tree {
 }
 
 impl S3Tree {
+    /// The tree of `remote`'s bucket below `prefix` (slashes around it ignored; "": the
+    /// whole bucket). `remote`'s own prefix is not used: keys are whole keys.
     pub fn new(remote: Arc<Remote>, prefix: &str) -> S3Tree {
         S3Tree {
             remote,
@@ -23,6 +26,7 @@ impl S3Tree {
         }
     }
 
+    /// The bucket's name.
     pub fn bucket(&self) -> &str {
         self.remote.bucket()
     }

@@ -30,9 +30,13 @@ const MAX_META_BLOCK: u64 = 1 << 20;
 /// `rocksdb.original.file.number`, as written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
+    /// The id of the database that wrote the file.
     pub db_id: String,
+    /// The id of the database session that wrote it.
     pub session_id: String,
+    /// The file's number in that session.
     pub file_number: u64,
+    /// The file's length in bytes when opened (not a table property).
     pub size: u64,
 }
 

@@ -20,7 +20,9 @@ const MAX_CHUNK_SIZE: u32 = 64 << 20;
 /// How a chunked file is stored: chunk objects of `size` bytes each (the last one shorter).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Hash)]
 pub struct Chunks {
+    /// The chunk size in bytes: 1 to 64 MiB in a manifest that validates.
     pub size: u32,
+    /// The chunk objects, in file order.
     pub ids: Vec<ObjectId>,
 }
 

@@ -12,7 +12,10 @@ use crate::error::Result;
 #[derive(Debug)]
 pub enum ReadBack {
     /// Exactly the bytes written: the write landed, and this is the record's version.
-    Landed { version: Option<String> },
+    Landed {
+        /// The record's version now (none on a local store).
+        version: Option<String>,
+    },
     /// No record of that name.
     Absent,
     /// Other bytes: another write's (another writer's, or an earlier one of this writer's).

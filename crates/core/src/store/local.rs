@@ -10,6 +10,7 @@ use super::{hash_copy, ObjectId, ObjectStore, Staged};
 use crate::error::{Error, IoContext, Result};
 use crate::fsutil::{create_new_private, ensure_real_dir, fsync_dir, is_real_dir};
 
+/// The objects of a local store: `objects/` and `tmp/` under its root.
 pub struct LocalStore {
     objects: PathBuf,
     tmp: PathBuf,

@@ -30,8 +30,15 @@ use crate::error::{Error, IoContext, Result};
 /// storage (endpoint, region and credentials from the standard AWS environment).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Location {
+    /// A directory, as the user named it.
     Local(PathBuf),
-    S3 { bucket: String, prefix: String },
+    /// A key prefix of an S3 bucket.
+    S3 {
+        /// The bucket's name.
+        bucket: String,
+        /// The key prefix, without a trailing `/` ("": the whole bucket).
+        prefix: String,
+    },
 }
 
 impl Location {
@@ -118,7 +125,9 @@ impl From<&Path> for Location {
 /// `graph`): its objects and records; an object store's read cache lives in a temporary
 /// directory for as long as this does.
 pub struct OpenedStore {
+    /// The store's objects.
     pub objects: std::sync::Arc<dyn ObjectStore>,
+    /// The store's named records.
     pub records: std::sync::Arc<dyn records::Records>,
     _cache: Option<tempfile::TempDir>,
 }
@@ -172,14 +181,17 @@ impl std::hash::Hash for ObjectId {
 }
 
 impl ObjectId {
+    /// The id of the bytes whose BLAKE3 hash is `hash`.
     pub fn from_hash(hash: blake3::Hash) -> Self {
         ObjectId(*hash.as_bytes())
     }
 
+    /// The hash's 32 bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
 
+    /// The hash as 64 lower-case hex digits, as the object is named in the store.
     pub fn to_hex(&self) -> String {
         blake3::Hash::from_bytes(self.0).to_hex().to_string()
     }
@@ -252,7 +264,9 @@ pub trait WriteFence: Send + Sync {
 /// A copy that [`ObjectStore::stage`] made durable under a private name.
 #[derive(Debug)]
 pub struct Staged {
+    /// The id of the bytes copied (their hash, computed while copying).
     pub id: ObjectId,
+    /// Their length in bytes.
     pub size: u64,
     pub(crate) tmp: PathBuf,
 }

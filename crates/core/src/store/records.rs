@@ -17,6 +17,7 @@ use crate::fsutil::{
 /// A record as read, with the version a conditional update must name.
 #[derive(Debug, Clone)]
 pub struct Record {
+    /// The record's content.
     pub bytes: Vec<u8>,
     /// The record's version (an ETag on object storage; none on a local store, whose single
     /// writer is fenced by a lock instead).
@@ -38,6 +39,9 @@ pub enum Put {
     Update(Option<String>),
 }
 
+/// The named records of one store: files under a local store's root, or small objects
+/// beside the objects on object storage. Keys are `/`-separated names relative to the
+/// store ([`crate::store::layout`]).
 pub trait Records: Send + Sync {
     /// Read a record; `None` if it does not exist.
     fn get(&self, key: &str) -> Result<Option<Record>>;
@@ -87,6 +91,7 @@ pub struct LocalRecords {
 }
 
 impl LocalRecords {
+    /// The records of the local store at `root`; creates nothing.
     pub fn new(root: &Path) -> Self {
         LocalRecords {
             root: root.to_path_buf(),

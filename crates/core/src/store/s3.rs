@@ -212,6 +212,7 @@ impl Remote {
 /// Reading objects that are not ckptfs's own (a Flink job's checkpoints, `ckptfs
 /// import-flink s3://...`): keys are whole keys of the bucket, the prefix is not added.
 impl Remote {
+    /// The bucket's name.
     pub fn bucket(&self) -> &str {
         &self.bucket
     }
@@ -971,6 +972,7 @@ pub struct S3Records {
 }
 
 impl S3Records {
+    /// The records under `remote`'s prefix; connects to nothing.
     pub fn new(remote: Arc<Remote>) -> Self {
         S3Records { remote }
     }
