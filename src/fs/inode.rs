@@ -373,11 +373,7 @@ impl CkptFs {
             if left.is_zero() {
                 break;
             }
-            listing = self
-                .listing_released
-                .wait_timeout(listing, left)
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .0;
+            listing = ckptfs_core::fsutil::wait_timeout(&self.listing_released, listing, left);
         }
         if listing.get(&cp).is_some_and(|n| *n > 0) {
             return Err(Error::Busy(format!(
