@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ckptfs::control::protocol::{parse_answer, Command, Reply};
+use ckptfs::control::protocol::{parse_answer, Reply, Request};
 use ckptfs::retry;
 use ckptfs_core::catalog::Manifest;
 use ckptfs_core::error::{Error, IoContext};
@@ -42,7 +42,7 @@ fn not_a_mount(mountpoint: &Path, e: std::io::Error) -> Error {
 
 /// Send commands in one write and read one answer per command. The first refusal is
 /// returned as the daemon's error (its message and errno); the commands before it ran.
-pub fn requests(mountpoint: &Path, commands: &[Command]) -> Result<Vec<Reply>, Error> {
+pub fn requests(mountpoint: &Path, commands: &[Request]) -> Result<Vec<Reply>, Error> {
     let path = ctl_path(mountpoint);
     let file = OpenOptions::new()
         .read(true)
@@ -71,7 +71,7 @@ pub fn requests(mountpoint: &Path, commands: &[Command]) -> Result<Vec<Reply>, E
 }
 
 /// One command, one answer.
-pub fn request(mountpoint: &Path, command: &Command) -> Result<Reply, Error> {
+pub fn request(mountpoint: &Path, command: &Request) -> Result<Reply, Error> {
     requests(mountpoint, std::slice::from_ref(command))?
         .pop()
         .ok_or_else(|| Error::Corrupt("the daemon gave no answer".into()))
@@ -81,7 +81,7 @@ pub fn request(mountpoint: &Path, command: &Command) -> Result<Reply, Error> {
 /// `wait` has passed; the answer to the last command.
 pub fn request_while_busy(
     mountpoint: &Path,
-    commands: &[Command],
+    commands: &[Request],
     wait: Duration,
 ) -> Result<Reply, Error> {
     retry::while_busy(wait, || requests(mountpoint, commands))?

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use ckptfs::control::protocol::{answer_line, CheckpointDone, Command, Failure, Line, Reply};
+use ckptfs::control::protocol::{answer_line, CheckpointDone, Failure, Line, Reply, Request};
 use ckptfs_core::error::{Error, IoContext};
 use ckptfs_core::flink::import as flink;
 use ckptfs_core::import::ImportDir;
@@ -50,13 +50,13 @@ fn import_through_daemon(
 ) -> Result<CheckpointDone, Error> {
     let mut commands = Vec::new();
     for (backend, dir) in imports {
-        commands.push(Command::Import(ImportDir {
+        commands.push(Request::Import(ImportDir {
             backend: backend.clone(),
             // The daemon runs elsewhere: it needs the whole path.
             dir: std::fs::canonicalize(dir).ctx("import", dir)?,
         }));
     }
-    commands.push(Command::Checkpoint);
+    commands.push(Request::Checkpoint);
     let spinner = progress::spinner("import in progress");
     let answer = client::request_while_busy(mountpoint, &commands, wait);
     spinner.finish_and_clear();
@@ -109,7 +109,7 @@ pub fn import_flink(
 ) -> Result<ExitCode, Error> {
     let done = if client::is_mount(target) {
         // The daemon runs elsewhere: it needs the whole paths.
-        let command = Command::ImportFlink {
+        let command = Request::ImportFlink {
             src: flink::FlinkSource::absolute(src)?,
             roots: roots
                 .iter()

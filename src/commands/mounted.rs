@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use ckptfs::control::protocol::{answer_line, Command, Reply};
+use ckptfs::control::protocol::{answer_line, Reply, Request};
 use ckptfs_core::error::{Error, IoContext};
 use ckptfs_core::names::BackendName;
 use ckptfs_core::percent;
@@ -18,7 +18,7 @@ use crate::client::{self, progress};
 /// with `json`, its answer.
 pub fn checkpoint(mountpoint: &Path, wait: Duration, json: bool) -> Result<ExitCode, Error> {
     let spinner = progress::spinner("checkpoint in progress");
-    let answer = client::request_while_busy(mountpoint, &[Command::Checkpoint], wait);
+    let answer = client::request_while_busy(mountpoint, &[Request::Checkpoint], wait);
     spinner.finish_and_clear();
     let done = answer?.into_checkpoint()?;
     if json {
@@ -35,7 +35,7 @@ pub fn put(
     key: &std::ffi::OsStr,
     value: &std::ffi::OsStr,
 ) -> Result<ExitCode, Error> {
-    let put = Command::Put {
+    let put = Request::Put {
         backend,
         key: key.as_bytes().to_vec(),
         value: value.as_bytes().to_vec(),
@@ -49,7 +49,7 @@ pub fn del(
     backend: BackendName,
     key: &std::ffi::OsStr,
 ) -> Result<ExitCode, Error> {
-    let del = Command::Del {
+    let del = Request::Del {
         backend,
         key: key.as_bytes().to_vec(),
     };
@@ -78,12 +78,12 @@ pub fn load(
         Some(p) => Box::new(BufReader::new(std::fs::File::open(p).ctx("open", p)?)),
         None => Box::new(BufReader::new(std::io::stdin())),
     };
-    let mut batch: Vec<Command> = Vec::new();
+    let mut batch: Vec<Request> = Vec::new();
     let mut batch_bytes = 0;
     let mut loaded = 0usize;
     // Each batch is one atomic write; a refused batch stops the load, and we say how far
     // it got.
-    let send = |batch: &mut Vec<Command>, loaded: &mut usize| -> Result<(), Error> {
+    let send = |batch: &mut Vec<Request>, loaded: &mut usize| -> Result<(), Error> {
         match client::requests(mountpoint, batch) {
             Ok(answers) => {
                 *loaded += answers.len();
@@ -114,7 +114,7 @@ pub fn load(
                     n + 1
                 ))
             })?;
-        let command = Command::Put {
+        let command = Request::Put {
             backend: backend.clone(),
             key,
             value,

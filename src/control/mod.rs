@@ -22,7 +22,9 @@ use ckptfs_core::names::BackendName;
 use ckptfs_core::Engine;
 
 use crate::retry::{is_busy, Backoff};
-use protocol::{Answer, CheckpointDone, Command, Done, Failure, Imported, Line, Reply, Staged};
+use protocol::{
+    Answer, CheckpointDone, Done, Failure, Imported, Line, Reply, Request, StagedImport,
+};
 
 /// What `import` lines staged on one control handle for its next `checkpoint`.
 #[derive(Debug, Default)]
@@ -106,11 +108,11 @@ impl Controller {
     }
 
     /// Checks that need the engine: named backends exist, dropped checkpoints exist.
-    pub fn validate(&self, commands: &[Command]) -> Result<()> {
+    pub fn validate(&self, commands: &[Request]) -> Result<()> {
         let backends = self.engine.backend_names();
         let external = self.engine.external_names();
         for (i, command) in commands.iter().enumerate() {
-            if let Command::Import(import) = command {
+            if let Request::Import(import) = command {
                 if backends.contains(&import.backend) {
                     return Err(Error::Invalid(format!(
                         "command {}: backend {} is hosted by this daemon; import into \
@@ -121,10 +123,10 @@ impl Controller {
                 }
             }
             let backend = match command {
-                Command::Put { backend, .. }
-                | Command::Del { backend, .. }
-                | Command::Flush(backend)
-                | Command::Compact(backend) => Some(backend),
+                Request::Put { backend, .. }
+                | Request::Del { backend, .. }
+                | Request::Flush(backend)
+                | Request::Compact(backend) => Some(backend),
                 _ => None,
             };
             if let Some(b) = backend {
@@ -148,7 +150,7 @@ impl Controller {
                     )));
                 }
             }
-            if let Command::Delete(n) = command {
+            if let Request::Delete(n) = command {
                 if self.engine.manifest(*n).is_none() {
                     return Err(Error::Invalid(format!(
                         "command {}: no such checkpoint {n}",
@@ -166,7 +168,7 @@ impl Controller {
     /// holds exactly the data lines before it and none after.
     pub fn execute(
         self: &Arc<Self>,
-        commands: Vec<Command>,
+        commands: Vec<Request>,
         answer: AnswerSink,
         imports: &Mutex<StagedImports>,
     ) {
@@ -182,8 +184,8 @@ impl Controller {
                 continue;
             }
             match &commands[i] {
-                Command::Put { .. } | Command::Del { .. } => unreachable!("data runs above"),
-                Command::Checkpoint => {
+                Request::Put { .. } | Request::Del { .. } => unreachable!("data runs above"),
+                Request::Checkpoint => {
                     let staged = std::mem::take(&mut *lock(imports));
                     match staged.refused {
                         // The checkpoint would lack what the script meant it to hold.
@@ -199,18 +201,18 @@ impl Controller {
                         None => self.start_checkpoint(i, answer.clone(), staged.dirs, imports),
                     }
                 }
-                Command::Import(import) => answer(i, self.stage_import(import, imports)),
-                Command::ImportFlink { src, roots } => {
+                Request::Import(import) => answer(i, self.stage_import(import, imports)),
+                Request::ImportFlink { src, roots } => {
                     self.start_flink_import(i, answer.clone(), src, roots)
                 }
-                Command::Flush(b) => answer(i, done(&self.engine, self.engine.flush(b))),
-                Command::Compact(b) => answer(i, done(&self.engine, self.engine.compact(b))),
-                Command::Retain(n) => {
+                Request::Flush(b) => answer(i, done(&self.engine, self.engine.flush(b))),
+                Request::Compact(b) => answer(i, done(&self.engine, self.engine.compact(b))),
+                Request::Retain(n) => {
                     let result = self.engine.set_retain(*n);
                     self.changed();
                     answer(i, done(&self.engine, result));
                 }
-                Command::Delete(n) => {
+                Request::Delete(n) => {
                     let result = self.engine.delete_checkpoint(*n);
                     self.changed();
                     answer(i, done(&self.engine, result));
@@ -228,7 +230,7 @@ impl Controller {
                 let mut staged = lock(imports);
                 staged.dirs.retain(|s| s.backend != import.backend);
                 staged.dirs.push(import.clone());
-                Ok(Reply::Staged(Staged {
+                Ok(Reply::StagedImport(StagedImport {
                     staged: import.backend.clone(),
                     files: scanned.files.len() as u64,
                     bytes: scanned.bytes(),
@@ -244,11 +246,11 @@ impl Controller {
 
     /// Apply a run of data lines (starting at index `first` of the write) as one atomic
     /// batch per backend.
-    fn apply_data(&self, first: usize, commands: &[Command], answer: &AnswerSink) {
+    fn apply_data(&self, first: usize, commands: &[Request], answer: &AnswerSink) {
         let mut batches: BTreeMap<&BackendName, Vec<ckptfs_core::WriteOp>> = Default::default();
         for command in commands {
             match command {
-                Command::Put {
+                Request::Put {
                     backend,
                     key,
                     value,
@@ -256,7 +258,7 @@ impl Controller {
                     .entry(backend)
                     .or_default()
                     .push(ckptfs_core::WriteOp::Put(key.clone(), value.clone())),
-                Command::Del { backend, key } => batches
+                Request::Del { backend, key } => batches
                     .entry(backend)
                     .or_default()
                     .push(ckptfs_core::WriteOp::Delete(key.clone())),
@@ -276,7 +278,7 @@ impl Controller {
             results.insert(*backend, answer);
         }
         for (i, command) in commands.iter().enumerate() {
-            if let Command::Put { backend, .. } | Command::Del { backend, .. } = command {
+            if let Request::Put { backend, .. } | Request::Del { backend, .. } = command {
                 answer(first + i, results[backend].clone());
             }
         }

@@ -1,5 +1,5 @@
 //! The control protocol, both ends: a request is a UTF-8 line, one command per line, fields
-//! separated by one space, keys, values and paths percent-encoded ([`Command`], parsed by
+//! separated by one space, keys, values and paths percent-encoded ([`Request`], parsed by
 //! the daemon and written by the command line client); every command is answered by one
 //! JSON line ([`Answer`]: `{"ok":true,...}` with what it did, or
 //! `{"ok":false,"errno":N,"error":"..."}`). Parsing is separate from running so that a
@@ -21,7 +21,7 @@ use ckptfs_core::percent;
 
 /// One control line.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Command {
+pub enum Request {
     /// Start a checkpoint of every backend.
     Checkpoint,
     /// Write a key of a hosted backend.
@@ -61,11 +61,11 @@ pub enum Command {
     },
 }
 
-impl Command {
+impl Request {
     /// put and del: a run of consecutive data lines of one write is applied as one atomic
     /// batch per backend.
     pub fn is_data(&self) -> bool {
-        matches!(self, Command::Put { .. } | Command::Del { .. })
+        matches!(self, Request::Put { .. } | Request::Del { .. })
     }
 }
 
@@ -74,7 +74,7 @@ pub const USAGE: &str = "commands: checkpoint | put BACKEND KEY VALUE | del BACK
 flush BACKEND | compact BACKEND | retain N | delete N | import BACKEND DIR | import-flink DIR [ROOT...]";
 
 /// Parse one line (without its newline).
-pub fn parse_line(line: &str) -> Result<Command> {
+pub fn parse_line(line: &str) -> Result<Request> {
     let fields: Vec<&str> = line.split(' ').collect();
     let arity = |n: usize| -> Result<()> {
         if fields.len() == n {
@@ -104,11 +104,11 @@ pub fn parse_line(line: &str) -> Result<Command> {
     match fields[0] {
         "checkpoint" => {
             arity(1)?;
-            Ok(Command::Checkpoint)
+            Ok(Request::Checkpoint)
         }
         "put" => {
             arity(4)?;
-            Ok(Command::Put {
+            Ok(Request::Put {
                 backend: backend(1)?,
                 key: percent::decode(fields[2])?,
                 value: percent::decode(fields[3])?,
@@ -116,18 +116,18 @@ pub fn parse_line(line: &str) -> Result<Command> {
         }
         "del" => {
             arity(3)?;
-            Ok(Command::Del {
+            Ok(Request::Del {
                 backend: backend(1)?,
                 key: percent::decode(fields[2])?,
             })
         }
         "flush" => {
             arity(2)?;
-            Ok(Command::Flush(backend(1)?))
+            Ok(Request::Flush(backend(1)?))
         }
         "compact" => {
             arity(2)?;
-            Ok(Command::Compact(backend(1)?))
+            Ok(Request::Compact(backend(1)?))
         }
         "retain" => {
             arity(2)?;
@@ -135,11 +135,11 @@ pub fn parse_line(line: &str) -> Result<Command> {
             if n == 0 || n > u32::MAX as u64 {
                 return Err(Error::Invalid("retain must be at least 1".into()));
             }
-            Ok(Command::Retain(n as u32))
+            Ok(Request::Retain(n as u32))
         }
         "delete" => {
             arity(2)?;
-            Ok(Command::Delete(number(1)?))
+            Ok(Request::Delete(number(1)?))
         }
         "import" => {
             arity(3)?;
@@ -150,7 +150,7 @@ pub fn parse_line(line: &str) -> Result<Command> {
                     dir.display().to_string()
                 )));
             }
-            Ok(Command::Import(ImportDir {
+            Ok(Request::Import(ImportDir {
                 backend: backend(1)?,
                 dir,
             }))
@@ -174,7 +174,7 @@ pub fn parse_line(line: &str) -> Result<Command> {
                 dirs.push(dir);
             }
             let src = dirs.remove(0);
-            Ok(Command::ImportFlink { src, roots: dirs })
+            Ok(Request::ImportFlink { src, roots: dirs })
         }
         "" => Err(Error::Invalid(format!("empty command; {USAGE}"))),
         other => {
@@ -189,7 +189,7 @@ pub fn parse_line(line: &str) -> Result<Command> {
 
 /// Parse the lines of one write. Empty lines are skipped; a missing final newline is
 /// accepted. The error names the first bad line.
-pub fn parse_write(data: &[u8]) -> Result<Vec<Command>> {
+pub fn parse_write(data: &[u8]) -> Result<Vec<Request>> {
     let text = std::str::from_utf8(data)
         .map_err(|e| Error::Invalid(format!("control input is not UTF-8: {e}")))?;
     let mut commands = Vec::new();
@@ -204,13 +204,13 @@ pub fn parse_write(data: &[u8]) -> Result<Vec<Command>> {
     Ok(commands)
 }
 
-impl Command {
+impl Request {
     /// The line that [`parse_line`] reads back as this command (without its newline).
     pub fn to_line(&self) -> String {
         let path = |p: &std::path::Path| percent::encode(p.as_os_str().as_bytes());
         match self {
-            Command::Checkpoint => "checkpoint".into(),
-            Command::Put {
+            Request::Checkpoint => "checkpoint".into(),
+            Request::Put {
                 backend,
                 key,
                 value,
@@ -219,13 +219,13 @@ impl Command {
                 percent::encode(key),
                 percent::encode(value)
             ),
-            Command::Del { backend, key } => format!("del {backend} {}", percent::encode(key)),
-            Command::Flush(backend) => format!("flush {backend}"),
-            Command::Compact(backend) => format!("compact {backend}"),
-            Command::Retain(n) => format!("retain {n}"),
-            Command::Delete(n) => format!("delete {n}"),
-            Command::Import(import) => format!("import {} {}", import.backend, path(&import.dir)),
-            Command::ImportFlink { src, roots } => std::iter::once(src)
+            Request::Del { backend, key } => format!("del {backend} {}", percent::encode(key)),
+            Request::Flush(backend) => format!("flush {backend}"),
+            Request::Compact(backend) => format!("compact {backend}"),
+            Request::Retain(n) => format!("retain {n}"),
+            Request::Delete(n) => format!("delete {n}"),
+            Request::Import(import) => format!("import {} {}", import.backend, path(&import.dir)),
+            Request::ImportFlink { src, roots } => std::iter::once(src)
                 .chain(roots)
                 .fold("import-flink".to_string(), |line, dir| {
                     line + " " + &path(dir)
@@ -247,7 +247,7 @@ pub enum Reply {
     /// `checkpoint`.
     Checkpoint(CheckpointDone),
     /// `import`.
-    Staged(Staged),
+    StagedImport(StagedImport),
     /// Every other command.
     Done(Done),
 }
@@ -300,7 +300,7 @@ impl CheckpointDone {
 
 /// An `import` line checked and staged for the handle's next `checkpoint`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Staged {
+pub struct StagedImport {
     /// The external backend the directory is staged for.
     pub staged: BackendName,
     /// Files in the directory.
@@ -431,20 +431,20 @@ mod tests {
         assert_eq!(
             cmds,
             vec![
-                Command::Checkpoint,
-                Command::Put {
+                Request::Checkpoint,
+                Request::Put {
                     backend: b.clone(),
                     key: b"a b".to_vec(),
                     value: b"v%".to_vec()
                 },
-                Command::Del {
+                Request::Del {
                     backend: b.clone(),
                     key: b"k".to_vec()
                 },
-                Command::Flush(b.clone()),
-                Command::Compact(b),
-                Command::Retain(2),
-                Command::Delete(7),
+                Request::Flush(b.clone()),
+                Request::Compact(b),
+                Request::Retain(2),
+                Request::Delete(7),
             ]
         );
     }
@@ -453,7 +453,7 @@ mod tests {
     fn no_final_newline_and_blank_lines_are_fine() {
         assert_eq!(
             parse_write(b"\ncheckpoint").unwrap(),
-            vec![Command::Checkpoint]
+            vec![Request::Checkpoint]
         );
     }
 
@@ -477,28 +477,28 @@ mod tests {
         }
     }
 
-    fn every_command() -> Vec<Command> {
+    fn every_command() -> Vec<Request> {
         let b: BackendName = "op/1".parse().unwrap();
         vec![
-            Command::Checkpoint,
-            Command::Put {
+            Request::Checkpoint,
+            Request::Put {
                 backend: b.clone(),
                 key: b"a b\n%".to_vec(),
                 value: vec![0, 255, b' '],
             },
-            Command::Del {
+            Request::Del {
                 backend: b.clone(),
                 key: b"k".to_vec(),
             },
-            Command::Flush(b.clone()),
-            Command::Compact(b.clone()),
-            Command::Retain(3),
-            Command::Delete(7),
-            Command::Import(ImportDir {
+            Request::Flush(b.clone()),
+            Request::Compact(b.clone()),
+            Request::Retain(3),
+            Request::Delete(7),
+            Request::Import(ImportDir {
                 backend: b,
                 dir: "/var/lib/app checkpoints/cp 1".into(),
             }),
-            Command::ImportFlink {
+            Request::ImportFlink {
                 src: "s3://bucket/flink jobs".into(),
                 roots: vec!["/a".into(), "/b c".into()],
             },
@@ -542,7 +542,7 @@ mod tests {
             ("checkpoint", Ok(Reply::Checkpoint(checkpoint))),
             (
                 "import",
-                Ok(Reply::Staged(Staged {
+                Ok(Reply::StagedImport(StagedImport {
                     staged: "app/0".parse().unwrap(),
                     files: 1,
                     bytes: 2,
@@ -665,7 +665,7 @@ mod tests {
         ) {
             let line = format!("put op/0 {} {}", percent::encode(&key), percent::encode(&value));
             let parsed = parse_write(line.as_bytes()).unwrap();
-            proptest::prop_assert_eq!(parsed, vec![Command::Put {
+            proptest::prop_assert_eq!(parsed, vec![Request::Put {
                 backend: "op/0".parse().unwrap(),
                 key,
                 value,

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use super::seam::{Checkpoints, ControlLines};
 use super::CkptFs;
-use crate::control::protocol::{Command, Failure};
+use crate::control::protocol::{Failure, Request};
 use crate::control::{AnswerSink, ChangeHook, StagedImports};
 use ckptfs_core::catalog::{BackendSnapshot, CheckpointStats, FileEntry, Manifest, FORMAT};
 use ckptfs_core::error::{Error, Result};
@@ -202,11 +202,11 @@ impl Checkpoints for Double {
 /// Every line is refused at validation: the tests on the double write no control lines
 /// that need a controller (those run on the real engine).
 impl ControlLines for Double {
-    fn validate(&self, _commands: &[Command]) -> Result<()> {
+    fn validate(&self, _commands: &[Request]) -> Result<()> {
         Err(Error::Invalid(NO_CONTROL.into()))
     }
 
-    fn execute(&self, commands: Vec<Command>, answer: AnswerSink, _: &Mutex<StagedImports>) {
+    fn execute(&self, commands: Vec<Request>, answer: AnswerSink, _: &Mutex<StagedImports>) {
         for i in 0..commands.len() {
             answer(i, Err(Failure::of(&Error::Invalid(NO_CONTROL.into()))));
         }

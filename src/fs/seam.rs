@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use crate::control::protocol::Command;
+use crate::control::protocol::Request;
 use crate::control::{AnswerSink, ChangeHook, Controller, StagedImports};
 use ckptfs_core::catalog::Manifest;
 use ckptfs_core::error::Result;
@@ -43,10 +43,10 @@ pub trait Checkpoints: Send + Sync {
 /// What the control file asks of the controller: check a write's commands, then run them.
 pub trait ControlLines: Send + Sync {
     /// Checks that need the engine (see [`Controller::validate`]).
-    fn validate(&self, commands: &[Command]) -> Result<()>;
+    fn validate(&self, commands: &[Request]) -> Result<()>;
     /// Run validated commands in line order, answering each through `answer` (see
     /// [`Controller::execute`]).
-    fn execute(&self, commands: Vec<Command>, answer: AnswerSink, imports: &Mutex<StagedImports>);
+    fn execute(&self, commands: Vec<Request>, answer: AnswerSink, imports: &Mutex<StagedImports>);
 }
 
 /// Both traits on the daemon's controller and its engine.
@@ -104,11 +104,11 @@ impl Checkpoints for Live {
 }
 
 impl ControlLines for Live {
-    fn validate(&self, commands: &[Command]) -> Result<()> {
+    fn validate(&self, commands: &[Request]) -> Result<()> {
         self.0.validate(commands)
     }
 
-    fn execute(&self, commands: Vec<Command>, answer: AnswerSink, imports: &Mutex<StagedImports>) {
+    fn execute(&self, commands: Vec<Request>, answer: AnswerSink, imports: &Mutex<StagedImports>) {
         self.0.execute(commands, answer, imports);
     }
 }

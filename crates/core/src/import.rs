@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, IoContext, Result};
 use crate::names::BackendName;
-use crate::source::{Kind, LocalTree, SourceFile, Tree, MAX_CURRENT_BYTES};
+use crate::source::{EntryKind, LocalTree, SourceFile, Tree, MAX_CURRENT_BYTES};
 
 /// One directory to import as one backend's state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -216,7 +216,7 @@ pub fn scan(backend: &BackendName, dir: &Path) -> Result<Scanned> {
     for entry in &entries {
         let path = shown.join(&entry.name);
         match entry.kind {
-            Kind::Dir => {
+            EntryKind::Dir => {
                 return Err(Error::Invalid(format!(
                     "{} is a directory: a RocksDB checkpoint directory holds files only; \
                      nothing was imported",
@@ -225,14 +225,14 @@ pub fn scan(backend: &BackendName, dir: &Path) -> Result<Scanned> {
             }
             // Refused with the reason (a link: ELOOP; a FIFO, socket or device: EINVAL),
             // without being opened for reading.
-            Kind::Other => {
+            EntryKind::Other => {
                 tree.open_file(&entry.name)?;
                 return Err(Error::Invalid(format!(
                     "{} is not a regular file; nothing was imported",
                     path.display()
                 )));
             }
-            Kind::File => {}
+            EntryKind::File => {}
         }
         if !is_rocksdb_file_name(&entry.name) {
             return Err(Error::Invalid(format!(

@@ -21,7 +21,7 @@ use super::metadata::{self, KeyedHandle, OperatorState, StreamHandle};
 use crate::error::{Error, IoContext, Result};
 use crate::import::{Scanned, ScannedFile};
 use crate::names::BackendName;
-use crate::source::{join, Fetched, Kind, LocalTree, S3Tree, Tree, MAX_METADATA_BYTES};
+use crate::source::{join, EntryKind, Fetched, LocalTree, S3Tree, Tree, MAX_METADATA_BYTES};
 
 /// The name under which a subtask's Flink meta data (`KeyedBackendSerializationProxy`) is
 /// kept beside its RocksDB files: RocksDB ignores files it does not name itself.
@@ -250,9 +250,9 @@ fn chk_number(name: &str) -> Option<u64> {
 /// The job directories below a source's root: itself, or those named by a job id in it.
 fn jobs(tree: &dyn Tree) -> Result<Vec<String>> {
     let is_job_dir = |entries: &[crate::source::Entry]| {
-        entries
-            .iter()
-            .any(|e| e.kind == Kind::Dir && (e.name == "shared" || chk_number(&e.name).is_some()))
+        entries.iter().any(|e| {
+            e.kind == EntryKind::Dir && (e.name == "shared" || chk_number(&e.name).is_some())
+        })
     };
     let top = tree.list("")?;
     if is_job_dir(&top) {
@@ -260,7 +260,9 @@ fn jobs(tree: &dyn Tree) -> Result<Vec<String>> {
     }
     let mut jobs = Vec::new();
     for entry in &top {
-        if entry.kind == Kind::Dir && is_job_id(&entry.name) && is_job_dir(&tree.list(&entry.name)?)
+        if entry.kind == EntryKind::Dir
+            && is_job_id(&entry.name)
+            && is_job_dir(&tree.list(&entry.name)?)
         {
             jobs.push(entry.name.clone());
         }
@@ -273,7 +275,7 @@ fn jobs(tree: &dyn Tree) -> Result<Vec<String>> {
 fn checkpoints(tree: &dyn Tree, job_dir: &str) -> Result<Vec<u64>> {
     let mut ids = Vec::new();
     for entry in tree.list(job_dir)? {
-        let Some(n) = chk_number(&entry.name).filter(|_| entry.kind == Kind::Dir) else {
+        let Some(n) = chk_number(&entry.name).filter(|_| entry.kind == EntryKind::Dir) else {
             continue;
         };
         match tree.size_of(&join(job_dir, &format!("chk-{n}/{METADATA}"))) {

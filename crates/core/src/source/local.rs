@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::{fstat, FileStat, Mode, SFlag};
 
-use super::{checked_relative, refused, Entry, Fetched, Kind, Tree};
+use super::{checked_relative, refused, Entry, EntryKind, Fetched, Tree};
 use crate::error::{Error, IoContext, Result};
 
 /// A local directory as a source's root.
@@ -389,9 +389,9 @@ impl Tree for LocalTree {
                 Err(e) => return Err(os_error("stat", &shown.join(&name), e)),
             };
             let (kind, size) = match kind_of(&stat) {
-                SFlag::S_IFREG => (Kind::File, stat.st_size as u64),
-                SFlag::S_IFDIR => (Kind::Dir, 0),
-                _ => (Kind::Other, 0),
+                SFlag::S_IFREG => (EntryKind::File, stat.st_size as u64),
+                SFlag::S_IFDIR => (EntryKind::Dir, 0),
+                _ => (EntryKind::Other, 0),
             };
             out.push(Entry { name, kind, size });
         }
@@ -609,7 +609,7 @@ mod tests {
         let listed = tree.list("").unwrap();
         assert!(listed
             .iter()
-            .any(|e| e.name == "fifo" && e.kind == Kind::Other));
+            .any(|e| e.name == "fifo" && e.kind == EntryKind::Other));
     }
 
     #[test]

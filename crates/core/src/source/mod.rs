@@ -72,14 +72,14 @@ pub struct Entry {
     /// Its name in the directory.
     pub name: String,
     /// What kind of file it is.
-    pub kind: Kind,
+    pub kind: EntryKind,
     /// Bytes, for a file (0 otherwise).
     pub size: u64,
 }
 
 /// The kind of a listed entry, as the listing says (a link is not followed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub enum EntryKind {
     /// A regular file.
     File,
     /// A directory (on object storage, a common prefix of keys).

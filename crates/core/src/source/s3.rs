@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{checked_relative, join, refused, Entry, Fetched, Kind, Tree};
+use super::{checked_relative, join, refused, Entry, EntryKind, Fetched, Tree};
 use crate::error::Result;
 use crate::store::s3::Remote;
 
@@ -66,7 +66,11 @@ impl Tree for S3Tree {
             };
             out.push(Entry {
                 name: name.to_string(),
-                kind: if is_dir { Kind::Dir } else { Kind::File },
+                kind: if is_dir {
+                    EntryKind::Dir
+                } else {
+                    EntryKind::File
+                },
                 size,
             });
         }
