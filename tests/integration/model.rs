@@ -1,15 +1,22 @@
 //! Reference-model property test: random operations against the real engine and a plain
 //! in-memory model. After every step the store must match the model exactly.
+//!
+//! Besides the hosted backends, an application's own RocksDB (written here, never hosted)
+//! is imported from its checkpoint directories as backend `ext/0` (`ckptfs import`), at
+//! once or begun and left in flight, so imports are crashed, aborted, carried over by later
+//! checkpoints, dropped and restored like every other checkpoint.
 
 use crate::common::*;
 use ckptfs_core::store::Location;
-use ckptfs_core::{BackendName, CheckpointMode, Engine, PendingCheckpoint};
+use ckptfs_core::{BackendName, CheckpointMode, CheckpointPlan, Engine, PendingCheckpoint};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
 
 const BACKENDS: [&str; 2] = ["op/0", "op/1"];
+/// The imported backend: the application's database.
+const EXTERNAL: &str = "ext/0";
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -55,6 +62,22 @@ enum Op {
     CheckpointWhileWriting {
         backend: usize,
     },
+    /// Writes to the application's database (imported, never hosted).
+    AppPut {
+        key: u8,
+        value: u16,
+    },
+    AppDelete {
+        key: u8,
+    },
+    AppBulk {
+        start: u8,
+        tag: u16,
+    },
+    /// A checkpoint of the application's database imported as one checkpoint.
+    Import,
+    /// The same, begun and left in flight: the only checkpoint in flight until it leaves.
+    BeginImport,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -75,18 +98,41 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..4usize).prop_map(|uploads| Op::Crash { uploads }),
         1 => Just(Op::Restart),
         2 => (0..2usize).prop_map(|backend| Op::CheckpointWhileWriting { backend }),
+        2 => (any::<u8>(), any::<u16>()).prop_map(|(key, value)| Op::AppPut { key, value }),
+        1 => any::<u8>().prop_map(|key| Op::AppDelete { key }),
+        1 => (any::<u8>(), any::<u16>()).prop_map(|(start, tag)| Op::AppBulk { start, tag }),
+        2 => Just(Op::Import),
+        1 => Just(Op::BeginImport),
     ]
 }
 
 type State = BTreeMap<BackendName, Kv>;
 
 struct Model {
+    /// The hosted backends.
     current: State,
     retained: BTreeMap<u64, State>,
     retain: usize,
+    /// The application's database.
+    app: Kv,
 }
 
 impl Model {
+    /// What a checkpoint beginning now holds: the hosted backends as they are, and every
+    /// other backend (`imported` aside) carried over as the newest retained checkpoint
+    /// holding it has it.
+    fn checkpoint_state(&self, imported: Option<&BackendName>) -> State {
+        let mut state = self.current.clone();
+        for held in self.retained.values() {
+            for (name, kv) in held {
+                if !self.current.contains_key(name) && Some(name) != imported {
+                    state.insert(name.clone(), kv.clone());
+                }
+            }
+        }
+        state
+    }
+
     fn complete(&mut self, id: u64, state: State) {
         self.retained.insert(id, state);
         self.apply_retention();
@@ -108,8 +154,14 @@ struct Harness {
     /// Keys written by writer threads so far (each writes new ones).
     written_by_writers: u32,
     engine: Option<Engine>,
-    pending: VecDeque<(PendingCheckpoint, State)>,
+    /// Checkpoints in flight, what each holds, and whether it imports.
+    pending: VecDeque<(PendingCheckpoint, State, bool)>,
     model: Model,
+    /// The application's database and where its checkpoint directories go.
+    app: rocksdb::DB,
+    app_dir: std::path::PathBuf,
+    /// Checkpoint directories of the application made so far (each import reads a new one).
+    app_checkpoints: u32,
 }
 
 impl Harness {
@@ -129,6 +181,43 @@ impl Harness {
 
     fn engine(&self) -> &Engine {
         self.engine.as_ref().unwrap()
+    }
+
+    /// Whether a checkpoint beginning now is refused as busy: both slots are taken, or an
+    /// import is in flight.
+    fn busy(&self) -> bool {
+        self.pending.len() == 2 || self.pending.iter().any(|(_, _, imports)| *imports)
+    }
+
+    /// Begin a checkpoint that imports a fresh checkpoint of the application's database;
+    /// what it holds. `None`: refused as busy, which only checkpoints in flight explain.
+    fn begin_import(&mut self) -> Option<(PendingCheckpoint, State)> {
+        let external = name(EXTERNAL);
+        self.app_checkpoints += 1;
+        let dir = self
+            .app_dir
+            .join(format!("checkpoint-{}", self.app_checkpoints));
+        rocksdb::checkpoint::Checkpoint::new(&self.app)
+            .unwrap()
+            .create_checkpoint(&dir)
+            .unwrap();
+        let scanned = ckptfs_core::import::scan(&external, &dir).unwrap();
+        match self.engine().begin(CheckpointPlan::Import(vec![scanned])) {
+            Ok(p) => {
+                assert!(
+                    self.pending.is_empty(),
+                    "an import began beside checkpoints"
+                );
+                let mut state = self.model.checkpoint_state(Some(&external));
+                state.insert(external, self.model.app.clone());
+                Some((p, state))
+            }
+            Err(ckptfs_core::Error::Busy(_)) => {
+                assert!(!self.pending.is_empty(), "an import refused as busy");
+                None
+            }
+            Err(e) => panic!("import failed: {e}"),
+        }
     }
 
     fn apply(&mut self, op: &Op) {
@@ -177,29 +266,41 @@ impl Harness {
             }
             Op::Flush { backend } => self.engine().flush(&names[*backend]).unwrap(),
             Op::Compact { backend } => self.engine().compact(&names[*backend]).unwrap(),
-            Op::Checkpoint => match self.engine().checkpoint() {
-                Ok(m) => self.model.complete(m.id, self.model.current.clone()),
-                Err(ckptfs_core::Error::Busy(_)) => assert_eq!(self.pending.len(), 2),
-                Err(e) => panic!("checkpoint failed: {e}"),
-            },
-            Op::Begin => match self.engine().begin_checkpoint() {
-                Ok(p) => self.pending.push_back((p, self.model.current.clone())),
-                Err(ckptfs_core::Error::Busy(_)) => assert_eq!(self.pending.len(), 2),
-                Err(e) => panic!("begin failed: {e}"),
-            },
+            Op::Checkpoint => {
+                let state = self.model.checkpoint_state(None);
+                match self.engine().checkpoint() {
+                    Ok(m) => {
+                        assert!(!self.busy(), "a checkpoint began beside an import");
+                        self.model.complete(m.id, state)
+                    }
+                    Err(ckptfs_core::Error::Busy(_)) => assert!(self.busy()),
+                    Err(e) => panic!("checkpoint failed: {e}"),
+                }
+            }
+            Op::Begin => {
+                let state = self.model.checkpoint_state(None);
+                match self.engine().begin_checkpoint() {
+                    Ok(p) => {
+                        assert!(!self.busy(), "a checkpoint began beside an import");
+                        self.pending.push_back((p, state, false))
+                    }
+                    Err(ckptfs_core::Error::Busy(_)) => assert!(self.busy()),
+                    Err(e) => panic!("begin failed: {e}"),
+                }
+            }
             Op::CompleteOldest | Op::CompleteNewest => {
                 let next = if matches!(op, Op::CompleteOldest) {
                     self.pending.pop_front()
                 } else {
                     self.pending.pop_back()
                 };
-                if let Some((p, state)) = next {
+                if let Some((p, state, _)) = next {
                     let m = p.complete().unwrap();
                     self.model.complete(m.id, state);
                 }
             }
             Op::AbortOldest => {
-                if let Some((p, _)) = self.pending.pop_front() {
+                if let Some((p, _, _)) = self.pending.pop_front() {
                     p.abort();
                 }
             }
@@ -222,7 +323,13 @@ impl Harness {
                 let ids: Vec<u64> = self.model.retained.keys().copied().collect();
                 if let Some(&id) = ids.get(*pick) {
                     match self.engine().restore_backends(id) {
-                        Ok(()) => self.model.current = self.model.retained[&id].clone(),
+                        // The hosted backends roll back; imported ones are not hosted.
+                        Ok(()) => {
+                            let restored = &self.model.retained[&id];
+                            for (name, kv) in self.model.current.iter_mut() {
+                                *kv = restored[name].clone();
+                            }
+                        }
                         Err(ckptfs_core::Error::Busy(_)) => assert!(!self.pending.is_empty()),
                         Err(e) => panic!("restore failed: {e}"),
                     }
@@ -231,10 +338,10 @@ impl Harness {
             Op::Crash { uploads } => {
                 // The process dies during the upload of the oldest in-flight checkpoint (or
                 // between operations): nothing of the in-flight checkpoints may survive.
-                if let Some((p, _)) = self.pending.pop_front() {
+                if let Some((p, _, _)) = self.pending.pop_front() {
                     p.simulate_crash(*uploads);
                 }
-                for (p, _) in self.pending.drain(..) {
+                for (p, _, _) in self.pending.drain(..) {
                     p.simulate_crash(0);
                 }
                 // A background materialization holds the engine until it ends (a real
@@ -266,7 +373,7 @@ impl Harness {
                 while done.load(Ordering::SeqCst) < 10 {
                     std::thread::yield_now();
                 }
-                let before = self.model.current.clone();
+                let before = self.model.checkpoint_state(None);
                 let acknowledged = done.load(Ordering::SeqCst);
                 let result = self.engine().checkpoint();
                 stop.store(true, Ordering::Relaxed);
@@ -299,8 +406,39 @@ impl Harness {
                         assert_eq!(restored, state, "checkpoint {} is not a prefix", m.id);
                         self.model.complete(m.id, state);
                     }
-                    Err(ckptfs_core::Error::Busy(_)) => assert_eq!(self.pending.len(), 2),
+                    Err(ckptfs_core::Error::Busy(_)) => assert!(self.busy()),
                     Err(e) => panic!("checkpoint failed: {e}"),
+                }
+            }
+            Op::AppPut { key, value } => {
+                let (k, v) = (vec![*key], value.to_le_bytes().to_vec());
+                self.app.put(&k, &v).unwrap();
+                self.model.app.insert(k, v);
+            }
+            Op::AppDelete { key } => {
+                self.app.delete([*key]).unwrap();
+                self.model.app.remove(&vec![*key]);
+            }
+            Op::AppBulk { start, tag } => {
+                let mut batch = rocksdb::WriteBatch::default();
+                for i in 0..400u32 {
+                    let k = format!("app{:05}", *start as u32 * 100 + i).into_bytes();
+                    let v = format!("{tag}-{}", "z".repeat(200)).into_bytes();
+                    batch.put(&k, &v);
+                    self.model.app.insert(k, v);
+                }
+                self.app.write(batch).unwrap();
+            }
+            Op::Import => {
+                if let Some((p, state)) = self.begin_import() {
+                    let (m, reports) = p.complete_with_imports().unwrap();
+                    assert_eq!(reports.len(), 1);
+                    self.model.complete(m.id, state);
+                }
+            }
+            Op::BeginImport => {
+                if let Some((p, state)) = self.begin_import() {
+                    self.pending.push_back((p, state, true));
                 }
             }
             Op::Restart => {
@@ -391,6 +529,10 @@ fn run_at(store: Location, mode: CheckpointMode, ops: &[Op]) {
     let state = store.local().is_none().then(|| dir.path().join("state"));
     let engine = Harness::open(&store, state.as_deref(), mode);
     let current = BACKENDS.iter().map(|b| (name(b), Kv::new())).collect();
+    let app_dir = dir.path().join("app");
+    let mut options = rocksdb::Options::default();
+    options.create_if_missing(true);
+    let app = rocksdb::DB::open(&options, app_dir.join("db")).unwrap();
     let mut h = Harness {
         store,
         state,
@@ -402,7 +544,11 @@ fn run_at(store: Location, mode: CheckpointMode, ops: &[Op]) {
             current,
             retained: BTreeMap::new(),
             retain: 3,
+            app: Kv::new(),
         },
+        app,
+        app_dir,
+        app_checkpoints: 0,
     };
     for op in ops {
         h.apply(op);

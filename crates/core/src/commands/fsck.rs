@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Serialize, Serializer};
 
-use crate::catalog::StoreMeta;
+use crate::catalog::{Manifest, StoreMeta};
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::lock::StoreLock;
@@ -296,20 +296,7 @@ impl Fsck {
         let registry =
             Registry::from_checkpoints(manifests.iter().map(|(id, m)| (*id, m.objects())));
 
-        let mut sizes: BTreeMap<ObjectId, u64> = BTreeMap::new();
-        for manifest in manifests.values() {
-            for backend in &manifest.backends {
-                for (object, size) in backend.files.iter().flat_map(|f| f.stored()) {
-                    if let Some(previous) = sizes.insert(object, size) {
-                        if previous != size {
-                            return Err(Error::Corrupt(format!(
-                                "manifests disagree on the size of object {object}"
-                            )));
-                        }
-                    }
-                }
-            }
-        }
+        let sizes = referenced_sizes(&manifests)?;
         // File lists were read and verified by their hash when the manifests were loaded
         // (one that cannot be makes its manifest unreadable).
         let list_objects: BTreeSet<ObjectId> = manifests
@@ -403,40 +390,7 @@ impl Fsck {
             .map_or(0, |d| d.count())
             + catalog.leftovers()?.len();
 
-        // Where each damaged object's bytes may be found again: a file of the same name
-        // and size, or (a chunk of an append-only file) the same range of a file of the
-        // same name that is at least that long, such as the live MANIFEST that kept
-        // growing.
-        let mut wanted: BTreeMap<ObjectId, BTreeSet<Want>> = BTreeMap::new();
-        for f in manifests
-            .values()
-            .flat_map(|m| &m.backends)
-            .flat_map(|b| b.files.iter())
-        {
-            match &f.chunks {
-                None if bad.contains(&f.object) => {
-                    wanted.entry(f.object).or_default().insert(Want {
-                        name: f.name.clone(),
-                        offset: 0,
-                        len: f.size,
-                        whole: true,
-                    });
-                }
-                None => {}
-                Some(chunks) => {
-                    for (i, (id, len)) in chunks.with_lengths(f.size).enumerate() {
-                        if bad.contains(&id) {
-                            wanted.entry(id).or_default().insert(Want {
-                                name: f.name.clone(),
-                                offset: i as u64 * chunks.size as u64,
-                                len,
-                                whole: false,
-                            });
-                        }
-                    }
-                }
-            }
-        }
+        let wanted = wanted_copies(&manifests, &bad);
         let delete = match report.orphans_kept {
             Some(_) => Vec::new(),
             None => report
@@ -513,6 +467,65 @@ impl Fsck {
         report.repaired_leftovers += store.clear_staging()?;
         Ok(report)
     }
+}
+
+/// The size of every object the manifests' files name; fails if two manifests disagree.
+fn referenced_sizes(manifests: &BTreeMap<u64, Manifest>) -> Result<BTreeMap<ObjectId, u64>> {
+    let mut sizes: BTreeMap<ObjectId, u64> = BTreeMap::new();
+    for manifest in manifests.values() {
+        for backend in &manifest.backends {
+            for (object, size) in backend.files.iter().flat_map(|f| f.stored()) {
+                if let Some(previous) = sizes.insert(object, size) {
+                    if previous != size {
+                        return Err(Error::Corrupt(format!(
+                            "manifests disagree on the size of object {object}"
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    Ok(sizes)
+}
+
+/// Where each damaged object's bytes may be found again: a file of the same name and size,
+/// or (a chunk of an append-only file) the same range of a file of the same name that is
+/// at least that long, such as the live MANIFEST that kept growing.
+fn wanted_copies(
+    manifests: &BTreeMap<u64, Manifest>,
+    bad: &BTreeSet<ObjectId>,
+) -> BTreeMap<ObjectId, BTreeSet<Want>> {
+    let mut wanted: BTreeMap<ObjectId, BTreeSet<Want>> = BTreeMap::new();
+    for f in manifests
+        .values()
+        .flat_map(|m| &m.backends)
+        .flat_map(|b| b.files.iter())
+    {
+        match &f.chunks {
+            None if bad.contains(&f.object) => {
+                wanted.entry(f.object).or_default().insert(Want {
+                    name: f.name.clone(),
+                    offset: 0,
+                    len: f.size,
+                    whole: true,
+                });
+            }
+            None => {}
+            Some(chunks) => {
+                for (i, (id, len)) in chunks.with_lengths(f.size).enumerate() {
+                    if bad.contains(&id) {
+                        wanted.entry(id).or_default().insert(Want {
+                            name: f.name.clone(),
+                            offset: i as u64 * chunks.size as u64,
+                            len,
+                            whole: false,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    wanted
 }
 
 /// Where a damaged object's bytes may be found: `len` bytes at `offset` of a file named
