@@ -103,35 +103,24 @@ fn tree_state(dir: &Path) -> Vec<(String, u64, std::time::SystemTime)> {
     out
 }
 
-#[test]
-fn du_of_a_flink_import_matches_the_restored_files_by_content() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let s = store.to_str().unwrap();
-    let ids: Vec<u64> = ok(ckptfs(&["import-flink", fixture().to_str().unwrap(), s]))
-        .lines()
-        .map(|l| l.parse().unwrap())
-        .collect();
-    assert_eq!(ids, [1, 2, 3]);
-    let before = tree_state(&store);
-    let report: Value = serde_json::from_str(&ok(ckptfs(&["du", s, "--json"]))).unwrap();
-
-    // The independent count: every checkpoint restored, its files compared by content.
+/// The report `ckptfs du STORE --json` must give, computed independently: every retained
+/// checkpoint (`ids`, labelled `flink`) restored below `scratch`, its files compared by
+/// content.
+fn independent(store: &Path, ids: &[u64], flink: &[Value], scratch: &Path) -> Vec<Value> {
     let restored: Vec<Restored> = ids
         .iter()
-        .map(|id| restore(&store, *id, &dir.path().join(format!("cp-{id}"))))
+        .map(|id| restore(store, *id, &scratch.join(format!("cp-{id}"))))
         .collect();
     let distinct: Vec<BTreeSet<&Vec<u8>>> = restored
         .iter()
         .map(|r| r.values().flat_map(|files| files.values()).collect())
         .collect();
-    let rows: Vec<Value> = serde_json::from_str(&ok(ckptfs(&["ls", s, "--json"]))).unwrap();
-    let job = "a312c9034e3e0d2016dae60431b4c9dc";
-    let expected: Vec<Value> = ids
-        .iter()
-        .zip([4u64, 5, 6])
+    let rows: Vec<Value> =
+        serde_json::from_str(&ok(ckptfs(&["ls", store.to_str().unwrap(), "--json"]))).unwrap();
+    assert_eq!(rows.len(), ids.len());
+    ids.iter()
         .enumerate()
-        .map(|(n, (id, flink_checkpoint))| {
+        .map(|(n, id)| {
             let backends: Vec<Value> = restored[n]
                 .iter()
                 .map(|(name, files)| {
@@ -155,12 +144,32 @@ fn du_of_a_flink_import_matches_the_restored_files_by_content() {
             json!({
                 "id": id,
                 "completed_unix_ms": rows[n]["completed_unix_ms"],
-                "flink": {"job": job, "checkpoint": flink_checkpoint},
+                "flink": flink[n],
                 "backends": backends,
                 "total": figures(files, bytes, &distinct[n], n, &distinct),
             })
         })
+        .collect()
+}
+
+#[test]
+fn du_of_a_flink_import_matches_the_restored_files_by_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let s = store.to_str().unwrap();
+    let ids: Vec<u64> = ok(ckptfs(&["import-flink", fixture().to_str().unwrap(), s]))
+        .lines()
+        .map(|l| l.parse().unwrap())
         .collect();
+    assert_eq!(ids, [1, 2, 3]);
+    let before = tree_state(&store);
+    let report: Value = serde_json::from_str(&ok(ckptfs(&["du", s, "--json"]))).unwrap();
+    let job = "a312c9034e3e0d2016dae60431b4c9dc";
+    let labels: Vec<Value> = [4, 5, 6]
+        .iter()
+        .map(|n| json!({"job": job, "checkpoint": n}))
+        .collect();
+    let expected = independent(&store, &ids, &labels, dir.path());
     // The fixture exercises every figure: something new, shared and exclusive, objects
     // repeated across subtasks (the total counts them once).
     let total = |n: usize, f: &str| expected[n]["total"][f].as_u64().unwrap();
@@ -215,4 +224,26 @@ fn du_of_a_flink_import_matches_the_restored_files_by_content() {
     assert!(out.stdout.is_empty());
     // Nothing was written to the store.
     assert_eq!(tree_state(&store), before);
+}
+
+/// Hosted backends (`ckptfs workload`, two backends, retain 3 of 5 rounds): the same
+/// figures from the restored files.
+#[test]
+fn du_of_hosted_backends_matches_the_restored_files_by_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    crate::common::cli::workload(&store, "5");
+    let rows: Vec<Value> =
+        serde_json::from_str(&ok(ckptfs(&["ls", store.to_str().unwrap(), "--json"]))).unwrap();
+    let ids: Vec<u64> = rows.iter().map(|r| r["id"].as_u64().unwrap()).collect();
+    assert!(ids.len() >= 2, "{ids:?}");
+    let report: Value =
+        serde_json::from_str(&ok(ckptfs(&["du", store.to_str().unwrap(), "--json"]))).unwrap();
+    let expected = independent(&store, &ids, &vec![Value::Null; ids.len()], dir.path());
+    let some = |f: &str| expected.iter().any(|c| c["total"][f].as_u64().unwrap() > 0);
+    assert!(
+        some("new") && some("shared") && some("exclusive"),
+        "{expected:?}"
+    );
+    assert_eq!(report, json!({ "checkpoints": expected }));
 }
