@@ -192,6 +192,17 @@ pub(crate) enum Command {
         #[arg(long, value_parser = ["dot", "svg"])]
         format: Option<String>,
     },
+    /// Show each retained checkpoint's files and bytes per backend, and the bytes of its
+    /// objects new to it, shared with an earlier checkpoint, or exclusive to it.
+    Du {
+        /// A mountpoint, or a store (a directory or s3://BUCKET/PREFIX).
+        path: PathBuf,
+        /// Only checkpoint ID (still counted against all the retained ones).
+        id: Option<u64>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Recount references, verify every object, list orphans, missing and corrupt objects.
     Fsck {
         /// A store directory or s3://BUCKET/PREFIX (takes the store's lease).

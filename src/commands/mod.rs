@@ -83,6 +83,7 @@ pub fn run(command: Command, args: &[OsString]) -> Result<ExitCode, Error> {
             json,
         } => restore::restore(&store, checkpoint, &dest, json),
         Command::Graph { path, format } => show::graph(&path, format.as_deref()),
+        Command::Du { path, id, json } => show::du(&path, id, json),
         Command::Fsck {
             store,
             repair,

@@ -1,6 +1,6 @@
 //! What a store holds, read through a mount or from the store directly: `ls` (the
 //! retained checkpoints), `status` (the daemon's or the store's), `graph` (checkpoints and
-//! the objects they reference).
+//! the objects they reference), `du` (what each checkpoint holds, adds and shares).
 
 use std::io::Write;
 use std::path::Path;
@@ -224,6 +224,56 @@ pub fn graph(path: &Path, format: Option<&str>) -> Result<ExitCode, Error> {
     let status = child.wait().map_err(|e| Error::io("wait for dot", e))?;
     if !status.success() {
         return Err(Error::Invalid(format!("dot failed: {status}")));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Per checkpoint (or checkpoint `id` alone), its backends' files and bytes and what of
+/// them is new, shared or exclusive: a table or JSON.
+pub fn du(path: &Path, id: Option<u64>, json: bool) -> Result<ExitCode, Error> {
+    let store = Target::of(path)?.store()?;
+    let manifests = store_checkpoints(&store)?.1;
+    let report = ckptfs_core::commands::du::usage(&manifests, id).ok_or_else(|| {
+        Error::NotFound(format!(
+            "no checkpoint {} in {store}",
+            id.unwrap_or_default()
+        ))
+    })?;
+    if json {
+        let text = serde_json::to_string(&report)
+            .map_err(|e| Error::Invalid(format!("cannot write the report as JSON: {e}")))?;
+        println!("{text}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let width = report
+        .checkpoints
+        .iter()
+        .flat_map(|c| c.backends.iter().map(|b| b.backend.len()))
+        .chain(["BACKEND".len(), "total".len()])
+        .max()
+        .unwrap_or(0);
+    let row = |name: &str, u: &ckptfs_core::commands::du::Usage| {
+        println!(
+            "  {name:<width$}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}",
+            u.files, u.bytes, u.new, u.shared, u.exclusive
+        );
+    };
+    for (n, c) in report.checkpoints.iter().enumerate() {
+        if n > 0 {
+            println!();
+        }
+        let label = c.flink.as_ref().map_or_else(String::new, |f| {
+            format!("  flink job {} checkpoint {}", f.job, f.checkpoint)
+        });
+        println!("cp-{}  {}{label}", c.id, when(c.completed_unix_ms));
+        println!(
+            "  {:<width$}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}",
+            "BACKEND", "FILES", "BYTES", "NEW", "SHARED", "EXCLUSIVE"
+        );
+        for b in &c.backends {
+            row(&b.backend, &b.usage);
+        }
+        row("total", &c.total);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,236 @@
+//! `ckptfs du`: what is big, and what grew. For each retained checkpoint and each of its
+//! backends, the files and their bytes, and how the stored objects holding them are
+//! shared with the other retained checkpoints: what the checkpoint added to the store
+//! (`new`), what it has in common with an earlier one (`shared`), and what only it holds
+//! (`exclusive`: what dropping it alone would free). Computed from the manifests only, no
+//! object is read.
+//!
+//! Objects are the files' content objects (a file stored as chunks counts each chunk);
+//! the file lists a manifest names are left out. An object counts once per backend (a
+//! backend listing it twice counts it once) and once in a checkpoint's total (an object in
+//! two backends of a checkpoint counts once there), so `new + shared` is the bytes of the
+//! distinct objects, which is `bytes` unless identical files repeat.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use crate::catalog::{FlinkLabel, Manifest};
+use crate::store::ObjectId;
+
+/// The figures of one backend of a checkpoint, or of the whole checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    /// Files listed.
+    pub files: u64,
+    /// Their logical bytes (the sum of the files' sizes).
+    pub bytes: u64,
+    /// Bytes of stored objects no earlier retained checkpoint references.
+    pub new: u64,
+    /// Bytes of stored objects an earlier retained checkpoint references too.
+    pub shared: u64,
+    /// Bytes of stored objects no other retained checkpoint (earlier or later) references.
+    pub exclusive: u64,
+}
+
+/// One backend of a checkpoint (`<operator>/<subtask>`, as the mount's `cp-N/` names it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BackendUsage {
+    /// The backend's name, `<operator>/<subtask>`.
+    pub backend: String,
+    /// Its figures.
+    #[serde(flatten)]
+    pub usage: Usage,
+}
+
+/// One retained checkpoint: per backend and in total.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CheckpointUsage {
+    /// The checkpoint's id (`cp-N`).
+    pub id: u64,
+    /// When its files were stored, in milliseconds since the Unix epoch.
+    pub completed_unix_ms: u64,
+    /// The Flink checkpoint it was imported from, if it was.
+    pub flink: Option<FlinkLabel>,
+    /// Its backends, sorted by name.
+    pub backends: Vec<BackendUsage>,
+    /// The whole checkpoint (an object in several of its backends counted once).
+    pub total: Usage,
+}
+
+/// `ckptfs du`'s report: the checkpoints asked for, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DuReport {
+    /// One entry per checkpoint.
+    pub checkpoints: Vec<CheckpointUsage>,
+}
+
+/// Where an object is referenced: the first retained checkpoint that does, and how many do.
+struct Refs {
+    first: u64,
+    checkpoints: u64,
+}
+
+/// Add the figures of the distinct `objects` (with their sizes) of checkpoint `id` to `usage`.
+fn count(
+    usage: &mut Usage,
+    id: u64,
+    objects: &BTreeMap<ObjectId, u64>,
+    refs: &BTreeMap<ObjectId, Refs>,
+) {
+    for (object, size) in objects {
+        let r = &refs[object];
+        if r.first == id {
+            usage.new += size;
+        } else {
+            usage.shared += size;
+        }
+        if r.checkpoints == 1 {
+            usage.exclusive += size;
+        }
+    }
+}
+
+/// The report over `manifests` (every retained checkpoint of a store, in any order): for
+/// all of them, or for checkpoint `only` alone (counted against all of them). `None` if
+/// `only` is not among them.
+pub fn usage(manifests: &[Manifest], only: Option<u64>) -> Option<DuReport> {
+    let mut manifests: Vec<&Manifest> = manifests.iter().collect();
+    manifests.sort_by_key(|m| m.id);
+    let mut refs: BTreeMap<ObjectId, Refs> = BTreeMap::new();
+    for m in &manifests {
+        let objects: BTreeSet<ObjectId> = m.stored_sizes().map(|(id, _)| id).collect();
+        for object in objects {
+            refs.entry(object)
+                .and_modify(|r| r.checkpoints += 1)
+                .or_insert(Refs {
+                    first: m.id,
+                    checkpoints: 1,
+                });
+        }
+    }
+    if only.is_some_and(|id| !manifests.iter().any(|m| m.id == id)) {
+        return None;
+    }
+    let checkpoints = manifests
+        .iter()
+        .filter(|m| only.is_none_or(|id| m.id == id))
+        .map(|m| {
+            let mut total = Usage::default();
+            let mut all = BTreeMap::new();
+            let backends = m
+                .backends
+                .iter()
+                .map(|b| {
+                    let mut usage = Usage::default();
+                    let mut objects = BTreeMap::new();
+                    for f in b.files.iter() {
+                        usage.files += 1;
+                        usage.bytes += f.size;
+                        objects.extend(f.stored());
+                    }
+                    count(&mut usage, m.id, &objects, &refs);
+                    total.files += usage.files;
+                    total.bytes += usage.bytes;
+                    all.extend(objects);
+                    BackendUsage {
+                        backend: b.name.to_string(),
+                        usage,
+                    }
+                })
+                .collect();
+            count(&mut total, m.id, &all, &refs);
+            CheckpointUsage {
+                id: m.id,
+                completed_unix_ms: m.completed_unix_ms,
+                flink: m.flink.clone(),
+                backends,
+                total,
+            }
+        })
+        .collect();
+    Some(DuReport { checkpoints })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{BackendSnapshot, CheckpointStats, FileEntry, FORMAT};
+
+    fn entry(name: &str, content: &str) -> FileEntry {
+        FileEntry::whole(
+            name,
+            ObjectId::from_hash(blake3::hash(content.as_bytes())),
+            content.len() as u64,
+        )
+    }
+
+    fn manifest(id: u64, backends: &[(&str, &[(&str, &str)])]) -> Manifest {
+        Manifest {
+            format: FORMAT,
+            id,
+            started_unix_ms: 0,
+            completed_unix_ms: id * 1000,
+            backends: backends
+                .iter()
+                .map(|(name, files)| {
+                    BackendSnapshot::inline(
+                        name.parse().unwrap(),
+                        "l".into(),
+                        files.iter().map(|(n, c)| entry(n, c)).collect(),
+                    )
+                })
+                .collect(),
+            stats: CheckpointStats::default(),
+            flink: None,
+        }
+    }
+
+    fn figures(u: &Usage) -> [u64; 5] {
+        [u.files, u.bytes, u.new, u.shared, u.exclusive]
+    }
+
+    #[test]
+    fn new_shared_and_exclusive_count_each_object_once() {
+        let ms = vec![
+            manifest(
+                4,
+                &[
+                    ("op/0", &[("1.sst", "aaaa"), ("2.sst", "bb")]),
+                    ("op/1", &[("1.sst", "aaaa"), ("3.sst", "c")]),
+                ],
+            ),
+            manifest(3, &[("op/0", &[("1.sst", "aaaa"), ("9.sst", "zzzzz")])]),
+            manifest(
+                5,
+                &[(
+                    "op/0",
+                    // The same content twice in one backend: one object.
+                    &[("2.sst", "bb"), ("5.sst", "dddddd"), ("6.sst", "dddddd")],
+                )],
+            ),
+        ];
+        let report = usage(&ms, None).unwrap();
+        let ids: Vec<u64> = report.checkpoints.iter().map(|c| c.id).collect();
+        assert_eq!(ids, [3, 4, 5]);
+        let [c3, c4, c5] = &report.checkpoints[..] else {
+            panic!()
+        };
+        assert_eq!(figures(&c3.total), [2, 9, 9, 0, 5]);
+        assert_eq!(figures(&c4.backends[0].usage), [2, 6, 2, 4, 0]);
+        // `c` is exclusive to cp-4; `aaaa` is shared with cp-3.
+        assert_eq!(figures(&c4.backends[1].usage), [2, 5, 1, 4, 1]);
+        // aaaa (shared) once, bb and c new; only c exclusive.
+        assert_eq!(figures(&c4.total), [4, 11, 3, 4, 1]);
+        assert_eq!(figures(&c5.total), [3, 14, 6, 2, 6]);
+        assert_eq!(c5.backends[0].backend, "op/0");
+
+        let one = usage(&ms, Some(4)).unwrap();
+        assert_eq!(one.checkpoints, vec![c4.clone()]);
+        assert!(usage(&ms, Some(7)).is_none());
+        let json = serde_json::to_value(&one).unwrap();
+        assert_eq!(json["checkpoints"][0]["backends"][1]["backend"], "op/1");
+        assert_eq!(json["checkpoints"][0]["backends"][1]["exclusive"], 1);
+        assert_eq!(json["checkpoints"][0]["total"]["new"], 3);
+    }
+}
