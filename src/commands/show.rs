@@ -229,7 +229,8 @@ pub fn graph(path: &Path, format: Option<&str>) -> Result<ExitCode, Error> {
 }
 
 /// Per checkpoint (or checkpoint `id` alone), its backends' files and bytes and what of
-/// them is new, shared or exclusive: a table or JSON.
+/// them is new, shared or exclusive, and the same per state under each backend (indented):
+/// a table or JSON.
 pub fn du(path: &Path, id: Option<u64>, json: bool) -> Result<ExitCode, Error> {
     let store = Target::of(path)?.store()?;
     let manifests = store_checkpoints(&store)?.1;
@@ -248,13 +249,19 @@ pub fn du(path: &Path, id: Option<u64>, json: bool) -> Result<ExitCode, Error> {
     let width = report
         .checkpoints
         .iter()
-        .flat_map(|c| c.backends.iter().map(|b| b.backend.len()))
+        .flat_map(|c| c.backends.iter())
+        .flat_map(|b| {
+            std::iter::once(b.backend.chars().count())
+                .chain(b.states.iter().map(|s| s.state.chars().count() + 2))
+        })
         .chain(["BACKEND".len(), "total".len()])
         .max()
         .unwrap_or(0);
     let row = |name: &str, u: &ckptfs_core::commands::du::Usage| {
+        // Padded by characters: a state's name may be any UTF-8.
+        let pad = " ".repeat(width.saturating_sub(name.chars().count()));
         println!(
-            "  {name:<width$}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}",
+            "  {name}{pad}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}",
             u.files, u.bytes, u.new, u.shared, u.exclusive
         );
     };
@@ -272,6 +279,9 @@ pub fn du(path: &Path, id: Option<u64>, json: bool) -> Result<ExitCode, Error> {
         );
         for b in &c.backends {
             row(&b.backend, &b.usage);
+            for s in &b.states {
+                row(&format!("  {}", s.state), &s.usage);
+            }
         }
         row("total", &c.total);
     }

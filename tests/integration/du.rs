@@ -1,6 +1,7 @@
 //! `ckptfs du`: what each checkpoint holds, added and shares, checked against the files
 //! the checkpoints restore to, compared by content, for the real Flink job's checkpoints
-//! (tests/fixtures/flink/job1) imported into a fresh store.
+//! (tests/fixtures/flink/job1) imported into a fresh store. The figures per state are
+//! checked against each restored SST's column family as Debian's `sst_dump` reads it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -81,6 +82,38 @@ fn figures(
     })
 }
 
+/// The column family of the SST at `path`, as Debian's `sst_dump` (RocksDB 7.8) reads its
+/// table properties.
+fn sst_dump_column_family(path: &Path) -> String {
+    let out = std::process::Command::new("sst_dump")
+        .arg(format!("--file={}", path.display()))
+        .arg("--show_properties")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "sst_dump {}: {stdout}",
+        path.display()
+    );
+    let names: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("column family name: "))
+        .collect();
+    assert_eq!(names.len(), 1, "sst_dump {}: {stdout}", path.display());
+    names[0].to_string()
+}
+
+/// The state du counts a restored file under: an SST's column family (`sst_dump`),
+/// `(other)` for every other file.
+fn state_of(path: &Path) -> String {
+    if path.extension().is_some_and(|e| e == "sst") {
+        sst_dump_column_family(path)
+    } else {
+        "(other)".to_string()
+    }
+}
+
 /// Everything below `dir` with its size and modification time.
 fn tree_state(dir: &Path) -> Vec<(String, u64, std::time::SystemTime)> {
     let mut out = Vec::new();
@@ -132,6 +165,28 @@ fn independent(store: &Path, ids: &[u64], flink: &[Value], scratch: &Path) -> Ve
                         &distinct,
                     );
                     row["backend"] = json!(name);
+                    let dir = scratch.join(format!("cp-{id}")).join(name);
+                    let mut states: BTreeMap<String, Vec<&Vec<u8>>> = BTreeMap::new();
+                    for (file, content) in files {
+                        states
+                            .entry(state_of(&dir.join(file)))
+                            .or_default()
+                            .push(content);
+                    }
+                    row["states"] = states
+                        .into_iter()
+                        .map(|(state, contents)| {
+                            let mut s = figures(
+                                contents.len(),
+                                contents.iter().map(|c| c.len()).sum(),
+                                &contents.into_iter().collect(),
+                                n,
+                                &distinct,
+                            );
+                            s["state"] = json!(state);
+                            s
+                        })
+                        .collect();
                     row
                 })
                 .collect();
@@ -176,6 +231,39 @@ fn du_of_a_flink_import_matches_the_restored_files_by_content() {
     assert!(total(1, "new") > 0 && total(1, "shared") > 0 && total(1, "exclusive") > 0);
     assert!(total(0, "new") < total(0, "bytes"), "{}", expected[0]);
     assert_eq!(report, json!({ "checkpoints": expected }));
+    // Every column family EXPECTED lists for a checkpoint and subtask is a state of that
+    // subtask's backend (the keyed operator without a uid is named by its id: `totals`).
+    let listed = crate::flink::expected();
+    let mut checked = 0;
+    for (c, n) in report["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip([4, 5, 6])
+    {
+        for b in c["backends"].as_array().unwrap() {
+            let (op, subtask) = b["backend"].as_str().unwrap().split_once('/').unwrap();
+            let op = match op {
+                "_flink" => continue,
+                "counter" => "counter",
+                _ => "totals",
+            };
+            let states: BTreeSet<&str> = b["states"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["state"].as_str().unwrap())
+                .collect();
+            assert!(!states.contains("?") && !states.contains("default"), "{b}");
+            for (cp, o, s, cf) in listed.keys() {
+                if *cp == n && o == op && s.to_string() == subtask {
+                    assert!(states.contains(cf.as_str()), "{cf} not in {b}");
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(checked, listed.len());
 
     // One checkpoint alone, counted against all: its entry of the whole report.
     let one: Value = serde_json::from_str(&ok(ckptfs(&["du", s, "2", "--json"]))).unwrap();
@@ -210,6 +298,25 @@ fn du_of_a_flink_import_matches_the_restored_files_by_content() {
         ]
         .concat()
     );
+    // One indented line per state under its backend row.
+    let lines: Vec<&str> = table.lines().collect();
+    let first = &expected[1]["backends"][0];
+    let at = lines
+        .iter()
+        .position(|l| l.split_whitespace().next() == first["backend"].as_str())
+        .unwrap();
+    for (k, state) in first["states"].as_array().unwrap().iter().enumerate() {
+        let line = lines[at + 1 + k];
+        assert!(
+            line.starts_with(&format!("    {} ", state["state"].as_str().unwrap())),
+            "{table}"
+        );
+        assert_eq!(
+            line.split_whitespace().nth(2).unwrap(),
+            state["bytes"].to_string(),
+            "{table}"
+        );
+    }
     // Right-aligned: every row ends where the header does.
     assert!(
         table.lines().skip(1).all(|l| l.len() == header.len()),

@@ -14,7 +14,7 @@ pub(crate) fn fixture() -> PathBuf {
 }
 
 /// `checkpoint N state OP CF subtask S entries E` lines of EXPECTED: (N, OP, S, CF) -> E.
-fn expected() -> BTreeMap<(u64, String, u32, String), usize> {
+pub(crate) fn expected() -> BTreeMap<(u64, String, u32, String), usize> {
     std::fs::read_to_string(fixture().join("EXPECTED"))
         .unwrap()
         .lines()

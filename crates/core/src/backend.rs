@@ -203,6 +203,9 @@ pub struct StagedFile {
     /// An imported file: where it is read from (see [`crate::import::ScannedFile`]),
     /// recorded in its entry.
     pub source: Option<String>,
+    /// An SST's column family, as RocksDB's live file metadata (hosted) or the file's
+    /// properties (imported) name it, recorded in its entry.
+    pub column_family: Option<String>,
 }
 
 /// SST and blob files never change once written, so they are shared across checkpoints and
@@ -449,7 +452,30 @@ impl Backend {
     ) -> Result<Vec<StagedFile>> {
         rocksdb::checkpoint::Checkpoint::new(&self.db)?
             .create_checkpoint_with_log_size(staging, flush_at_wal_bytes)?;
-        list_files(staging)
+        let mut files = list_files(staging)?;
+        // Each SST's column family, as RocksDB names it; an SST compacted away since the
+        // checkpoint is no longer listed: its properties (in the link staged) name it.
+        let families: std::collections::HashMap<String, String> = self
+            .db
+            .live_files()?
+            .into_iter()
+            .map(|f| {
+                (
+                    f.name.trim_start_matches('/').to_string(),
+                    f.column_family_name,
+                )
+            })
+            .collect();
+        for file in &mut files {
+            file.column_family = match families.get(&file.name) {
+                Some(family) => Some(family.clone()),
+                None if file.name.ends_with(".sst") => {
+                    crate::source::sst::properties_at(&file.path)?.column_family
+                }
+                None => None,
+            };
+        }
+        Ok(files)
     }
 
     /// Hard-link into `staging` the WAL files numbered from `from` up to (not including)
@@ -493,6 +519,7 @@ impl Backend {
                 path: dest,
                 size,
                 source: None,
+                column_family: None,
             });
         }
         Ok(linked)
@@ -542,6 +569,7 @@ fn list_files(staging: &Path) -> Result<Vec<StagedFile>> {
             path: entry.path(),
             size: meta.len(),
             source: None,
+            column_family: None,
         });
     }
     files.sort_by(|a, b| a.name.cmp(&b.name));

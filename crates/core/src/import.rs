@@ -60,6 +60,9 @@ pub struct ScannedFile {
     /// What the file's entry records as where it came from, by which the backend's next
     /// import re-references it unread (`None`: a file ckptfs wrote itself, read each time).
     pub source: Option<String>,
+    /// An SST's column family, read from its properties when listed (`None`: not an SST,
+    /// none recorded, or re-referenced: the earlier entry's is kept).
+    pub column_family: Option<String>,
     origin: Origin,
 }
 
@@ -86,18 +89,20 @@ impl ScannedFile {
             path: PathBuf::new(),
             size,
             source: Some(source),
+            column_family: None,
             origin: Origin::Stored,
         }
     }
 
-    /// A source file held open, imported as `name`, with its source ([`source_of`]). One
-    /// file named several times is held once (the `Arc` shared).
-    pub fn held(name: &str, file: Arc<SourceFile>, source: String) -> Self {
+    /// A source file held open, imported as `name`, with its source and column family
+    /// ([`source_of`]). One file named several times is held once (the `Arc` shared).
+    pub fn held(name: &str, file: Arc<SourceFile>, (source, column_family): Origins) -> Self {
         ScannedFile {
             name: name.to_string(),
             path: file.fd_path(),
             size: file.stamp.size,
             source: Some(source),
+            column_family,
             origin: Origin::Held(file),
         }
     }
@@ -107,10 +112,16 @@ impl ScannedFile {
     pub fn staged(name: &str, path: PathBuf, source: Option<String>) -> Result<Self> {
         let meta = std::fs::symlink_metadata(&path).ctx("stat", &path)?;
         let stamp = crate::source::local::Stamp::of(&meta).to_string();
+        let column_family = if name.ends_with(".sst") {
+            crate::source::sst::properties_at(&path)?.column_family
+        } else {
+            None
+        };
         Ok(ScannedFile {
             name: name.to_string(),
             size: meta.len(),
             source: source.or_else(|| Some(stamp.clone())),
+            column_family,
             origin: Origin::Staged(stamp),
             path,
         })
@@ -167,15 +178,22 @@ impl ScannedFile {
 /// [`crate::source::sst`]), by which the next import re-references it unread; for any
 /// other file, or an SST without one, its stamp (device, inode, size, mtime), which tells
 /// where it was read from but never makes a file reusable unread
-/// (`checkpoint::reusable_by_source`).
-pub fn source_of(name: &str, file: &SourceFile) -> Result<String> {
+/// (`checkpoint::reusable_by_source`). With it, an SST's column family, read from the same
+/// properties block.
+pub fn source_of(name: &str, file: &SourceFile) -> Result<Origins> {
     if name.ends_with(".sst") {
-        if let Some(identity) = crate::source::sst::identity(file)? {
-            return Ok(identity.to_string());
-        }
+        let props = crate::source::sst::properties(file)?;
+        let source = match props.identity {
+            Some(identity) => identity.to_string(),
+            None => file.stamp.to_string(),
+        };
+        return Ok((source, props.column_family));
     }
-    Ok(file.stamp.to_string())
+    Ok((file.stamp.to_string(), None))
 }
+
+/// What [`source_of`] reads: the source recorded, and an SST's column family.
+pub type Origins = (String, Option<String>);
 
 /// Every name RocksDB writes into a database directory, and so into a checkpoint of it.
 pub fn is_rocksdb_file_name(name: &str) -> bool {

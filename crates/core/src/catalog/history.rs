@@ -234,6 +234,7 @@ mod tests {
                                     .starts_with("MANIFEST-")
                                     .then(|| Chunks::split(c.as_bytes(), 2).0),
                                 source: None,
+                                column_family: None,
                             })
                             .collect(),
                     )

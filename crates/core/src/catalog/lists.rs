@@ -270,6 +270,7 @@ mod tests {
             size: content.len() as u64,
             chunks: None,
             source: None,
+            column_family: None,
         })
     }
 

@@ -16,14 +16,15 @@ use crate::names::BackendName;
 use crate::store::chunks::Chunks;
 use crate::store::{ObjectId, ObjectStore};
 
-/// The format written. 7: imported backends (`ckptfs import`): `ckptfs.json` lists them as
+/// The format written. 8: file-list entries of SSTs record their column family (format 7
+/// readers refuse an entry with an unknown field); 7: imported backends (`ckptfs import`): `ckptfs.json` lists them as
 /// external and file lists record where each imported file was read from; 6: on object storage, `ckptfs.json` carries the writer's epoch, the
 /// pending and the void checkpoints (manifests unchanged; format 5 readers would count a
 /// void manifest); 5: WAL files stored as chunks (of any size: format 4 readers
 /// refused chunked files over 64 MiB) and WAL figures in the stats; 4: file lists may store
 /// append-only files as chunks; 3: manifests name one stored file list per backend; 2:
 /// manifests and `ckptfs.json` carry a checksum.
-pub const FORMAT: u32 = 7;
+pub const FORMAT: u32 = 8;
 /// The oldest format still read: format 1 files have no checksum.
 pub const OLDEST_FORMAT: u32 = 1;
 
@@ -106,6 +107,12 @@ pub struct FileEntry {
     /// file found under the same source and name without reading it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// An SST's RocksDB column family (format 8; for Flink, the state's name), read once
+    /// when the file entered a checkpoint: from RocksDB's live file metadata for a hosted
+    /// backend, from the file's table properties for an imported one. `None`: not an SST,
+    /// or stored by an older ckptfs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub column_family: Option<String>,
 }
 
 impl FileEntry {
@@ -117,6 +124,7 @@ impl FileEntry {
             size,
             chunks: None,
             source: None,
+            column_family: None,
         }
     }
 

@@ -202,6 +202,7 @@ mod tests {
             size: 1,
             chunks: None,
             source: None,
+            column_family: None,
         })
     }
 

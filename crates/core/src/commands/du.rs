@@ -10,13 +10,33 @@
 //! backend listing it twice counts it once) and once in a checkpoint's total (an object in
 //! two backends of a checkpoint counts once there), so `new + shared` is the bytes of the
 //! distinct objects, which is `bytes` unless identical files repeat.
+//!
+//! Each backend's figures are split by state: an SST's RocksDB column family (for Flink,
+//! the state's name), as its manifest entry records it, counted by the same rules (an
+//! object once per state). SSTs stored by a ckptfs that did not record column families
+//! (store formats 1 to 7) are under [`UNKNOWN_STATE`]; every other file (MANIFEST,
+//! OPTIONS, CURRENT, WAL, blob files, Flink's `_metadata`) under [`OTHER_STATE`].
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::catalog::{FlinkLabel, Manifest};
+use crate::catalog::{FileEntry, FlinkLabel, Manifest};
 use crate::store::ObjectId;
+
+/// The state of an SST whose entry records no column family (stored before format 8).
+pub const UNKNOWN_STATE: &str = "?";
+/// The state of the files that are no SST: MANIFEST, OPTIONS, CURRENT, WAL, blob files and
+/// Flink's `_metadata`.
+pub const OTHER_STATE: &str = "(other)";
+
+/// The state a file's bytes are counted under (see the module's documentation).
+pub fn state_of(file: &FileEntry) -> &str {
+    if !file.name.ends_with(".sst") {
+        return OTHER_STATE;
+    }
+    file.column_family.as_deref().unwrap_or(UNKNOWN_STATE)
+}
 
 /// The figures of one backend of a checkpoint, or of the whole checkpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -38,6 +58,18 @@ pub struct Usage {
 pub struct BackendUsage {
     /// The backend's name, `<operator>/<subtask>`.
     pub backend: String,
+    /// Its figures.
+    #[serde(flatten)]
+    pub usage: Usage,
+    /// Its figures per state, sorted by name.
+    pub states: Vec<StateUsage>,
+}
+
+/// One state of a backend: an SST column family, [`UNKNOWN_STATE`] or [`OTHER_STATE`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StateUsage {
+    /// The state's name.
+    pub state: String,
     /// Its figures.
     #[serde(flatten)]
     pub usage: Usage,
@@ -124,18 +156,35 @@ pub fn usage(manifests: &[Manifest], only: Option<u64>) -> Option<DuReport> {
                 .map(|b| {
                     let mut usage = Usage::default();
                     let mut objects = BTreeMap::new();
+                    let mut states: BTreeMap<&str, (Usage, BTreeMap<ObjectId, u64>)> =
+                        BTreeMap::new();
                     for f in b.files.iter() {
                         usage.files += 1;
                         usage.bytes += f.size;
                         objects.extend(f.stored());
+                        let (state, state_objects) = states.entry(state_of(f)).or_default();
+                        state.files += 1;
+                        state.bytes += f.size;
+                        state_objects.extend(f.stored());
                     }
                     count(&mut usage, m.id, &objects, &refs);
+                    let states = states
+                        .into_iter()
+                        .map(|(name, (mut usage, objects))| {
+                            count(&mut usage, m.id, &objects, &refs);
+                            StateUsage {
+                                state: name.to_string(),
+                                usage,
+                            }
+                        })
+                        .collect();
                     total.files += usage.files;
                     total.bytes += usage.bytes;
                     all.extend(objects);
                     BackendUsage {
                         backend: b.name.to_string(),
                         usage,
+                        states,
                     }
                 })
                 .collect();
@@ -158,11 +207,23 @@ mod tests {
     use crate::catalog::{BackendSnapshot, CheckpointStats, FileEntry, FORMAT};
 
     fn entry(name: &str, content: &str) -> FileEntry {
-        FileEntry::whole(
+        let mut entry = FileEntry::whole(
             name,
             ObjectId::from_hash(blake3::hash(content.as_bytes())),
             content.len() as u64,
-        )
+        );
+        // `9.sst` as stored before format 8: no column family.
+        if name.ends_with(".sst") && name != "9.sst" {
+            entry.column_family = Some(
+                if content.len() % 2 == 0 {
+                    "even"
+                } else {
+                    "odd"
+                }
+                .into(),
+            );
+        }
+        entry
     }
 
     fn manifest(id: u64, backends: &[(&str, &[(&str, &str)])]) -> Manifest {
@@ -224,6 +285,29 @@ mod tests {
         assert_eq!(figures(&c4.total), [4, 11, 3, 4, 1]);
         assert_eq!(figures(&c5.total), [3, 14, 6, 2, 6]);
         assert_eq!(c5.backends[0].backend, "op/0");
+        // By state: aaaa (shared) and bb (new) are `even`, c (new, exclusive) `odd`.
+        let states = |b: &BackendUsage| -> Vec<(String, [u64; 5])> {
+            b.states
+                .iter()
+                .map(|s| (s.state.clone(), figures(&s.usage)))
+                .collect()
+        };
+        assert_eq!(
+            states(&c4.backends[1]),
+            [
+                ("even".into(), [1, 4, 0, 4, 0]),
+                ("odd".into(), [1, 1, 1, 0, 1])
+            ]
+        );
+        assert_eq!(
+            states(&c3.backends[0]),
+            [
+                ("?".into(), [1, 5, 5, 0, 5]),
+                ("even".into(), [1, 4, 4, 0, 0])
+            ]
+        );
+        // The same object twice in one state counts once there.
+        assert_eq!(states(&c5.backends[0]), [("even".into(), [3, 14, 6, 2, 6])]);
 
         let one = usage(&ms, Some(4)).unwrap();
         assert_eq!(one.checkpoints, vec![c4.clone()]);
@@ -232,5 +316,8 @@ mod tests {
         assert_eq!(json["checkpoints"][0]["backends"][1]["backend"], "op/1");
         assert_eq!(json["checkpoints"][0]["backends"][1]["exclusive"], 1);
         assert_eq!(json["checkpoints"][0]["total"]["new"], 3);
+        let odd = &json["checkpoints"][0]["backends"][1]["states"][1];
+        assert_eq!(odd["state"], "odd");
+        assert_eq!(odd["exclusive"], 1);
     }
 }

@@ -444,6 +444,7 @@ fn import_part(
             path: file.path.clone(),
             size: file.size,
             source: file.source.clone(),
+            column_family: file.column_family.clone(),
         });
     }
     (part, import.files)

@@ -61,6 +61,7 @@ impl PendingBackend {
     fn entry(&self, file: &StagedFile, object: ObjectId, size: u64) -> Arc<FileEntry> {
         self.entry_stored_as(FileEntry {
             source: file.source.clone(),
+            column_family: file.column_family.clone(),
             ..FileEntry::whole(&file.name, object, size)
         })
     }
@@ -427,6 +428,7 @@ impl<'a> Ingest<'a> {
                 ids,
             }),
             source: file.source.clone(),
+            column_family: file.column_family.clone(),
         });
         Ok((entry, boundary))
     }

@@ -634,12 +634,12 @@ fn file(
     };
     let found = match fetched {
         Fetched::Open(file) => {
-            let source = crate::import::source_of(name, &file)?;
-            if (to.known)(to.backend, name, &source, file.stamp.size) {
+            let origins = crate::import::source_of(name, &file)?;
+            if (to.known)(to.backend, name, &origins.0, file.stamp.size) {
                 // Re-referenced unread: Flink may delete it now.
-                return Ok(ScannedFile::stored(name, source, file.stamp.size));
+                return Ok(ScannedFile::stored(name, origins.0, file.stamp.size));
             }
-            ScannedFile::held(name, file, source)
+            ScannedFile::held(name, file, origins)
         }
         Fetched::Downloaded(path) => ScannedFile::staged(name, path, immutable)?,
     };

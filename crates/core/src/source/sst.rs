@@ -55,51 +55,98 @@ pub fn is_identity(source: &str) -> bool {
     source.starts_with("sst:")
 }
 
+/// What ckptfs reads from an SST's properties block: its identity and the column family
+/// it belongs to (`rocksdb.column.family.name`), each `None` if absent or unreadable.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Properties {
+    /// Its identity (see [`Identity`]).
+    pub identity: Option<Identity>,
+    /// The name of its column family (for Flink, the state's name).
+    pub column_family: Option<String>,
+}
+
 /// The identity of an SST held open, `None` if it has none that ckptfs can read (not a
 /// block-based table, a RocksDB older than 6.x that wrote no session id, a damaged file):
 /// such a file is read each time.
 pub fn identity(file: &SourceFile) -> Result<Option<Identity>> {
-    let size = file.stamp.size;
+    Ok(properties(file)?.identity)
+}
+
+/// The [`Properties`] of an SST held open (three small reads at its end).
+pub fn properties(file: &SourceFile) -> Result<Properties> {
+    parse(file.stamp.size, &|offset, len| file.read_at(offset, len))
+}
+
+/// The [`Properties`] of a file ckptfs wrote itself at `path` (inlined or downloaded).
+pub fn properties_at(path: &std::path::Path) -> Result<Properties> {
+    use crate::error::IoContext;
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path).ctx("open", path)?;
+    let size = file.metadata().ctx("stat", path)?.len();
+    parse(size, &|offset, len| {
+        let mut out = vec![0u8; len];
+        let mut done = 0;
+        while done < len {
+            match file
+                .read_at(&mut out[done..], offset + done as u64)
+                .ctx("read", path)?
+            {
+                0 => break,
+                n => done += n,
+            }
+        }
+        out.truncate(done);
+        Ok(out)
+    })
+}
+
+/// Reads `len` bytes at an offset (fewer at the end of the file).
+type ReadAt<'a> = dyn Fn(u64, usize) -> Result<Vec<u8>> + 'a;
+
+fn parse(size: u64, read_at: &ReadAt<'_>) -> Result<Properties> {
+    let none = Properties::default();
     if size < LEGACY_FOOTER {
-        return Ok(None);
+        return Ok(none);
     }
     let tail_len = FOOTER.min(size);
-    let tail = file.read_at(size - tail_len, tail_len as usize)?;
+    let tail = read_at(size - tail_len, tail_len as usize)?;
     if tail.len() as u64 != tail_len {
         // Shorter than when it was opened: being written; read in full, never trusted.
-        return Ok(None);
+        return Ok(none);
     }
     let Some(metaindex) = metaindex_handle(&tail, size) else {
-        return Ok(None);
+        return Ok(none);
     };
-    let Some(block) = read_block(file, metaindex, size)? else {
-        return Ok(None);
+    let Some(block) = read_block(read_at, metaindex, size)? else {
+        return Ok(none);
     };
     let Some(properties) = entries(&block)
         .into_iter()
         .find(|(k, _)| k == b"rocksdb.properties")
         .and_then(|(_, v)| handle(&mut &v[..]))
     else {
-        return Ok(None);
+        return Ok(none);
     };
-    let Some(block) = read_block(file, properties, size)? else {
-        return Ok(None);
+    let Some(block) = read_block(read_at, properties, size)? else {
+        return Ok(none);
     };
     let mut db_id = None;
     let mut session_id = None;
     let mut file_number = None;
+    let mut column_family = None;
     for (key, value) in entries(&block) {
         match &key[..] {
             b"rocksdb.creating.db.identity" => db_id = String::from_utf8(value).ok(),
             b"rocksdb.creating.session.identity" => session_id = String::from_utf8(value).ok(),
             b"rocksdb.original.file.number" => file_number = varint(&mut &value[..]),
+            b"rocksdb.column.family.name" => column_family = String::from_utf8(value).ok(),
             _ => {}
         }
     }
     let plain = |s: &String| {
         !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
     };
-    Ok(match (db_id, session_id, file_number) {
+    let identity = match (db_id, session_id, file_number) {
         (Some(db_id), Some(session_id), Some(file_number))
             if plain(&session_id) && (db_id.is_empty() || plain(&db_id)) =>
         {
@@ -111,6 +158,14 @@ pub fn identity(file: &SourceFile) -> Result<Option<Identity>> {
             })
         }
         _ => None,
+    };
+    // A file written without a column family (SstFileWriter) has an empty name; a name is
+    // shown and kept in manifests: printable, and short.
+    let column_family = column_family
+        .filter(|c| !c.is_empty() && c.len() <= MAX_KEY && !c.chars().any(char::is_control));
+    Ok(Properties {
+        identity,
+        column_family,
     })
 }
 
@@ -148,7 +203,7 @@ fn metaindex_handle(tail: &[u8], size: u64) -> Option<Handle> {
 }
 
 /// A block's contents, if it is uncompressed and within the file and the size bound.
-fn read_block(file: &SourceFile, (offset, len): Handle, size: u64) -> Result<Option<Vec<u8>>> {
+fn read_block(read_at: &ReadAt<'_>, (offset, len): Handle, size: u64) -> Result<Option<Vec<u8>>> {
     if len > MAX_META_BLOCK
         || offset
             .checked_add(len + TRAILER)
@@ -156,7 +211,7 @@ fn read_block(file: &SourceFile, (offset, len): Handle, size: u64) -> Result<Opt
     {
         return Ok(None);
     }
-    let bytes = file.read_at(offset, (len + 1) as usize)?;
+    let bytes = read_at(offset, (len + 1) as usize)?;
     if bytes.len() as u64 != len + 1 || bytes[len as usize] != 0 {
         // Short, or compressed (RocksDB writes these blocks uncompressed).
         return Ok(None);
@@ -281,6 +336,10 @@ mod tests {
                 assert!(!id.session_id.is_empty());
                 assert!(is_identity(&id.to_string()));
             }
+            let props = properties(&tree.open_file(&names[0]).unwrap().unwrap()).unwrap();
+            assert_eq!(props.column_family.as_deref(), Some("default"));
+            let at = properties_at(&dir.path().join(&names[0])).unwrap();
+            assert_eq!(at, props);
             assert_ne!(ids[0], ids[1]);
             // Copied (cp -p keeps size and mtime): the same identity, the same bytes.
             let copy = dir.path().join("copy.sst");
