@@ -553,7 +553,7 @@ fn other_users_get_in_only_with_allow_other_and_then_read_only() {
 /// N holds round N-1 of `ckptfs workload`), and a new checkpoint can be taken.
 #[test]
 fn stores_of_earlier_formats_mount_and_copy_out() {
-    for format in [1, 2, 3, 4, 5, 6, 7] {
+    for format in [1, 2, 3, 4, 5, 6, 7, 8] {
         let dir = tempfile::tempdir().unwrap();
         let store = dir.path().join("store");
         let fixture = format!(

@@ -539,12 +539,13 @@ fn a_manifest_set_aside_by_hand_freezes_deletions() {
 /// Stores written by earlier versions (tests/fixtures/store-formatN, see its README: format
 /// 1 without checksums, 2 with checksums and files inline, 3 with file lists but whole
 /// MANIFESTs, 4 with MANIFEST chunks but whole WAL files, 5 with WAL chunks, 7 with an
-/// imported backend, App/0, whose rounds are checked like the others') still restore
+/// imported backend, App/0, whose rounds are checked like the others', 8 with SSTs' column
+/// families) still restore
 /// and pass fsck, are migrated at mount (file lists stored by content), and take new
 /// checkpoints beside the old ones.
 #[test]
 fn stores_of_earlier_formats_still_work() {
-    for format in [1, 2, 3, 4, 5, 6, 7] {
+    for format in [1, 2, 3, 4, 5, 6, 7, 8] {
         a_store_of_an_earlier_format_still_works(format);
     }
 }
