@@ -115,6 +115,17 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// What Flink left behind in its checkpoint directory, and what is safe to delete.
+    ///
+    /// SRC is Flink's execution.checkpointing.dir (every job in it: a job restored in CLAIM
+    /// mode names another job's files) or one job's directory, local or s3://BUCKET/PREFIX.
+    /// Garbage: a file below a job's chk-N/, shared/ or taskowned/ that no completed
+    /// checkpoint names, outside every completed checkpoint's directory, and written more
+    /// than --grace before the scan (a checkpoint in flight uploads before its _metadata
+    /// exists). Completed checkpoints older than the newest --num-retained of their job
+    /// are listed apart. A dry run unless --delete; any _metadata that cannot be parsed
+    /// refuses the whole run.
+    FlinkGc(FlinkGcArgs),
     /// Give checkpoint N, imported from Flink, back to Flink.
     ///
     /// Writes DEST/<job-id>/chk-<flink-checkpoint>/ with its _metadata (Flink's own, with
@@ -402,6 +413,48 @@ pub(crate) struct MountArgs {
     /// the file is always there).
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics_listen: Option<std::net::SocketAddr>,
+}
+
+/// `ckptfs flink-gc`'s options.
+#[derive(clap::Args)]
+pub(crate) struct FlinkGcArgs {
+    /// Flink's checkpoint directory: a directory, file:///PATH or s3://BUCKET/PREFIX.
+    pub(crate) src: PathBuf,
+    /// Delete the garbage (after scanning a second time: only what both scans judge
+    /// garbage is deleted).
+    #[arg(long)]
+    pub(crate) delete: bool,
+    /// Also delete the completed checkpoints Flink no longer retains (their _metadata
+    /// first) and the shared files only they name.
+    #[arg(long, requires = "delete")]
+    pub(crate) delete_unretained: bool,
+    /// Files written less than this long before the scan are never garbage; at least
+    /// --checkpoint-timeout.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1h")]
+    pub(crate) grace: std::time::Duration,
+    /// The jobs' execution.checkpointing.timeout (Flink's default: 10 min): a checkpoint
+    /// in flight may name a file this young.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
+    pub(crate) checkpoint_timeout: std::time::Duration,
+    /// The jobs' execution.checkpointing.num-retained: per job, the newest N completed
+    /// checkpoints are Flink's; older ones are listed apart.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) num_retained: usize,
+    /// Another checkpoint root whose completed checkpoints may name files under SRC (a
+    /// job elsewhere restored from SRC in CLAIM mode): its references count, nothing in it
+    /// is deleted. Repeatable.
+    #[arg(long = "reference-root", value_name = "DIR")]
+    pub(crate) reference_roots: Vec<PathBuf>,
+    /// A ckptfs mountpoint or store: say for each checkpoint Flink no longer retains
+    /// whether this store holds an import of it.
+    #[arg(long, value_name = "TARGET")]
+    pub(crate) store: Option<PathBuf>,
+    /// List every garbage file (the table lists the first 20 of each kind).
+    #[arg(long)]
+    pub(crate) all: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 impl MountArgs {

@@ -1,9 +1,10 @@
 //! What each subcommand does, one file per family: [`mount`] (mount, umount), [`mounted`]
 //! (checkpoint, put, del, load, rm: through a mount's control file), [`show`] (ls, status,
 //! graph), [`import`] (import, import-flink), [`restore`] (restore, export-flink),
-//! [`fsck`], and [`tools`] (scan, workload). The engine's work is in `ckptfs-core`; these
+//! [`flink_gc`], [`fsck`], and [`tools`] (scan, workload). The engine's work is in `ckptfs-core`; these
 //! turn arguments into its calls and its answers into output.
 
+mod flink_gc;
 mod fsck;
 mod import;
 mod mount;
@@ -48,6 +49,7 @@ pub fn run(command: Command, args: &[OsString]) -> Result<ExitCode, Error> {
             source_roots,
             json,
         } => import::import_flink(&src, &source_roots, &target, state, json),
+        Command::FlinkGc(args) => flink_gc::flink_gc(args),
         Command::ExportFlink {
             target,
             checkpoint,

@@ -18,6 +18,8 @@
 //                          let the source return, so that the job FINISHES (finish)
 //   --interval-ms MS       execution.checkpointing.interval (default 1000)
 //   --retained R           execution.checkpointing.num-retained (default 3)
+//   --timeout-ms MS        execution.checkpointing.timeout (default: Flink's, 10 min): a checkpoint
+//                          not complete this long after its trigger is aborted
 //   --parallelism P        parallelism.default of the keyed operators (default 2)
 //   --max-parallelism M    pipeline.max-parallelism (default 128, also Flink's own default for
 //                          parallelism 2: max(128, roundUpToPowerOfTwo(P + P/2)))
@@ -70,8 +72,9 @@
 // Stdout (nothing per record): "config KEY=VALUE" per setting, "job JOBID", "restored records M"
 // when the source starts from restored state (M records emitted before), "snapshot C records
 // M" when the source snapshots checkpoint C (M records emitted before its barrier), "complete C"
-// when checkpoint C is complete, "idle M" once the source stopped emitting, and "finished" if
-// the job finished. Any error: a message on stderr, exit 1.
+// when checkpoint C is complete, "idle M" once the source stopped emitting, "mismatch ..." if
+// "counter" finds a key's count not what the records before it make it (state lost or restored
+// wrong), and "finished" if the job finished. Any error: a message on stderr, exit 1.
 //
 // --expected prints, without running Flink, what the keyed state holds after M = --records
 // records: "key NAME keyGroup G subtask S records N" per key and "state OPERATOR NAME subtask S
@@ -219,12 +222,15 @@ public final class StateJob {
     static final class Counter
             extends KeyedProcessFunction<String, Tuple2<String, Long>, Tuple2<String, Long>> {
         private final int payloadBytes;
+        private final int keys;
+        private transient boolean mismatchSaid;
         private transient ValueState<Long> count;
         private transient MapState<Long, Long> seqs;
         private transient ValueState<byte[]> payload;
 
-        Counter(int payloadBytes) {
+        Counter(int payloadBytes, int keys) {
             this.payloadBytes = payloadBytes;
+            this.keys = keys;
         }
 
         @Override
@@ -244,6 +250,13 @@ public final class StateJob {
                 Collector<Tuple2<String, Long>> out) throws Exception {
             Long n = count.value();
             long seen = n == null ? 0 : n;
+            // Record i is the (i / K)-th of its key: a count that says otherwise is state
+            // lost or restored wrong (said once per subtask).
+            if (seen != rec.f1 / keys && !mismatchSaid) {
+                mismatchSaid = true;
+                say("mismatch key " + rec.f0 + " record " + rec.f1 + " count " + seen
+                        + " expected " + (rec.f1 / keys));
+            }
             seqs.put(seen, rec.f1);
             count.update(seen + 1);
             if (payloadBytes > 0) {
@@ -318,7 +331,7 @@ public final class StateJob {
     }
 
     static final String USAGE = "usage: StateJob CHECKPOINT_DIR | --expected  [--keys K] [--rate R]"
-            + " [--records N] [--after idle|finish] [--interval-ms MS] [--retained R]"
+            + " [--records N] [--after idle|finish] [--interval-ms MS] [--retained R] [--timeout-ms MS]"
             + " [--parallelism P] [--max-parallelism M] [--inline-threshold BYTES] [--linger-ms MS]"
             + " [--restore PATH] [--payload-bytes B] [--incremental BOOL] [--state-backend NAME]"
             + " [--file-merging BOOL] [--claim-mode CLAIM|NO_CLAIM]";
@@ -328,7 +341,7 @@ public final class StateJob {
         boolean expected = false;
         Map<String, String> opts = new HashMap<>();
         List<String> known = List.of("--incremental", "--state-backend", "--file-merging", "--keys", "--rate", "--records", "--after", "--interval-ms",
-                "--retained", "--parallelism", "--max-parallelism", "--inline-threshold", "--linger-ms",
+                "--retained", "--timeout-ms", "--parallelism", "--max-parallelism", "--inline-threshold", "--linger-ms",
                 "--restore", "--payload-bytes", "--claim-mode");
         for (int i = 0; i < args.length; i++) {
             String a = args[i];
@@ -394,6 +407,10 @@ public final class StateJob {
         set(conf, shown, CheckpointingOptions.CHECKPOINTS_DIRECTORY, uri);
         set(conf, shown, CheckpointingOptions.CHECKPOINTING_INTERVAL, Duration.ofMillis(intervalMs));
         set(conf, shown, CheckpointingOptions.MAX_RETAINED_CHECKPOINTS, retained);
+        if (opts.containsKey("--timeout-ms")) {
+            set(conf, shown, CheckpointingOptions.CHECKPOINTING_TIMEOUT,
+                    Duration.ofMillis(Long.parseLong(opts.get("--timeout-ms"))));
+        }
         set(conf, shown, CheckpointingOptions.EXTERNALIZED_CHECKPOINT_RETENTION,
                 ExternalizedCheckpointRetention.RETAIN_ON_CANCELLATION);
         if (inlineThreshold >= 0) {
@@ -425,7 +442,7 @@ public final class StateJob {
                 .setParallelism(1);
         DataStream<Tuple2<String, Long>> counted = source
                 .keyBy(new ByKey(), Types.STRING)
-                .process(new Counter(payloadBytes), RECORD)
+                .process(new Counter(payloadBytes, keys), RECORD)
                 .uid("counter")
                 .name("counter");
         counted

@@ -387,17 +387,17 @@ fn job_expected(classpath: &str, records: u64) -> BTreeMap<(String, String, u32)
 
 /// A StateJob (tests/flink/StateJob.java) running on a Flink 2.3 mini cluster, its
 /// stdout read line by line.
-struct Job {
-    child: std::process::Child,
-    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+pub(crate) struct Job {
+    pub(crate) child: std::process::Child,
+    pub(crate) lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
     /// "restored records M", if the job started from a checkpoint.
-    restored: Option<u64>,
+    pub(crate) restored: Option<u64>,
 }
 
 impl Job {
     /// StateJob writing checkpoints under `ck` (every second, 50 keys, parallelism 2,
     /// files over 2 KiB uploaded), until `records` records are out; `extra` options added.
-    fn start(classpath: &str, ck: &Path, records: u64, extra: &[&str]) -> Job {
+    pub(crate) fn start(classpath: &str, ck: &Path, records: u64, extra: &[&str]) -> Job {
         let mut child = Command::new("java")
             .args(["-Xmx768m", "-cp", classpath, "StateJob"])
             .arg(ck)
@@ -433,7 +433,7 @@ impl Job {
     }
 
     /// The id of the first completed checkpoint whose snapshot holds `records` records.
-    fn checkpoint_with(&mut self, records: u64) -> u64 {
+    pub(crate) fn checkpoint_with(&mut self, records: u64) -> u64 {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
         let mut snapshots = Vec::new();
         loop {
@@ -448,6 +448,7 @@ impl Job {
             let w: Vec<&str> = line.split_whitespace().collect();
             match w.as_slice() {
                 ["restored", "records", m] => self.restored = m.parse().ok(),
+                ["mismatch", ..] => panic!("the job's keyed state is wrong: {line}"),
                 ["snapshot", n, "records", m] if m.parse::<u64>() == Ok(records) => {
                     snapshots.push(n.parse::<u64>().unwrap())
                 }
@@ -460,7 +461,7 @@ impl Job {
     }
 
     /// SIGKILL: Flink keeps the retained checkpoints of a job that did not finish.
-    fn kill(self) {
+    pub(crate) fn kill(self) {
         drop(self)
     }
 }
@@ -1035,7 +1036,7 @@ fn a_failed_flink_checkpoint_is_retried_after_a_newer_one_is_in() {
 }
 
 /// The one job directory a StateJob run made under `ck`.
-fn job_dir_in(ck: &Path) -> PathBuf {
+pub(crate) fn job_dir_in(ck: &Path) -> PathBuf {
     let dirs: Vec<PathBuf> = std::fs::read_dir(ck)
         .unwrap()
         .map(|e| e.unwrap().path())

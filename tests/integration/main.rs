@@ -16,6 +16,7 @@ mod daemon;
 mod du;
 mod fencing;
 mod flink;
+mod flink_gc;
 mod import;
 mod metrics;
 mod model;

@@ -50,12 +50,12 @@ impl FlinkSource {
     /// URL or a directory (which is opened: it must exist).
     pub fn parse(arg: &Path) -> Result<FlinkSource> {
         Ok(FlinkSource {
-            tree: Self::tree(arg)?,
+            tree: Self::open_tree(arg)?,
             also: Vec::new(),
         })
     }
 
-    fn tree(arg: &Path) -> Result<Arc<dyn Tree>> {
+    fn open_tree(arg: &Path) -> Result<Arc<dyn Tree>> {
         let text = arg.to_string_lossy();
         if text.starts_with("s3://") {
             let crate::store::Location::S3 { bucket, prefix } =
@@ -94,7 +94,7 @@ impl FlinkSource {
     pub fn open(src: &Path, roots: &[PathBuf]) -> Result<FlinkSource> {
         let mut source = Self::parse(src)?;
         for root in roots {
-            source.also.push(Self::tree(root)?);
+            source.also.push(Self::open_tree(root)?);
         }
         Ok(source)
     }
@@ -116,6 +116,16 @@ impl FlinkSource {
     /// The source's root as the user named it (`/data/flink`, `s3://bucket/prefix`).
     pub fn describe(&self) -> String {
         self.tree.describe()
+    }
+
+    /// The tree of the source's root.
+    pub(crate) fn tree(&self) -> &Arc<dyn Tree> {
+        &self.tree
+    }
+
+    /// The trees of the more roots the user named.
+    pub(crate) fn also_trees(&self) -> &[Arc<dyn Tree>] {
+        &self.also
     }
 
     /// The roots read, for messages.
@@ -199,7 +209,7 @@ pub fn completed(src: &FlinkSource) -> Result<Vec<Completed>> {
 /// job, which makes its directory with its first checkpoint).
 pub fn completed_if_any(src: &FlinkSource) -> Result<Option<Vec<Completed>>> {
     let tree = src.tree.as_ref();
-    let jobs = jobs(tree)?;
+    let jobs = job_dirs(tree)?;
     if jobs.is_empty() {
         return Ok(None);
     }
@@ -238,7 +248,7 @@ pub fn completed_if_any(src: &FlinkSource) -> Result<Option<Vec<Completed>>> {
 }
 
 /// `N` of a `chk-N` name.
-fn chk_number(name: &str) -> Option<u64> {
+pub(crate) fn chk_number(name: &str) -> Option<u64> {
     // Digits only, no leading zero: the one spelling Flink writes (`chk-+5` and `chk-05`
     // would parse as 5 and be read as `chk-5/`).
     let n = name.strip_prefix("chk-")?;
@@ -248,7 +258,7 @@ fn chk_number(name: &str) -> Option<u64> {
 }
 
 /// The job directories below a source's root: itself, or those named by a job id in it.
-fn jobs(tree: &dyn Tree) -> Result<Vec<String>> {
+pub(crate) fn job_dirs(tree: &dyn Tree) -> Result<Vec<String>> {
     let is_job_dir = |entries: &[crate::source::Entry]| {
         entries.iter().any(|e| {
             e.kind == EntryKind::Dir && (e.name == "shared" || chk_number(&e.name).is_some())

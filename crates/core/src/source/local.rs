@@ -393,7 +393,12 @@ impl Tree for LocalTree {
                 SFlag::S_IFDIR => (EntryKind::Dir, 0),
                 _ => (EntryKind::Other, 0),
             };
-            out.push(Entry { name, kind, size });
+            out.push(Entry {
+                name,
+                kind,
+                size,
+                modified: Some(mtime_of(&stat)),
+            });
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
@@ -428,6 +433,81 @@ impl Tree for LocalTree {
 
     fn immutable_name(&self, _rel: &str) -> Option<String> {
         None
+    }
+
+    fn remove_file(&self, rel: &str, seen: &super::Walked) -> Result<bool> {
+        let shown = self.shown(rel);
+        let Some((parent, name)) = self.parent_of(rel)? else {
+            return Ok(false);
+        };
+        let stat = match nix::sys::stat::fstatat(
+            &parent,
+            name,
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        ) {
+            Ok(stat) => stat,
+            Err(nix::errno::Errno::ENOENT) => return Ok(false),
+            Err(e) => return Err(os_error("stat", &shown, e)),
+        };
+        let kind = kind_of(&stat);
+        if kind != SFlag::S_IFREG {
+            return Err(refused(
+                shown.display(),
+                format!("{}: ckptfs deletes regular files only", kind_name(kind)),
+                libc::EINVAL,
+            ));
+        }
+        if stat.st_size as u64 != seen.size || Some(mtime_of(&stat)) != seen.modified {
+            return Err(refused(
+                shown.display(),
+                "written since it was listed: not deleted",
+                libc::EAGAIN,
+            ));
+        }
+        match nix::unistd::unlinkat(&parent, name, nix::unistd::UnlinkatFlags::NoRemoveDir) {
+            Ok(()) => Ok(true),
+            Err(nix::errno::Errno::ENOENT) => Ok(false),
+            Err(e) => Err(os_error("delete", &shown, e)),
+        }
+    }
+
+    fn remove_empty_dir(&self, rel: &str) -> Result<bool> {
+        let shown = self.shown(rel);
+        let Some((parent, name)) = self.parent_of(rel)? else {
+            return Ok(false);
+        };
+        match nix::unistd::unlinkat(&parent, name, nix::unistd::UnlinkatFlags::RemoveDir) {
+            Ok(()) => Ok(true),
+            Err(
+                nix::errno::Errno::ENOENT
+                | nix::errno::Errno::ENOTEMPTY
+                | nix::errno::Errno::EEXIST,
+            ) => Ok(false),
+            Err(e) => Err(os_error("delete", &shown, e)),
+        }
+    }
+}
+
+/// A file's modification time.
+fn mtime_of(stat: &FileStat) -> std::time::SystemTime {
+    let since = std::time::Duration::new(stat.st_mtime.max(0) as u64, stat.st_mtime_nsec as u32);
+    std::time::UNIX_EPOCH + since
+}
+
+impl LocalTree {
+    /// The directory holding `rel` (a path descriptor, no component a link) and `rel`'s
+    /// last name; `None` if the directory is not there.
+    fn parent_of<'r>(&self, rel: &'r str) -> Result<Option<(OwnedFd, &'r str)>> {
+        let shown = self.shown(rel);
+        checked_relative(&shown.display(), rel)?;
+        let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
+        let Some((fd, stat)) = self.resolve(dir)? else {
+            return Ok(None);
+        };
+        if kind_of(&stat) != SFlag::S_IFDIR {
+            return Ok(None);
+        }
+        Ok(Some((fd, name)))
     }
 }
 

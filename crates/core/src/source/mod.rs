@@ -75,6 +75,29 @@ pub struct Entry {
     pub kind: EntryKind,
     /// Bytes, for a file (0 otherwise).
     pub size: u64,
+    /// When it was last written, where the listing tells (a local file's mtime, an
+    /// object's last modification; `None` for a directory of object storage).
+    pub modified: Option<std::time::SystemTime>,
+}
+
+/// Most entries [`Tree::walk`] lists below one directory: a tree past it is refused (a
+/// source's writer must not make ckptfs hold an unbounded listing).
+pub const MAX_WALK_ENTRIES: usize = 10_000_000;
+/// How deep [`Tree::walk`] goes below the directory it walks (Flink's deepest is
+/// `shared/<merged-dir>/<file>`).
+pub const MAX_WALK_DEPTH: usize = 8;
+
+/// One entry found by [`Tree::walk`], by its path below the root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Walked {
+    /// Its path below the tree's root.
+    pub rel: String,
+    /// What kind of file it is (object storage lists files only).
+    pub kind: EntryKind,
+    /// Bytes, for a file.
+    pub size: u64,
+    /// When it was last written, where known.
+    pub modified: Option<std::time::SystemTime>,
 }
 
 /// The kind of a listed entry, as the listing says (a link is not followed).
@@ -126,6 +149,61 @@ pub trait Tree: Send + Sync {
     /// An immutable name of `rel` for the store to remember (an object's URI), `None` for a
     /// local file (its identity is read from the file itself).
     fn immutable_name(&self, rel: &str) -> Option<String>;
+
+    /// Every entry below directory `rel` (not `rel` itself), files and directories,
+    /// sorted by path; nothing below a link is listed (a link is an [`EntryKind::Other`]
+    /// entry). Refused past [`MAX_WALK_ENTRIES`] entries or [`MAX_WALK_DEPTH`] levels.
+    fn walk(&self, rel: &str) -> Result<Vec<Walked>> {
+        let mut out = Vec::new();
+        walk_into(self, rel, 0, &mut out)?;
+        out.sort_by(|a, b| a.rel.cmp(&b.rel));
+        Ok(out)
+    }
+
+    /// Delete regular file `rel` if it is still the one `seen` describes (same size and
+    /// modification time: a file written since it was listed is not the one judged);
+    /// `Ok(false)` if it is gone already. No link is followed; anything but a regular file
+    /// is refused.
+    fn remove_file(&self, rel: &str, seen: &Walked) -> Result<bool>;
+
+    /// Delete directory `rel` if it is empty; `Ok(false)` if it is not there or not
+    /// empty (on object storage, where directories are key prefixes, nothing to do).
+    fn remove_empty_dir(&self, rel: &str) -> Result<bool>;
+}
+
+fn walk_into<T: Tree + ?Sized>(
+    tree: &T,
+    rel: &str,
+    depth: usize,
+    out: &mut Vec<Walked>,
+) -> Result<()> {
+    if depth >= MAX_WALK_DEPTH {
+        return Err(refused(
+            tree.show(rel),
+            format!("more than {MAX_WALK_DEPTH} levels of directories"),
+            libc::ELOOP,
+        ));
+    }
+    for entry in tree.list(rel)? {
+        if out.len() >= MAX_WALK_ENTRIES {
+            return Err(refused(
+                tree.show(rel),
+                format!("more than {MAX_WALK_ENTRIES} entries"),
+                libc::E2BIG,
+            ));
+        }
+        let path = join(rel, &entry.name);
+        out.push(Walked {
+            rel: path.clone(),
+            kind: entry.kind,
+            size: entry.size,
+            modified: entry.modified,
+        });
+        if entry.kind == EntryKind::Dir {
+            walk_into(tree, &path, depth + 1, out)?;
+        }
+    }
+    Ok(())
 }
 
 /// `a/b` joined, either side possibly empty.

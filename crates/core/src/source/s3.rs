@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{checked_relative, join, refused, Entry, EntryKind, Fetched, Tree};
+use super::{checked_relative, join, refused, Entry, EntryKind, Fetched, Tree, Walked};
 use crate::error::Result;
 use crate::store::s3::Remote;
 
@@ -55,7 +55,7 @@ impl Tree for S3Tree {
             format!("{dir}/")
         };
         let mut out = Vec::new();
-        for (key, size) in self.remote.list_keys(&listing, true)? {
+        for (key, size, modified) in self.remote.list_keys(&listing, true)? {
             let is_dir = key.ends_with('/');
             let Some(name) = key
                 .strip_prefix(&listing)
@@ -72,6 +72,7 @@ impl Tree for S3Tree {
                     EntryKind::File
                 },
                 size,
+                modified,
             });
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -135,6 +136,75 @@ impl Tree for S3Tree {
             key.strip_prefix(&self.prefix)?.strip_prefix('/')?
         };
         checked_relative(&uri, rel).ok().map(str::to_string)
+    }
+
+    /// One flat listing of every key below `rel` (no request per directory: a Flink
+    /// directory of 100,000 files is 100 pages of 1,000 keys). Every key is a file; the
+    /// "directories" between are listed too, as the keys imply them.
+    fn walk(&self, rel: &str) -> Result<Vec<Walked>> {
+        let dir = if rel.is_empty() {
+            self.prefix.clone()
+        } else {
+            self.key(rel)?
+        };
+        let listing = if dir.is_empty() {
+            String::new()
+        } else {
+            format!("{dir}/")
+        };
+        let mut out = Vec::new();
+        let mut dirs = std::collections::BTreeSet::new();
+        for (key, size, modified) in self.remote.list_keys(&listing, false)? {
+            let Some(below) = key.strip_prefix(&listing).filter(|n| !n.is_empty()) else {
+                continue;
+            };
+            // A key that is no plain path (`a//b`, `../x`) names nothing a `_metadata`
+            // can name either: listed as something that is not a file, never deleted.
+            let plain = checked_relative(&below, below).is_ok();
+            let path = join(rel, below);
+            if out.len() >= super::MAX_WALK_ENTRIES {
+                return Err(refused(
+                    self.show(rel),
+                    format!("more than {} keys", super::MAX_WALK_ENTRIES),
+                    libc::E2BIG,
+                ));
+            }
+            if plain {
+                let mut at = rel.to_string();
+                for part in below.split('/').collect::<Vec<_>>().split_last().unwrap().1 {
+                    at = join(&at, part);
+                    dirs.insert(at.clone());
+                }
+            }
+            out.push(Walked {
+                rel: path,
+                kind: if plain {
+                    EntryKind::File
+                } else {
+                    EntryKind::Other
+                },
+                size,
+                modified,
+            });
+        }
+        out.extend(dirs.into_iter().map(|rel| Walked {
+            rel,
+            kind: EntryKind::Dir,
+            size: 0,
+            modified: None,
+        }));
+        out.sort_by(|a, b| a.rel.cmp(&b.rel));
+        Ok(out)
+    }
+
+    fn remove_file(&self, rel: &str, _seen: &Walked) -> Result<bool> {
+        // (S3 has no conditional delete of a general purpose bucket's object: a Flink file's
+        // name is a fresh UUID, never written twice.)
+        self.remote.delete_key(&self.key(rel)?)
+    }
+
+    fn remove_empty_dir(&self, _rel: &str) -> Result<bool> {
+        Ok(false)
     }
 
     fn immutable_name(&self, rel: &str) -> Option<String> {

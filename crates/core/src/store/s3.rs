@@ -217,10 +217,14 @@ impl Remote {
         &self.bucket
     }
 
-    /// The keys under `prefix` (a whole key prefix, ending in `/` for a directory) and
-    /// their sizes; with `delimiter`, only the next level (keys, and "directories" ending
-    /// in `/` with size 0).
-    pub fn list_keys(&self, prefix: &str, delimiter: bool) -> Result<Vec<(String, u64)>> {
+    /// The keys under `prefix` (a whole key prefix, ending in `/` for a directory), their
+    /// sizes and last modification times; with `delimiter`, only the next level (keys, and
+    /// "directories" ending in `/` with size 0 and no time).
+    pub fn list_keys(
+        &self,
+        prefix: &str,
+        delimiter: bool,
+    ) -> Result<Vec<(String, u64, Option<SystemTime>)>> {
         let what = format!("list s3://{}/{prefix}", self.bucket);
         // object_store lists whole path segments: "a/b" lists under "a/b/".
         let dir = Key::from(prefix.trim_end_matches('/'));
@@ -233,20 +237,39 @@ impl Remote {
                     .await
                     .map_err(|e| remote_error(&what, e))?;
                 for p in listed.common_prefixes {
-                    out.push((format!("{}/", p.as_ref()), 0));
+                    out.push((format!("{}/", p.as_ref()), 0, None));
                 }
                 for o in listed.objects {
-                    out.push((o.location.as_ref().to_string(), o.size));
+                    let modified = SystemTime::from(o.last_modified);
+                    out.push((o.location.as_ref().to_string(), o.size, Some(modified)));
                 }
             } else {
                 let mut stream = self.client.list(Some(&dir));
                 while let Some(meta) = stream.next().await {
                     let meta = meta.map_err(|e| remote_error(&what, e))?;
-                    out.push((meta.location.as_ref().to_string(), meta.size));
+                    let modified = SystemTime::from(meta.last_modified);
+                    out.push((
+                        meta.location.as_ref().to_string(),
+                        meta.size,
+                        Some(modified),
+                    ));
                 }
             }
             Ok(out)
         })
+    }
+
+    /// Delete object `key` (a whole key of the bucket); `false` if there was none to
+    /// delete (S3 answers a delete of a missing key as done: it is looked up first).
+    pub fn delete_key(&self, key: &str) -> Result<bool> {
+        if self.size_of(key)?.is_none() {
+            return Ok(false);
+        }
+        let what = format!("delete s3://{}/{key}", self.bucket);
+        match self.block_on(self.deleter.delete(&Key::from(key))) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(true),
+            Err(e) => Err(remote_error(&what, e)),
+        }
     }
 
     /// The size of object `key`, or `None` if there is none.

@@ -1,0 +1,747 @@
+//! `ckptfs flink-gc SRC`: the files Flink left behind in its own checkpoint directory, and
+//! which of them are safe to delete while its jobs run.
+//!
+//! Flink deletes a checkpoint's files when no retained checkpoint uses them any more, but
+//! what an aborted or in-flight checkpoint uploaded before a failover, what a failed delete
+//! left, and the checkpoints of jobs that are gone stay for ever (FLINK-24852). A file
+//! under SRC is **garbage** when all of these hold:
+//!
+//! 1. it is below a job's `chk-N/`, `shared/` or `taskowned/` (nothing else is looked at);
+//! 2. no completed checkpoint under SRC (or under a root named with `--reference-root`)
+//!    names it, and it is not in the directory of a completed checkpoint (one whose
+//!    `_metadata` exists);
+//! 3. it was last written before the scan began minus the grace, and the grace is at
+//!    least the jobs' checkpoint timeout.
+//!
+//! Why that is safe against a running job: a checkpoint that completes after the scan read
+//! the `_metadata` files was triggered less than the checkpoint timeout before it completes
+//! (Flink aborts it otherwise), so every file it uploaded itself is younger than the grace
+//! (rule 3); every other file it names is one it re-references from a checkpoint its
+//! backend saw confirmed (Flink re-references files of confirmed checkpoints only). Such a
+//! checkpoint is either still retained, and the scan read its `_metadata` (rule 2), or it
+//! was subsumed, and Flink's own shared-state registry released the files no retained
+//! checkpoint names, exactly the ones rule 2 finds. The `_metadata` files are read after
+//! the listing (a checkpoint that completed meanwhile is read too), and `--delete` scans a
+//! second time just before it deletes and deletes only what both scans judged garbage.
+//!
+//! A completed checkpoint Flink no longer retains (older than the newest `num_retained` of
+//! its job, and older than the grace) is listed apart with what deleting it would free;
+//! it is deleted only when asked (`--delete-unretained`), its `_metadata` first, so that it
+//! never looks complete half deleted.
+//!
+//! Any `_metadata` that cannot be read or parsed refuses the whole run: the set of files
+//! in use is then unknown.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use super::import::{chk_number, job_dirs, FlinkSource, METADATA};
+use super::metadata::{self, KeyedHandle, StreamHandle};
+use crate::error::{Error, Result};
+use crate::source::{checked_relative, join, EntryKind, Tree, Walked, MAX_METADATA_BYTES};
+
+/// Flink's default `execution.checkpointing.timeout`.
+pub const DEFAULT_CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// What a run judges by.
+#[derive(Debug, Clone)]
+pub struct GcOptions {
+    /// Files written less than this long before the scan began are never garbage.
+    pub grace: Duration,
+    /// The jobs' `execution.checkpointing.timeout`: the grace may not be shorter.
+    pub checkpoint_timeout: Duration,
+    /// Flink's `execution.checkpointing.num-retained`: per job, the newest this many
+    /// completed checkpoints are the ones Flink retains.
+    pub num_retained: usize,
+    /// When the scan begins (the clock, a parameter for tests).
+    pub now: SystemTime,
+}
+
+impl GcOptions {
+    /// The options refused with the reason, if they are unsafe or void.
+    pub fn check(&self) -> Result<()> {
+        if self.grace < self.checkpoint_timeout {
+            return Err(Error::Invalid(format!(
+                "--grace {} is shorter than the checkpoint timeout {}: a checkpoint in \
+                 flight may still name a younger file (give --checkpoint-timeout as the \
+                 jobs set execution.checkpointing.timeout, 10 min by default)",
+                humantime::format_duration(self.grace),
+                humantime::format_duration(self.checkpoint_timeout)
+            )));
+        }
+        if self.num_retained == 0 {
+            return Err(Error::Invalid(
+                "--num-retained 0: Flink retains at least one completed checkpoint".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn cutoff(&self) -> SystemTime {
+        self.now.checked_sub(self.grace).unwrap_or(UNIX_EPOCH)
+    }
+}
+
+/// Why a file is garbage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Reason {
+    /// In the `chk-N/` of a checkpoint that never completed (no `_metadata`): aborted, or
+    /// in flight when its job failed over.
+    InFlight,
+    /// In `shared/` or `taskowned/`, named by no completed checkpoint.
+    Unreferenced,
+    /// Named only by completed checkpoints Flink no longer retains (deleted with them).
+    Unretained,
+}
+
+impl Reason {
+    /// As the table shows it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Reason::InFlight => "in the directory of a checkpoint that never completed",
+            Reason::Unreferenced => "named by no completed checkpoint",
+            Reason::Unretained => "named only by checkpoints Flink no longer retains",
+        }
+    }
+}
+
+/// One file judged garbage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GcFile {
+    /// Its path below SRC.
+    pub path: String,
+    /// Its bytes.
+    pub bytes: u64,
+    /// When it was last written (milliseconds since 1970).
+    pub modified_unix_ms: u64,
+    /// Why it is garbage.
+    pub reason: Reason,
+    /// The job directory it is in.
+    pub job: String,
+    /// For [`Reason::InFlight`] and a checkpoint's own files: the checkpoint.
+    pub checkpoint: Option<u64>,
+    /// As listed, to check that it is still that file when it is deleted.
+    #[serde(skip)]
+    seen: Walked,
+}
+
+/// Files and bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Count {
+    /// Files.
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+impl Count {
+    fn add(&mut self, bytes: u64) {
+        self.files += 1;
+        self.bytes += bytes;
+    }
+}
+
+/// One job directory under SRC.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct JobSummary {
+    /// The directory's name (the job id), "" when SRC is the job's directory itself.
+    pub job: String,
+    /// Its completed checkpoints, oldest first.
+    pub completed: Vec<u64>,
+    /// Those Flink retains (the newest `num_retained`, and any younger than the grace).
+    pub retained: Vec<u64>,
+    /// `chk-N/` directories without `_metadata`.
+    pub incomplete: Vec<u64>,
+}
+
+/// A completed checkpoint Flink no longer retains.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Unretained {
+    /// Its job directory.
+    pub job: String,
+    /// The job's id: its directory's name (SRC's own name when SRC is the job's
+    /// directory).
+    pub job_id: String,
+    /// The checkpoint's id.
+    pub checkpoint: u64,
+    /// Its directory below SRC.
+    pub path: String,
+    /// When its `_metadata` was written (milliseconds since 1970).
+    pub completed_unix_ms: u64,
+    /// Its own directory's files.
+    pub own: Count,
+    /// Files in `shared/` that it names and no retained checkpoint does (freed once every
+    /// unretained checkpoint naming them is deleted).
+    pub shared: Count,
+}
+
+/// What a scan found.
+#[derive(Debug, Clone, Serialize)]
+pub struct GcPlan {
+    /// SRC as the user named it.
+    pub source: String,
+    /// When the scan began (milliseconds since 1970).
+    pub scanned_unix_ms: u64,
+    /// The grace, in seconds.
+    pub grace_s: f64,
+    /// Flink's retained checkpoints per job, as judged.
+    pub num_retained: usize,
+    /// Every job directory.
+    pub jobs: Vec<JobSummary>,
+    /// Every file looked at (below the jobs' `chk-N/`, `shared/`, `taskowned/`).
+    pub scanned: Count,
+    /// The garbage, by path.
+    pub garbage: Vec<GcFile>,
+    /// Its total.
+    pub garbage_total: Count,
+    /// Files named by no completed checkpoint but younger than the grace: kept.
+    pub young: Count,
+    /// Completed checkpoints Flink no longer retains, oldest first.
+    pub unretained: Vec<Unretained>,
+    /// What deleting every unretained checkpoint deletes (their directories and the shared
+    /// files only they name), by path.
+    pub unretained_files: Vec<GcFile>,
+    /// Its total.
+    pub unretained_total: Count,
+    /// Entries left alone, and why (links, other kinds of files).
+    pub left_alone: Vec<(String, String)>,
+    /// Files the completed checkpoints name outside SRC (not SRC's to judge).
+    pub outside: u64,
+    /// Completed checkpoints that name files SRC no longer has.
+    pub broken: Vec<Broken>,
+}
+
+/// A completed checkpoint that names files that are gone: it cannot be restored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Broken {
+    /// Its job directory.
+    pub job: String,
+    /// Its id.
+    pub checkpoint: u64,
+    /// How many of the files it names are missing.
+    pub missing: u64,
+}
+
+/// What `--delete` did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GcDone {
+    /// Files deleted.
+    pub deleted: Count,
+    /// Judged garbage by the first scan but not by the second (named or written meanwhile):
+    /// kept.
+    pub kept_by_second_scan: u64,
+    /// Gone before they were deleted (Flink deleted them meanwhile).
+    pub gone: u64,
+    /// Directories of incomplete or deleted checkpoints removed once empty.
+    pub dirs_removed: u64,
+    /// Files not deleted: the path and the error.
+    pub failed: Vec<(String, String)>,
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Where each listed file is, relative to its job directory.
+enum Place {
+    /// In `chk-N/`.
+    Checkpoint(u64),
+    /// In `shared/` or `taskowned/`.
+    Shared,
+    /// Anywhere else: not looked at.
+    Elsewhere,
+}
+
+fn place_of(below_job: &str) -> Place {
+    let first = below_job.split('/').next().unwrap_or("");
+    if let Some(n) = chk_number(first) {
+        return Place::Checkpoint(n);
+    }
+    match first {
+        "shared" | "taskowned" => Place::Shared,
+        _ => Place::Elsewhere,
+    }
+}
+
+struct JobScan {
+    dir: String,
+    files: Vec<Walked>,
+    /// `chk-N` directories listed.
+    checkpoints: BTreeSet<u64>,
+}
+
+/// The files of one completed checkpoint's `_metadata`, below the main tree.
+struct Named {
+    job: String,
+    checkpoint: u64,
+    completed: SystemTime,
+    files: BTreeSet<String>,
+    /// The last names of the files it names outside the main tree.
+    outside: Vec<String>,
+}
+
+/// Scan `src` (every job under it) and judge each file; deletes nothing.
+pub fn plan(src: &FlinkSource, options: &GcOptions) -> Result<GcPlan> {
+    options.check()?;
+    let tree = src.tree();
+    let cutoff = options.cutoff();
+    let dirs = job_dirs(tree.as_ref())?;
+    if dirs.is_empty() {
+        return Err(Error::Invalid(format!(
+            "{} holds no Flink job's checkpoints (no chk-N/ or shared/, nor job directories \
+             named by a 32-hex job id): give execution.checkpointing.dir",
+            src.describe()
+        )));
+    }
+    // 1. The listing, before any `_metadata` is read.
+    let mut scans = Vec::new();
+    for dir in &dirs {
+        let files = tree.walk(dir)?;
+        let prefix_len = if dir.is_empty() { 0 } else { dir.len() + 1 };
+        let checkpoints = files
+            .iter()
+            .filter(|w| w.kind == EntryKind::Dir && !w.rel[prefix_len..].contains('/'))
+            .filter_map(|w| chk_number(&w.rel[prefix_len..]))
+            .collect();
+        scans.push(JobScan {
+            dir: dir.clone(),
+            files,
+            checkpoints,
+        });
+    }
+    // 2. Every completed checkpoint's `_metadata`, looked for again in every `chk-N/`
+    // listed (one may have completed since), and under the reference roots.
+    let mut named = Vec::new();
+    let mut outside = 0u64;
+    for scan in &scans {
+        for &n in &scan.checkpoints {
+            let rel = join(&scan.dir, &format!("chk-{n}/{METADATA}"));
+            let listed = scan.files.iter().find(|w| w.rel == rel);
+            let at = listed.and_then(|w| w.modified);
+            if let Some(found) = read_named(tree.as_ref(), tree.as_ref(), &scan.dir, n, &rel, at)? {
+                outside += found.1;
+                named.push(found.0);
+            }
+        }
+    }
+    // A moved or copied job directory: its checkpoints name the original's files, which
+    // its own shared/ holds under the same names. Judged by its paths, every file would
+    // look unreferenced: refused.
+    let listed: BTreeSet<&str> = scans
+        .iter()
+        .flat_map(|scan| scan.files.iter().map(|w| w.rel.as_str()))
+        .collect();
+    for n in &named {
+        let copies = n
+            .outside
+            .iter()
+            .filter(|name| listed.contains(join(&join(&n.job, "shared"), name).as_str()))
+            .count();
+        if copies > 0 {
+            return Err(Error::Invalid(format!(
+                "{}: checkpoint {} names {copies} files outside {} that its shared/ holds                  under the same names: the directory was moved or copied, and its                  checkpoints name the original's files; nothing was deleted",
+                tree.show(&n.job),
+                n.checkpoint,
+                src.describe()
+            )));
+        }
+    }
+    // Checkpoints that name files no longer there (Flink deleted them, or they were lost):
+    // they cannot be restored, whatever is deleted now.
+    let mut broken = Vec::new();
+    for n in &named {
+        let mut missing = 0u64;
+        for file in &n.files {
+            if !listed.contains(file.as_str()) && tree.size_of(file).ok().flatten().is_none() {
+                missing += 1;
+            }
+        }
+        if missing > 0 {
+            broken.push(Broken {
+                job: n.job.clone(),
+                checkpoint: n.checkpoint,
+                missing,
+            });
+        }
+    }
+    let mut referenced_elsewhere = BTreeSet::new();
+    for also in src.also_trees() {
+        for dir in job_dirs(also.as_ref())? {
+            for entry in also.list(&dir)? {
+                let Some(n) = chk_number(&entry.name).filter(|_| entry.kind == EntryKind::Dir)
+                else {
+                    continue;
+                };
+                let rel = join(&dir, &format!("chk-{n}/{METADATA}"));
+                let now = Some(options.now);
+                if let Some((found, _)) =
+                    read_named(also.as_ref(), tree.as_ref(), &dir, n, &rel, now)?
+                {
+                    referenced_elsewhere.extend(found.files);
+                }
+            }
+        }
+    }
+    // 3. Retained: per job the newest `num_retained`, and any younger than the grace.
+    let mut by_job: BTreeMap<&str, Vec<&Named>> = BTreeMap::new();
+    for n in &named {
+        by_job.entry(n.job.as_str()).or_default().push(n);
+    }
+    let mut retained_files: BTreeSet<&str> =
+        referenced_elsewhere.iter().map(|s| s.as_str()).collect();
+    let mut unretained_named: Vec<&Named> = Vec::new();
+    let mut completed_dirs: BTreeMap<(String, u64), bool> = BTreeMap::new();
+    let mut jobs = Vec::new();
+    for scan in &scans {
+        let mut mine = by_job.remove(scan.dir.as_str()).unwrap_or_default();
+        mine.sort_by_key(|n| std::cmp::Reverse(n.checkpoint));
+        let mut summary = JobSummary {
+            job: scan.dir.clone(),
+            completed: mine.iter().rev().map(|n| n.checkpoint).collect(),
+            retained: Vec::new(),
+            incomplete: Vec::new(),
+        };
+        for (i, n) in mine.iter().enumerate() {
+            let retained = i < options.num_retained || n.completed >= cutoff;
+            completed_dirs.insert((scan.dir.clone(), n.checkpoint), retained);
+            if retained {
+                summary.retained.push(n.checkpoint);
+                retained_files.extend(n.files.iter().map(|s| s.as_str()));
+            } else {
+                unretained_named.push(n);
+            }
+        }
+        summary.retained.sort_unstable();
+        summary.incomplete = scan
+            .checkpoints
+            .iter()
+            .filter(|n| !completed_dirs.contains_key(&(scan.dir.clone(), **n)))
+            .copied()
+            .collect();
+        jobs.push(summary);
+    }
+    let unretained_referenced: BTreeSet<&str> = unretained_named
+        .iter()
+        .flat_map(|n| n.files.iter().map(|s| s.as_str()))
+        .collect();
+    // 4. Every listed file judged.
+    let mut plan = GcPlan {
+        source: src.describe(),
+        scanned_unix_ms: unix_ms(options.now),
+        grace_s: options.grace.as_secs_f64(),
+        num_retained: options.num_retained,
+        jobs,
+        scanned: Count::default(),
+        garbage: Vec::new(),
+        garbage_total: Count::default(),
+        young: Count::default(),
+        unretained: Vec::new(),
+        unretained_files: Vec::new(),
+        unretained_total: Count::default(),
+        left_alone: Vec::new(),
+        outside,
+        broken,
+    };
+    let mut unretained_counts: BTreeMap<(String, u64), (Count, Count)> = BTreeMap::new();
+    for scan in &scans {
+        let prefix_len = if scan.dir.is_empty() {
+            0
+        } else {
+            scan.dir.len() + 1
+        };
+        for file in &scan.files {
+            let below = &file.rel[prefix_len..];
+            let place = place_of(below);
+            if matches!(place, Place::Elsewhere) || file.kind == EntryKind::Dir {
+                continue;
+            }
+            if file.kind != EntryKind::File {
+                plan.left_alone
+                    .push((file.rel.clone(), "not a regular file (a link?)".into()));
+                continue;
+            }
+            plan.scanned.add(file.size);
+            let young = file.modified.is_none_or(|m| m >= cutoff);
+            let judged = |reason, checkpoint| GcFile {
+                path: file.rel.clone(),
+                bytes: file.size,
+                modified_unix_ms: file.modified.map(unix_ms).unwrap_or(0),
+                reason,
+                job: scan.dir.clone(),
+                checkpoint,
+                seen: file.clone(),
+            };
+            match place {
+                Place::Checkpoint(n) => match completed_dirs.get(&(scan.dir.clone(), n)) {
+                    Some(true) => {}
+                    Some(false) => {
+                        let counts = unretained_counts.entry((scan.dir.clone(), n)).or_default();
+                        counts.0.add(file.size);
+                        if !young {
+                            plan.unretained_files
+                                .push(judged(Reason::Unretained, Some(n)));
+                        }
+                    }
+                    None if young => plan.young.add(file.size),
+                    None => plan.garbage.push(judged(Reason::InFlight, Some(n))),
+                },
+                Place::Shared => {
+                    if retained_files.contains(file.rel.as_str()) {
+                        continue;
+                    }
+                    if unretained_referenced.contains(file.rel.as_str()) {
+                        for n in unretained_named
+                            .iter()
+                            .filter(|n| n.files.contains(&file.rel))
+                        {
+                            let counts = unretained_counts
+                                .entry((n.job.clone(), n.checkpoint))
+                                .or_default();
+                            counts.1.add(file.size);
+                        }
+                        if !young {
+                            plan.unretained_files.push(judged(Reason::Unretained, None));
+                        }
+                    } else if young {
+                        plan.young.add(file.size);
+                    } else {
+                        plan.garbage.push(judged(Reason::Unreferenced, None));
+                    }
+                }
+                Place::Elsewhere => {}
+            }
+        }
+    }
+    // A job directory given as SRC is named by its own name (the job id, unless copied).
+    let root_name = src
+        .describe()
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or("")
+        .to_string();
+    for n in unretained_named.iter().rev() {
+        let (own, shared) = unretained_counts
+            .get(&(n.job.clone(), n.checkpoint))
+            .copied()
+            .unwrap_or_default();
+        plan.unretained.push(Unretained {
+            job: n.job.clone(),
+            job_id: if n.job.is_empty() {
+                root_name.clone()
+            } else {
+                n.job.clone()
+            },
+            checkpoint: n.checkpoint,
+            path: join(&n.job, &format!("chk-{}", n.checkpoint)),
+            completed_unix_ms: unix_ms(n.completed),
+            own,
+            shared,
+        });
+    }
+    plan.unretained
+        .sort_by(|a, b| (&a.job, a.checkpoint).cmp(&(&b.job, b.checkpoint)));
+    plan.garbage.sort_by(|a, b| a.path.cmp(&b.path));
+    plan.unretained_files.sort_by(|a, b| a.path.cmp(&b.path));
+    for g in &plan.garbage {
+        plan.garbage_total.add(g.bytes);
+    }
+    for g in &plan.unretained_files {
+        plan.unretained_total.add(g.bytes);
+    }
+    Ok(plan)
+}
+
+/// Checkpoint `n`'s `_metadata` at `rel` of `tree`, read and parsed, and the files it
+/// names below `main` (with how many it names outside); `None` if it has none (never
+/// completed). `completed`: its time, if the listing has it. Anything unreadable or
+/// unparsable refuses the run.
+fn read_named(
+    tree: &dyn Tree,
+    main: &dyn Tree,
+    job: &str,
+    n: u64,
+    rel: &str,
+    completed: Option<SystemTime>,
+) -> Result<Option<(Named, u64)>> {
+    let refuse = |e: Error| {
+        Error::Invalid(format!(
+            "{}: {e}; nothing was deleted (which files its checkpoint uses is unknown)",
+            tree.show(rel)
+        ))
+    };
+    let Some(_) = tree.size_of(rel).map_err(refuse)? else {
+        return Ok(None);
+    };
+    let dir = rel.rsplit_once('/').map_or("", |(d, _)| d);
+    // Its time, for one written since the listing: from a listing of its directory (a
+    // local file's mtime, an object's last modification).
+    let completed = match completed {
+        Some(at) => at,
+        None => tree
+            .list(dir)
+            .map_err(refuse)?
+            .into_iter()
+            .find(|e| e.name == METADATA)
+            .and_then(|e| e.modified)
+            .unwrap_or_else(SystemTime::now),
+    };
+    let bytes = tree.read(rel, MAX_METADATA_BYTES).map_err(refuse)?;
+    let parsed = metadata::parse(&bytes).map_err(refuse)?;
+    let mut files = BTreeSet::new();
+    let mut outside = 0u64;
+    let mut outside_names = Vec::new();
+    let mut name = |handle: &StreamHandle| match handle {
+        StreamHandle::File { path, .. } | StreamHandle::Segment { path, .. } => {
+            match main.locate(path) {
+                Some(rel) => {
+                    files.insert(rel);
+                }
+                None => {
+                    outside += 1;
+                    outside_names.push(path.rsplit('/').next().unwrap_or("").to_string());
+                }
+            }
+        }
+        StreamHandle::Relative { path, .. } => {
+            if checked_relative(&path, path).is_ok() {
+                files.insert(join(dir, path));
+            }
+        }
+        StreamHandle::Inline(_) | StreamHandle::EmptySegment => {}
+    };
+    for op in &parsed.operators {
+        if let Some(h) = &op.coordinator_state {
+            name(h);
+        }
+        for subtask in &op.subtasks {
+            for h in [&subtask.managed_operator_state, &subtask.raw_operator_state]
+                .into_iter()
+                .flatten()
+            {
+                if let Some(h) = &h.handle {
+                    name(h);
+                }
+            }
+            for keyed in [&subtask.managed_keyed, &subtask.raw_keyed]
+                .into_iter()
+                .flatten()
+            {
+                match keyed {
+                    KeyedHandle::Incremental(h) => {
+                        name(&h.meta);
+                        for (_, h) in h.shared.iter().chain(&h.private) {
+                            name(h);
+                        }
+                    }
+                    KeyedHandle::KeyGroups { handle, .. } => {
+                        if let Some(h) = handle {
+                            name(h);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(Some((
+        Named {
+            job: job.to_string(),
+            checkpoint: n,
+            completed,
+            files,
+            outside: outside_names,
+        },
+        outside,
+    )))
+}
+
+/// Delete what `plan` judged garbage (and, with `unretained`, the checkpoints Flink no
+/// longer retains): scanned a second time first, and only what both scans judged deleted.
+/// A failed delete is reported, never retried blindly; the rest goes on.
+pub fn delete(
+    src: &FlinkSource,
+    first: &GcPlan,
+    options: &GcOptions,
+    unretained: bool,
+) -> Result<GcDone> {
+    let second = plan(src, options)?;
+    let tree = src.tree();
+    let mut done = GcDone::default();
+    let again: BTreeSet<&str> = second.garbage.iter().map(|g| g.path.as_str()).collect();
+    let mut doomed: Vec<&GcFile> = Vec::new();
+    for g in &first.garbage {
+        if again.contains(g.path.as_str()) {
+            doomed.push(g);
+        } else {
+            done.kept_by_second_scan += 1;
+        }
+    }
+    remove_all(tree, &doomed, &mut done);
+    let mut dirs: BTreeSet<String> = doomed
+        .iter()
+        .filter_map(|g| g.checkpoint.map(|n| join(&g.job, &format!("chk-{n}"))))
+        .collect();
+    if unretained {
+        let again: BTreeSet<&str> = second
+            .unretained_files
+            .iter()
+            .map(|g| g.path.as_str())
+            .collect();
+        let mut files: Vec<&GcFile> = Vec::new();
+        for g in &first.unretained_files {
+            if again.contains(g.path.as_str()) {
+                files.push(g);
+            } else {
+                done.kept_by_second_scan += 1;
+            }
+        }
+        // Each checkpoint's `_metadata` first: a checkpoint half deleted must not look
+        // complete.
+        let (metadata, rest): (Vec<&GcFile>, Vec<&GcFile>) = files
+            .into_iter()
+            .partition(|g| g.checkpoint.is_some() && g.path.rsplit('/').next() == Some(METADATA));
+        remove_all(tree, &metadata, &mut done);
+        remove_all(tree, &rest, &mut done);
+        for u in &first.unretained {
+            dirs.insert(u.path.clone());
+        }
+    }
+    // Emptied directories, deepest first.
+    let mut all_dirs: Vec<String> = Vec::new();
+    for dir in dirs {
+        if let Ok(below) = tree.walk(&dir) {
+            all_dirs.extend(
+                below
+                    .into_iter()
+                    .filter(|w| w.kind == EntryKind::Dir)
+                    .map(|w| w.rel),
+            );
+        }
+        all_dirs.push(dir);
+    }
+    all_dirs.sort_by_key(|d| std::cmp::Reverse(d.matches('/').count()));
+    for dir in all_dirs {
+        if matches!(tree.remove_empty_dir(&dir), Ok(true)) {
+            done.dirs_removed += 1;
+        }
+    }
+    Ok(done)
+}
+
+fn remove_all(tree: &Arc<dyn Tree>, files: &[&GcFile], done: &mut GcDone) {
+    // Object storage answers one delete per request: several at once.
+    let results = crate::fsutil::parallel_map(files, 16, |g| tree.remove_file(&g.path, &g.seen));
+    for (g, result) in files.iter().zip(results) {
+        match result {
+            Ok(true) => done.deleted.add(g.bytes),
+            Ok(false) => done.gone += 1,
+            Err(e) => done.failed.push((g.path.clone(), e.to_string())),
+        }
+    }
+}

@@ -1,0 +1,492 @@
+//! `ckptfs flink-gc`: what Flink leaves in its own checkpoint directory, judged against an
+//! independent reading of every `_metadata` (the paths in them found by scanning their
+//! bytes for Java's length-prefixed `file:` strings, not by ckptfs's parser): on the real
+//! Flink job's fixture laid out where it was written (local and on moto), and on real jobs
+//! killed with -9 mid-checkpoint and restored in CLAIM and NO_CLAIM mode, which restore
+//! afterwards with their state intact.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use serde_json::Value;
+
+use crate::common::mounted::{ckptfs, ok};
+use crate::flink::{cp_a, file_handles, fixture};
+
+const JOB: &str = "a312c9034e3e0d2016dae60431b4c9dc";
+
+/// Every file path a `_metadata` names, read from its bytes: Java's `writeUTF` puts a
+/// big-endian u16 length before each string, and a file handle is type byte 2 and an i64
+/// size before it (a `file:` string elsewhere is an inline handle's name, no file).
+fn named_paths(bytes: &[u8]) -> Vec<String> {
+    named_at(bytes).into_iter().map(|(_, p)| p).collect()
+}
+
+/// [`named_paths`], each with the offset of its length prefix.
+fn named_at(bytes: &[u8]) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut i = 2;
+    while i + 5 <= bytes.len() {
+        if &bytes[i..i + 5] == b"file:" && i >= 11 && bytes[i - 11] == 2 {
+            let len = u16::from_be_bytes([bytes[i - 2], bytes[i - 1]]) as usize;
+            if let Some(Ok(s)) = bytes.get(i..i + len).map(std::str::from_utf8) {
+                let path = s.trim_start_matches("file:");
+                let path = path.strip_prefix("//").unwrap_or(path);
+                out.push((i - 2, path.to_string()));
+                i += len;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// A file below the checkpoint root: its path relative to it, size and mtime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    size: u64,
+    modified: SystemTime,
+}
+
+/// Every regular file below `dir` (links not followed, not listed), by path relative to
+/// `root`.
+fn files(root: &Path, dir: &Path, out: &mut BTreeMap<String, Seen>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries {
+        let Ok(entry) = entry else { continue };
+        let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
+            continue;
+        };
+        if meta.is_dir() {
+            files(root, &entry.path(), out);
+        } else if meta.is_file() {
+            let rel = entry
+                .path()
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .into();
+            out.insert(
+                rel,
+                Seen {
+                    size: meta.len(),
+                    modified: meta.modified().unwrap(),
+                },
+            );
+        }
+    }
+}
+
+fn listing(root: &Path) -> BTreeMap<String, Seen> {
+    let mut out = BTreeMap::new();
+    files(root, root, &mut out);
+    out
+}
+
+/// The job directories under a checkpoint root.
+fn jobs(root: &Path) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| ckptfs_core::flink::import::is_job_id(n))
+        .collect();
+    out.sort();
+    out
+}
+
+/// The completed checkpoints of a job directory, oldest first.
+fn completed(job: &Path) -> Vec<u64> {
+    let mut out: Vec<u64> = std::fs::read_dir(job)
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.unwrap();
+            let n = e.file_name().into_string().unwrap();
+            let n: u64 = n.strip_prefix("chk-")?.parse().ok()?;
+            e.path().join("_metadata").is_file().then_some(n)
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// What the test judges garbage under `root` (files written before `cutoff`), by the rules
+/// of the manual: below a job's chk-N/ (no `_metadata`), shared/ or taskowned/, named by no
+/// `_metadata` of a retained checkpoint (each job's newest `retained`) nor of an unretained
+/// one, and not in a completed checkpoint's directory.
+fn expected_garbage(root: &Path, cutoff: SystemTime) -> BTreeSet<String> {
+    let root = root.canonicalize().unwrap();
+    let all = listing(&root);
+    let mut named = BTreeSet::new();
+    let mut complete_dirs = BTreeSet::new();
+    for job in jobs(&root) {
+        for n in completed(&root.join(&job)) {
+            complete_dirs.insert(format!("{job}/chk-{n}/"));
+            let bytes = std::fs::read(root.join(&job).join(format!("chk-{n}/_metadata"))).unwrap();
+            for path in named_paths(&bytes) {
+                if let Ok(rel) = Path::new(&path).strip_prefix(&root) {
+                    named.insert(rel.to_string_lossy().into_owned());
+                }
+            }
+        }
+    }
+    all.iter()
+        .filter(|(rel, seen)| {
+            let mut parts = rel.splitn(3, '/');
+            let (job, top) = (parts.next().unwrap(), parts.next().unwrap_or(""));
+            let looked_at = ckptfs_core::flink::import::is_job_id(job)
+                && parts.next().is_some()
+                && (top.starts_with("chk-") || top == "shared" || top == "taskowned");
+            looked_at
+                && !named.contains(*rel)
+                && !complete_dirs.iter().any(|d| rel.starts_with(d.as_str()))
+                && seen.modified < cutoff
+        })
+        .map(|(rel, _)| rel.clone())
+        .collect()
+}
+
+fn gc_json(args: &[&str]) -> Value {
+    let mut all = vec!["flink-gc"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    serde_json::from_str(&ok(ckptfs(&all))).unwrap()
+}
+
+fn garbage_of(report: &Value) -> BTreeSet<String> {
+    report["garbage"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["path"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn set_age(path: &Path, age: Duration) {
+    let file = std::fs::File::options().write(true).open(path).unwrap();
+    file.set_modified(SystemTime::now() - age).unwrap();
+}
+
+/// The fixture job laid out as Flink wrote it, at `root/<job>/`: every `_metadata` naming
+/// its files where they now are, every file two hours old.
+fn fixture_at(root: &Path) -> PathBuf {
+    use ckptfs_core::flink::metadata;
+    std::fs::create_dir_all(root).unwrap();
+    let job = root.join(JOB);
+    cp_a(&fixture(), &job);
+    for n in [4, 5, 6] {
+        let md = job.join(format!("chk-{n}/_metadata"));
+        let bytes = std::fs::read(&md).unwrap();
+        // Every path, the chk-N/ files' too.
+        let paths = named_at(&bytes)
+            .into_iter()
+            .map(|(at, path)| {
+                let (_, below) = path.split_once(&format!("/{JOB}/")).unwrap();
+                (at, format!("file:{}/{below}", job.display()))
+            })
+            .collect();
+        std::fs::write(&md, metadata::with_paths(&bytes, paths).unwrap()).unwrap();
+    }
+    for (rel, _) in listing(&job) {
+        set_age(&job.join(rel), Duration::from_secs(7200));
+    }
+    job
+}
+
+/// The fixture in place, with what failovers leave planted beside it: the dry run finds
+/// exactly the garbage the test computes and leaves young files, links and what is no
+/// checkpoint's alone; a `_metadata` that does not parse, a moved copy and a grace below
+/// the checkpoint timeout refuse the run; `--delete` deletes exactly the garbage, the
+/// checkpoints still import, and `--delete-unretained` drops the checkpoints Flink no
+/// longer retains, saying which the store holds.
+#[test]
+fn flink_gc_finds_exactly_the_garbage_of_a_flink_directory_and_deletes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ck");
+    let job = fixture_at(&root);
+    let old = Duration::from_secs(7200);
+    let plant = |rel: &str, age: Option<Duration>| {
+        let path = job.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, format!("left behind: {rel}")).unwrap();
+        if let Some(age) = age {
+            set_age(&path, age);
+        }
+    };
+    plant("chk-7/1f0c7a52-in-flight", Some(old));
+    plant("shared/9d3e0b11-aborted-upload", Some(old));
+    plant("taskowned/5e2a-old", Some(old));
+    plant("shared/7a1b-young", None);
+    plant("stray-file", Some(old));
+    std::os::unix::fs::symlink("/etc/hostname", job.join("shared/link")).unwrap();
+    let root_s = root.to_str().unwrap();
+
+    let expected = expected_garbage(&root, SystemTime::now() - Duration::from_secs(3600));
+    for planted in [
+        "chk-7/1f0c7a52-in-flight",
+        "shared/9d3e0b11-aborted-upload",
+        "taskowned/5e2a-old",
+    ] {
+        assert!(
+            expected.contains(&format!("{JOB}/{planted}")),
+            "{expected:?}"
+        );
+    }
+    let report = gc_json(&[root_s, "--num-retained", "3"]);
+    assert_eq!(garbage_of(&report), expected, "{report}");
+    assert_eq!(report["young"]["files"], 1, "{report}");
+    assert_eq!(report["left_alone"][0][0], format!("{JOB}/shared/link"));
+    assert_eq!(report["jobs"][0]["completed"], serde_json::json!([4, 5, 6]));
+    assert_eq!(report["jobs"][0]["incomplete"], serde_json::json!([7]));
+    assert!(report["unretained"].as_array().unwrap().is_empty());
+    assert!(report["deleted"].is_null());
+    let bytes: u64 = expected
+        .iter()
+        .map(|p| std::fs::metadata(root.join(p)).unwrap().len())
+        .sum();
+    assert_eq!(report["garbage_total"]["bytes"], bytes);
+    // The table says the same.
+    let table = ok(ckptfs(&["flink-gc", root_s, "--num-retained", "3"]));
+    assert!(
+        table.contains("in the directory of a checkpoint that never completed: 1 files"),
+        "{table}"
+    );
+    assert!(table.contains("dry run: nothing deleted"), "{table}");
+
+    // Refused, nothing changed: a grace below the timeout, a `_metadata` that does not parse,
+    // a moved copy.
+    let before = listing(&root);
+    let out = ckptfs(&["flink-gc", root_s, "--grace", "5m", "--delete"]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && e.contains("shorter than the checkpoint timeout"),
+        "{e}"
+    );
+    plant("chk-8/_metadata", Some(old));
+    let out = ckptfs(&["flink-gc", root_s, "--delete"]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{e}");
+    assert!(
+        e.contains("chk-8/_metadata") && e.contains("nothing was deleted"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(job.join("chk-8")).unwrap();
+    let moved = dir.path().join("moved");
+    std::fs::create_dir(&moved).unwrap();
+    cp_a(&job, &moved.join(JOB));
+    let out = ckptfs(&["flink-gc", moved.to_str().unwrap(), "--delete"]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && e.contains("moved or copied"),
+        "{e}"
+    );
+    assert_eq!(listing(&root), before);
+
+    // The checkpoints Flink no longer retains, with --store: which ones the store holds.
+    let store = dir.path().join("store");
+    ok(ckptfs(&[
+        "import-flink",
+        job.to_str().unwrap(),
+        store.to_str().unwrap(),
+    ]));
+    let report = gc_json(&[
+        root_s,
+        "--num-retained",
+        "1",
+        "--store",
+        store.to_str().unwrap(),
+    ]);
+    let unretained: Vec<u64> = report["unretained"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["checkpoint"].as_u64().unwrap())
+        .collect();
+    assert_eq!(unretained, [4, 5], "{report}");
+    assert_eq!(report["imported"], serde_json::json!([1, 2]), "{report}");
+    // What deleting them frees: their directories, and the files only they name.
+    let named = |n: u64| -> BTreeSet<String> {
+        let bytes = std::fs::read(job.join(format!("chk-{n}/_metadata"))).unwrap();
+        named_paths(&bytes)
+            .into_iter()
+            .map(|p| {
+                let rel = Path::new(&p)
+                    .strip_prefix(root.canonicalize().unwrap())
+                    .unwrap();
+                rel.to_string_lossy().into_owned()
+            })
+            .collect()
+    };
+    assert!(report["broken"].as_array().unwrap().is_empty(), "{report}");
+    let newest = named(6);
+    let mut freed: BTreeSet<String> = named(4).union(&named(5)).cloned().collect();
+    freed.retain(|p| !newest.contains(p));
+    for n in [4, 5] {
+        for (rel, _) in listing(&job.join(format!("chk-{n}"))) {
+            freed.insert(format!("{JOB}/chk-{n}/{rel}"));
+        }
+    }
+    let listed: BTreeSet<String> = report["unretained_files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["path"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(listed, freed, "{report:#}");
+    assert_eq!(
+        garbage_of(&report),
+        expected,
+        "unretained files are not garbage"
+    );
+
+    // --delete: exactly the garbage goes.
+    let report = gc_json(&[root_s, "--num-retained", "3", "--delete"]);
+    assert_eq!(
+        report["deleted"]["deleted"]["files"],
+        expected.len(),
+        "{report}"
+    );
+    let after = listing(&root);
+    let mut kept = before.clone();
+    kept.retain(|rel, _| !expected.contains(rel));
+    assert_eq!(after, kept);
+    assert!(!job.join("chk-7").exists(), "the emptied chk-7/ is removed");
+    assert!(std::fs::symlink_metadata(job.join("shared/link")).is_ok());
+    assert!(garbage_of(&gc_json(&[root_s, "--num-retained", "3"])).is_empty());
+    let again = dir.path().join("store-again");
+    let imported = ok(ckptfs(&[
+        "import-flink",
+        job.to_str().unwrap(),
+        again.to_str().unwrap(),
+    ]));
+    assert_eq!(imported.lines().count(), 3, "{imported}");
+
+    // --delete-unretained: checkpoints 4 and 5 go, with the files only they name; 6 stays
+    // whole.
+    gc_json(&[
+        root_s,
+        "--num-retained",
+        "1",
+        "--delete",
+        "--delete-unretained",
+    ]);
+    assert!(!job.join("chk-4").exists() && !job.join("chk-5").exists());
+    for rel in &freed {
+        assert!(!root.join(rel).exists(), "{rel}");
+    }
+    for rel in &newest {
+        assert!(root.join(rel).is_file(), "{rel}");
+    }
+    let last = dir.path().join("store-last");
+    let imported = ok(ckptfs(&[
+        "import-flink",
+        job.to_str().unwrap(),
+        last.to_str().unwrap(),
+    ]));
+    assert_eq!(imported.lines().count(), 1, "{imported}");
+    // A file a checkpoint names, lost: the checkpoint is reported broken.
+    std::fs::remove_file(root.join(newest.iter().next().unwrap())).unwrap();
+    let report = gc_json(&[root_s]);
+    assert_eq!(
+        report["broken"],
+        serde_json::json!([{"job": JOB, "checkpoint": 6, "missing": 1}])
+    );
+}
+
+/// The same on object storage: the fixture's objects on moto, their `_metadata` naming
+/// them by `s3://` URI. Objects cannot be made old, so the grace is 2 s (the jobs'
+/// timeout said to be as short): what is older goes, the young object stays.
+#[test]
+fn flink_gc_on_object_storage_deletes_the_unreferenced_objects() {
+    use ckptfs_core::flink::metadata;
+    let moto = crate::common::moto::moto();
+    let bucket = &moto.bucket();
+    let prefix = format!("gc/ck/{JOB}");
+    let put = |key: &str, bytes: &[u8]| {
+        crate::common::moto::put_object(moto.port, bucket, &format!("{prefix}/{key}"), bytes)
+    };
+    let mut named = BTreeSet::new();
+    for entry in std::fs::read_dir(fixture().join("shared")).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        put(
+            &format!("shared/{name}"),
+            &std::fs::read(entry.path()).unwrap(),
+        );
+    }
+    let mut all_shared: BTreeSet<String> = std::fs::read_dir(fixture().join("shared"))
+        .unwrap()
+        .map(|e| {
+            format!(
+                "{JOB}/shared/{}",
+                e.unwrap().file_name().into_string().unwrap()
+            )
+        })
+        .collect();
+    for n in [4, 5, 6] {
+        let chk = fixture().join(format!("chk-{n}"));
+        let bytes = std::fs::read(chk.join("_metadata")).unwrap();
+        let paths: Vec<(usize, String)> = file_handles(&bytes)
+            .into_iter()
+            .map(|(at, path, _)| {
+                let uuid = path.rsplit('/').next().unwrap();
+                named.insert(format!("{JOB}/shared/{uuid}"));
+                (at, format!("s3://{bucket}/{prefix}/shared/{uuid}"))
+            })
+            .collect();
+        put(
+            &format!("chk-{n}/_metadata"),
+            &metadata::with_paths(&bytes, paths).unwrap(),
+        );
+    }
+    put("chk-7/0b8e3c52-in-flight", b"partial");
+    put("shared/3c1d-aborted", b"never named");
+    all_shared.insert(format!("{JOB}/shared/3c1d-aborted"));
+    std::thread::sleep(Duration::from_secs(3));
+    put("shared/4e2f-young", b"being uploaded");
+    let src = format!("s3://{bucket}/gc/ck");
+    let args = [
+        src.as_str(),
+        "--grace",
+        "2s",
+        "--checkpoint-timeout",
+        "2s",
+        "--num-retained",
+        "3",
+    ];
+    let env = crate::common::moto::env_for(moto.port);
+    let run = |extra: &[&str]| -> Value {
+        let mut all = vec!["flink-gc"];
+        all.extend_from_slice(&args);
+        all.extend_from_slice(extra);
+        all.push("--json");
+        serde_json::from_str(&ok(crate::common::s3::ckptfs_with_env(&all, &env))).unwrap()
+    };
+    let mut expected: BTreeSet<String> = all_shared.difference(&named).cloned().collect();
+    expected.insert(format!("{JOB}/chk-7/0b8e3c52-in-flight"));
+    let report = run(&[]);
+    assert_eq!(garbage_of(&report), expected, "{report}");
+    assert_eq!(report["young"]["files"], 1);
+    let scanned = report["scanned"]["files"].as_u64().unwrap();
+    let report = run(&["--delete"]);
+    assert_eq!(
+        report["deleted"]["deleted"]["files"],
+        expected.len(),
+        "{report}"
+    );
+    let report = run(&[]);
+    assert!(garbage_of(&report).is_empty(), "{report}");
+    assert_eq!(
+        report["scanned"]["files"].as_u64().unwrap(),
+        scanned - expected.len() as u64
+    );
+    // What is left still imports.
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let out =
+        crate::common::s3::ckptfs_with_env(&["import-flink", &src, store.to_str().unwrap()], &env);
+    assert_eq!(ok(out).lines().count(), 3);
+}
