@@ -123,7 +123,7 @@ pub(crate) enum Command {
     /// checkpoint names, outside every completed checkpoint's directory, and written more
     /// than --grace before the scan (a checkpoint in flight uploads before its _metadata
     /// exists). Completed checkpoints older than the newest --num-retained of their job
-    /// are listed apart. A dry run unless --delete; any _metadata that cannot be parsed
+    /// are listed apart. A dry run unless --delete. Any _metadata that cannot be parsed
     /// refuses the whole run.
     FlinkGc(FlinkGcArgs),
     /// Give checkpoint N, imported from Flink, back to Flink.
