@@ -214,6 +214,28 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Show what changed from checkpoint A to checkpoint B: per backend and state the files
+    /// added, removed and changed (same name, other content) with their bytes, from the
+    /// manifests; with --keys, the keys added, removed and changed per column family.
+    Diff {
+        /// A mountpoint, or a store (a directory or s3://BUCKET/PREFIX).
+        path: PathBuf,
+        /// The checkpoint compared from.
+        a: u64,
+        /// The checkpoint compared to (may be older than A, or A itself).
+        b: u64,
+        /// Print the report as one JSON document.
+        #[arg(long)]
+        json: bool,
+        /// Also compare keys: write both checkpoints' differing backends out to a private
+        /// directory under $TMPDIR and iterate them with RocksDB (read-only).
+        #[arg(long)]
+        keys: bool,
+        /// With --keys, list at most N changed keys per backend and column family (the
+        /// counts are always exact).
+        #[arg(long, requires = "keys", value_name = "N", default_value_t = ckptfs_core::commands::diff::keys::DEFAULT_LIMIT)]
+        limit: usize,
+    },
     /// Recount references, verify every object, list orphans, missing and corrupt objects.
     Fsck {
         /// A store directory or s3://BUCKET/PREFIX (takes the store's lease).

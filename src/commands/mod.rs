@@ -1,9 +1,10 @@
 //! What each subcommand does, one file per family: [`mount`] (mount, umount), [`mounted`]
 //! (checkpoint, put, del, load, rm: through a mount's control file), [`show`] (ls, status,
-//! graph), [`import`] (import, import-flink), [`restore`] (restore, export-flink),
-//! [`flink_gc`], [`fsck`], and [`tools`] (scan, workload). The engine's work is in `ckptfs-core`; these
-//! turn arguments into its calls and its answers into output.
+//! graph, du), [`diff`], [`import`] (import, import-flink), [`restore`] (restore,
+//! export-flink), [`flink_gc`], [`fsck`], and [`tools`] (scan, workload). The engine's work is
+//! in `ckptfs-core`; these turn arguments into its calls and its answers into output.
 
+mod diff;
 mod flink_gc;
 mod fsck;
 mod import;
@@ -86,6 +87,14 @@ pub fn run(command: Command, args: &[OsString]) -> Result<ExitCode, Error> {
         } => restore::restore(&store, checkpoint, &dest, json),
         Command::Graph { path, format } => show::graph(&path, format.as_deref()),
         Command::Du { path, id, json } => show::du(&path, id, json),
+        Command::Diff {
+            path,
+            a,
+            b,
+            json,
+            keys,
+            limit,
+        } => diff::diff(&path, a, b, json, keys.then_some(limit)),
         Command::Fsck {
             store,
             repair,

@@ -228,6 +228,28 @@ pub fn graph(path: &Path, format: Option<&str>) -> Result<ExitCode, Error> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A backend as the tables show it: `<operator>/<subtask>`, and the operator's name in
+/// parentheses when known (its control characters escaped: it comes from a `_metadata`).
+pub fn backend_text(backend: &str, name: Option<&str>) -> String {
+    match name {
+        Some(name) => format!("{backend} ({})", printable(name)),
+        None => backend.to_string(),
+    }
+}
+
+/// `text` with its control characters escaped (`\n`, `\u{1b}`), for a terminal.
+pub fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 /// Per checkpoint (or checkpoint `id` alone), its backends' files and bytes and what of
 /// them is new, shared or exclusive, and the same per state under each backend (indented):
 /// a table or JSON.
@@ -251,7 +273,7 @@ pub fn du(path: &Path, id: Option<u64>, json: bool) -> Result<ExitCode, Error> {
         .iter()
         .flat_map(|c| c.backends.iter())
         .flat_map(|b| {
-            std::iter::once(b.backend.chars().count())
+            std::iter::once(backend_text(&b.backend, b.name.as_deref()).chars().count())
                 .chain(b.states.iter().map(|s| s.state.chars().count() + 2))
         })
         .chain(["BACKEND".len(), "total".len()])
@@ -278,7 +300,7 @@ pub fn du(path: &Path, id: Option<u64>, json: bool) -> Result<ExitCode, Error> {
             "BACKEND", "FILES", "BYTES", "NEW", "SHARED", "EXCLUSIVE"
         );
         for b in &c.backends {
-            row(&b.backend, &b.usage);
+            row(&backend_text(&b.backend, b.name.as_deref()), &b.usage);
             for s in &b.states {
                 row(&format!("  {}", s.state), &s.usage);
             }

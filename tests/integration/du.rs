@@ -27,9 +27,9 @@ fn contents(dir: &Path, prefix: &str, out: &mut BTreeMap<String, Vec<u8>>) {
 }
 
 /// A checkpoint restored by `ckptfs restore`: `<operator>/<subtask>` -> file -> content.
-type Restored = BTreeMap<String, BTreeMap<String, Vec<u8>>>;
+pub(crate) type Restored = BTreeMap<String, BTreeMap<String, Vec<u8>>>;
 
-fn restore(store: &Path, id: u64, dest: &Path) -> Restored {
+pub(crate) fn restore(store: &Path, id: u64, dest: &Path) -> Restored {
     ok(ckptfs(&[
         "restore",
         store.to_str().unwrap(),
@@ -106,7 +106,7 @@ fn sst_dump_column_family(path: &Path) -> String {
 
 /// The state du counts a restored file under: an SST's column family (`sst_dump`),
 /// `(other)` for every other file.
-fn state_of(path: &Path) -> String {
+pub(crate) fn state_of(path: &Path) -> String {
     if path.extension().is_some_and(|e| e == "sst") {
         sst_dump_column_family(path)
     } else {
@@ -115,7 +115,7 @@ fn state_of(path: &Path) -> String {
 }
 
 /// Everything below `dir` with its size and modification time.
-fn tree_state(dir: &Path) -> Vec<(String, u64, std::time::SystemTime)> {
+pub(crate) fn tree_state(dir: &Path) -> Vec<(String, u64, std::time::SystemTime)> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -220,11 +220,23 @@ fn du_of_a_flink_import_matches_the_restored_files_by_content() {
     let before = tree_state(&store);
     let report: Value = serde_json::from_str(&ok(ckptfs(&["du", s, "--json"]))).unwrap();
     let job = "a312c9034e3e0d2016dae60431b4c9dc";
+    // The names tests/flink/StateJob.java gives its keyed operators (`.name(..)`), by
+    // their directories: `counter` has a uid, `totals` none (its operator id, in the
+    // fixture's README).
+    let names = crate::flink::operator_names();
     let labels: Vec<Value> = [4, 5, 6]
         .iter()
-        .map(|n| json!({"job": job, "checkpoint": n}))
+        .map(|n| json!({"job": job, "checkpoint": n, "operators": names}))
         .collect();
-    let expected = independent(&store, &ids, &labels, dir.path());
+    let mut expected = independent(&store, &ids, &labels, dir.path());
+    for c in &mut expected {
+        for b in c["backends"].as_array_mut().unwrap() {
+            let (op, _) = b["backend"].as_str().unwrap().split_once('/').unwrap();
+            if let Some(name) = names.get(op) {
+                b["name"] = json!(name);
+            }
+        }
+    }
     // The fixture exercises every figure: something new, shared and exclusive, objects
     // repeated across subtasks (the total counts them once).
     let total = |n: usize, f: &str| expected[n]["total"][f].as_u64().unwrap();
@@ -278,6 +290,13 @@ fn du_of_a_flink_import_matches_the_restored_files_by_content() {
         table.contains(&format!("flink job {job} checkpoint 5")),
         "{table}"
     );
+    // Each backend row names its operator.
+    for (op, name) in &names {
+        for subtask in [0, 1] {
+            let row = format!("  {op}/{subtask} ({name}) ");
+            assert!(table.contains(&row), "{row:?} not in {table}");
+        }
+    }
     let header = table.lines().nth(1).unwrap();
     let columns: Vec<&str> = header.split_whitespace().collect();
     assert_eq!(

@@ -35,6 +35,17 @@ pub(crate) fn expected() -> BTreeMap<(u64, String, u32, String), usize> {
         .collect()
 }
 
+/// The names tests/flink/StateJob.java gives the fixture job's keyed operators
+/// (`.name("counter")`, `.name("totals")`), by the directory of their backends: `counter`
+/// is its uid; `totals` has none, so its operator id (tests/fixtures/flink/README.md).
+pub(crate) fn operator_names() -> BTreeMap<&'static str, &'static str> {
+    [
+        ("counter", "counter"),
+        ("e0efb6bbd58638af795020b0769bc3d6", "totals"),
+    ]
+    .into()
+}
+
 /// Entries of one column family, as Debian's ldb (RocksDB 7.8) reads them.
 fn ldb_entries(db: &Path, cf: &str) -> usize {
     let out = Command::new("ldb")

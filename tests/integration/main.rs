@@ -13,6 +13,7 @@ mod control;
 mod corruption;
 mod crash;
 mod daemon;
+mod diff;
 mod du;
 mod fencing;
 mod flink;

@@ -3,7 +3,7 @@
 //! ([`FORMAT`]), and their checksummed JSON ([`seal`]). Manifests are untrusted input when
 //! read: [`Manifest::validate`] checks what they claim before anything uses it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -274,6 +274,22 @@ pub struct FlinkLabel {
     pub job: String,
     /// The Flink checkpoint's id (its `chk-<id>` directory).
     pub checkpoint: u64,
+    /// The name the job gave each keyed operator, by its directory (`<operator>` of its
+    /// backends: the uid, escaped, or the operator id), as `_metadata` version 5 on records
+    /// it; operators without a name are left out. Empty (and not written) for imports by
+    /// builds before it: such manifests keep their bytes and checksums. Part of format 8,
+    /// which no release wrote without it (a reader drops fields it does not know, so its
+    /// recomputed checksum would differ: a field added to a released format needs a new
+    /// one).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub operators: BTreeMap<String, String>,
+}
+
+impl FlinkLabel {
+    /// The name of operator directory `operator`, if the job named it.
+    pub fn operator_name(&self, operator: &str) -> Option<&str> {
+        self.operators.get(operator).map(String::as_str)
+    }
 }
 
 /// A manifest as stored: format 3 names a list object per backend, formats 1 and 2 list the

@@ -16,12 +16,17 @@
 //! object once per state). SSTs stored by a ckptfs that did not record column families
 //! (store formats 1 to 7) are under [`UNKNOWN_STATE`]; every other file (MANIFEST,
 //! OPTIONS, CURRENT, WAL, blob files, Flink's `_metadata`) under [`OTHER_STATE`].
+//!
+//! Backends are named by their directory, `<operator>/<subtask>` (for Flink, the operator's
+//! uid or else its id), and by the operator's name where the checkpoint's Flink label
+//! records it ([`FlinkLabel::operators`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
 use crate::catalog::{FileEntry, FlinkLabel, Manifest};
+use crate::names::BackendName;
 use crate::store::ObjectId;
 
 /// The state of an SST whose entry records no column family (stored before format 8).
@@ -58,6 +63,10 @@ pub struct Usage {
 pub struct BackendUsage {
     /// The backend's name, `<operator>/<subtask>`.
     pub backend: String,
+    /// The operator's name, where the checkpoint's Flink label records it (left out of the
+    /// JSON when unknown).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// Its figures.
     #[serde(flatten)]
     pub usage: Usage,
@@ -95,6 +104,12 @@ pub struct CheckpointUsage {
 pub struct DuReport {
     /// One entry per checkpoint.
     pub checkpoints: Vec<CheckpointUsage>,
+}
+
+/// The name of `backend`'s operator, where the Flink label of `manifest` records it.
+pub fn operator_name(manifest: &Manifest, backend: &BackendName) -> Option<String> {
+    let label = manifest.flink.as_ref()?;
+    label.operator_name(backend.operator()).map(str::to_string)
 }
 
 /// Where an object is referenced: the first retained checkpoint that does, and how many do.
@@ -183,6 +198,7 @@ pub fn usage(manifests: &[Manifest], only: Option<u64>) -> Option<DuReport> {
                     all.extend(objects);
                     BackendUsage {
                         backend: b.name.to_string(),
+                        name: operator_name(m, &b.name),
                         usage,
                         states,
                     }
@@ -309,11 +325,29 @@ mod tests {
         // The same object twice in one state counts once there.
         assert_eq!(states(&c5.backends[0]), [("even".into(), [3, 14, 6, 2, 6])]);
 
+        assert_eq!(c4.backends[0].name, None);
+        let mut labelled = ms.clone();
+        labelled[0].flink = Some(FlinkLabel {
+            job: "j".into(),
+            checkpoint: 9,
+            operators: [("op".to_string(), "My op".to_string())].into(),
+        });
+        let named = usage(&labelled, Some(4)).unwrap();
+        assert_eq!(
+            named.checkpoints[0].backends[1].name.as_deref(),
+            Some("My op")
+        );
+        let json = serde_json::to_value(&named).unwrap();
+        assert_eq!(json["checkpoints"][0]["backends"][0]["name"], "My op");
+        assert_eq!(json["checkpoints"][0]["flink"]["operators"]["op"], "My op");
+
         let one = usage(&ms, Some(4)).unwrap();
         assert_eq!(one.checkpoints, vec![c4.clone()]);
         assert!(usage(&ms, Some(7)).is_none());
         let json = serde_json::to_value(&one).unwrap();
         assert_eq!(json["checkpoints"][0]["backends"][1]["backend"], "op/1");
+        assert!(json["checkpoints"][0]["backends"][1].get("name").is_none());
+        assert!(json["checkpoints"][0]["flink"].is_null());
         assert_eq!(json["checkpoints"][0]["backends"][1]["exclusive"], 1);
         assert_eq!(json["checkpoints"][0]["total"]["new"], 3);
         let odd = &json["checkpoints"][0]["backends"][1]["states"][1];

@@ -159,7 +159,7 @@ impl Engine {
         };
         // The files to read are held open in `backends` until the checkpoint is stored.
         let listed = flink::subtasks(checkpoint, staging.path(), &known)?;
-        let (backends, job) = (listed.backends, listed.job);
+        let (backends, job, operators) = (listed.backends, listed.job, listed.operators);
         if held(&job) {
             return Ok(None);
         }
@@ -174,6 +174,7 @@ impl Engine {
         pending.set_flink(FlinkLabel {
             job: job.clone(),
             checkpoint: checkpoint.checkpoint,
+            operators,
         });
         let done = pending.complete_with_imports()?;
         log::info!(

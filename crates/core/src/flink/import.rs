@@ -379,6 +379,9 @@ pub struct Layout<'a> {
     /// The job's other files that are not inline: each under the last part of its path,
     /// sorted by name.
     pub job_files: Vec<(String, &'a StreamHandle)>,
+    /// The name of each operator with subtasks here, by its directory (the `<operator>` of
+    /// their backends), when the metadata gives one (version 5 on).
+    pub names: std::collections::BTreeMap<String, String>,
 }
 
 /// The [`Layout`] of a parsed checkpoint; what ckptfs does not import is refused with the
@@ -387,6 +390,7 @@ pub fn layout(metadata: &metadata::Metadata) -> Result<Layout<'_>> {
     let mut subtasks = Vec::new();
     let mut job_files: Vec<(String, &StreamHandle)> = Vec::new();
     let mut others: Vec<&StreamHandle> = Vec::new();
+    let mut names = std::collections::BTreeMap::new();
     for op in &metadata.operators {
         others.extend(&op.coordinator_state);
         let mut incremental: Vec<&metadata::IncrementalHandle> = Vec::new();
@@ -424,6 +428,9 @@ pub fn layout(metadata: &metadata::Metadata) -> Result<Layout<'_>> {
         }
         incremental.sort_by_key(|h| h.key_group_start);
         let operator = operator_dir_name(op);
+        if let (Some(name), false) = (&op.name, incremental.is_empty()) {
+            names.insert(operator.clone(), name.clone());
+        }
         for (index, handle) in incremental.into_iter().enumerate() {
             let backend = BackendName::new(&operator, index as u32)?;
             let mut files = Vec::new();
@@ -486,6 +493,7 @@ pub fn layout(metadata: &metadata::Metadata) -> Result<Layout<'_>> {
     Ok(Layout {
         subtasks,
         job_files,
+        names,
     })
 }
 
@@ -572,6 +580,7 @@ pub fn subtasks(
     Ok(Listed {
         backends: out,
         job: job.unwrap_or_else(|| completed.job.clone()),
+        operators: layout.names,
     })
 }
 
@@ -581,6 +590,8 @@ pub struct Listed {
     pub backends: Vec<Scanned>,
     /// The job's id.
     pub job: String,
+    /// The keyed operators' names, by directory ([`Layout::names`]).
+    pub operators: std::collections::BTreeMap<String, String>,
 }
 
 /// Where the files of one backend that must be written out go, and what the store holds.
