@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::Value;
 
 use crate::common::mounted::{ckptfs, ok};
-use crate::flink::{cp_a, file_handles, fixture};
+use crate::flink::{cp_a, file_handles, fixture, Job};
 
 const JOB: &str = "a312c9034e3e0d2016dae60431b4c9dc";
 
@@ -489,4 +489,252 @@ fn flink_gc_on_object_storage_deletes_the_unreferenced_objects() {
     let out =
         crate::common::s3::ckptfs_with_env(&["import-flink", &src, store.to_str().unwrap()], &env);
     assert_eq!(ok(out).lines().count(), 3);
+}
+
+/// Lines of a running job until `completes` more checkpoints are complete: the ids, and
+/// each snapshot's record count. A "mismatch" line (a key's count not what its records make
+/// it: state lost or restored wrong) fails the test.
+fn run_until(job: &mut Job, completes: usize, snapshots: &mut BTreeMap<u64, u64>) -> Vec<u64> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    let mut done = Vec::new();
+    while done.len() < completes {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint completed"
+        );
+        let Some(Ok(line)) = job.lines.next() else {
+            panic!("the Flink job ended early")
+        };
+        let w: Vec<&str> = line.split_whitespace().collect();
+        match w.as_slice() {
+            ["mismatch", ..] => panic!("the job's keyed state is wrong: {line}"),
+            ["restored", "records", m] => job.restored = m.parse().ok(),
+            ["snapshot", n, "records", m] => {
+                snapshots.insert(n.parse().unwrap(), m.parse().unwrap());
+            }
+            ["complete", n] => done.push(n.parse().unwrap()),
+            _ => {}
+        }
+    }
+    done
+}
+
+/// SIGKILL the job while one of its checkpoints is in flight with files uploaded: a
+/// `chk-N/` without `_metadata` beside a file in `shared/` no `_metadata` names.
+fn kill_mid_checkpoint(mut job: Job, root: &Path, job_dir: impl Fn() -> Option<PathBuf>) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let mut parsed: BTreeMap<PathBuf, Vec<String>> = BTreeMap::new();
+    let root = root.canonicalize().unwrap();
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never saw a checkpoint in flight with files uploaded"
+        );
+        let Some(dir) = job_dir() else { continue };
+        let mut in_flight = false;
+        let mut named = BTreeSet::new();
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let name = entry.file_name().into_string().unwrap();
+            if !name.starts_with("chk-") {
+                continue;
+            }
+            let md = entry.path().join("_metadata");
+            match std::fs::read(&md) {
+                Ok(bytes) if !bytes.is_empty() => {
+                    let paths = parsed.entry(md).or_insert_with(|| named_paths(&bytes));
+                    named.extend(paths.iter().cloned());
+                }
+                _ => in_flight = true,
+            }
+        }
+        // Every job's checkpoints count (a CLAIM job's name the other job's files).
+        for other in jobs(&root) {
+            for n in completed(&root.join(&other)) {
+                let md = root.join(&other).join(format!("chk-{n}/_metadata"));
+                if let Ok(bytes) = std::fs::read(&md) {
+                    let paths = parsed.entry(md).or_insert_with(|| named_paths(&bytes));
+                    named.extend(paths.iter().cloned());
+                }
+            }
+        }
+        let leaked = in_flight
+            && std::fs::read_dir(dir.join("shared"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| !named.contains(e.path().to_str().unwrap()));
+        if leaked {
+            let _ = job.child.kill();
+            let _ = job.child.wait();
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Real jobs leaking the ways production does, then cleaned while a job runs: job A killed
+/// with -9 mid-checkpoint; job B restored from A's newest checkpoint in CLAIM mode (its
+/// checkpoints name A's files), killed the same way; job C restored from B's newest in
+/// NO_CLAIM mode and left running. The dry run finds exactly what the test computes from
+/// every `_metadata`; `--delete`, run again and again while C checkpoints, deletes nothing
+/// that was younger than the grace or that any checkpoint names; afterwards B's and C's
+/// newest checkpoints restore with every key's count intact.
+#[test]
+fn flink_gc_cleans_after_killed_and_restored_jobs_while_one_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let classpath =
+        crate::common::java::compile_java("tests/flink/StateJob.java", &dir.path().join("classes"));
+    let ck = dir.path().join("ck");
+    std::fs::create_dir(&ck).unwrap();
+    let ck = ck.canonicalize().unwrap();
+    let opts = ["--timeout-ms", "10000", "--payload-bytes", "1024"];
+    let job_other_than = |known: Vec<String>| {
+        let ck = ck.clone();
+        move || {
+            jobs(&ck)
+                .into_iter()
+                .find(|j| !known.contains(j))
+                .map(|j| ck.join(j))
+        }
+    };
+    let mut snapshots = BTreeMap::new();
+
+    let mut a = Job::start(&classpath, &ck, 0, &opts);
+    run_until(&mut a, 3, &mut snapshots);
+    kill_mid_checkpoint(a, &ck, job_other_than(vec![]));
+    let job_a = jobs(&ck).pop().unwrap();
+    let a_newest = *completed(&ck.join(&job_a)).last().unwrap();
+    let chk = ck.join(&job_a).join(format!("chk-{a_newest}"));
+    let mut b_args = vec!["--restore", chk.to_str().unwrap(), "--claim-mode", "CLAIM"];
+    b_args.extend_from_slice(&opts);
+    let mut b = Job::start(&classpath, &ck, 0, &b_args);
+    let mut b_snapshots = BTreeMap::new();
+    // One checkpoint only: later ones compact A's SSTs away into files of B's own.
+    run_until(&mut b, 1, &mut b_snapshots);
+    kill_mid_checkpoint(b, &ck, job_other_than(vec![job_a.clone()]));
+    let killed = SystemTime::now();
+    let job_b = jobs(&ck).into_iter().find(|j| *j != job_a).unwrap();
+    let b_newest = *completed(&ck.join(&job_b)).last().unwrap();
+    let b_chk = ck.join(&job_b).join(format!("chk-{b_newest}"));
+    let b_records = b_snapshots[&b_newest];
+    // What CLAIM means: B's checkpoints name A's files.
+    let bytes = std::fs::read(b_chk.join("_metadata")).unwrap();
+    assert!(
+        named_paths(&bytes).iter().any(|p| p.contains(&job_a)),
+        "B names none of A's files"
+    );
+
+    let mut c_args = vec![
+        "--restore",
+        b_chk.to_str().unwrap(),
+        "--claim-mode",
+        "NO_CLAIM",
+    ];
+    c_args.extend_from_slice(&opts);
+    let mut c = Job::start(&classpath, &ck, 0, &c_args);
+    let mut c_snapshots = BTreeMap::new();
+    run_until(&mut c, 1, &mut c_snapshots);
+    assert_eq!(
+        c.restored,
+        Some(b_records),
+        "C starts where B's checkpoint was"
+    );
+    let job_c = jobs(&ck)
+        .into_iter()
+        .find(|j| *j != job_a && *j != job_b)
+        .unwrap();
+    // A's and B's leftovers older than the grace (10 s, the jobs' timeout).
+    let grace = Duration::from_secs(10);
+    let wait = (killed + grace + Duration::from_secs(1))
+        .duration_since(SystemTime::now())
+        .unwrap_or_default();
+    std::thread::sleep(wait);
+    let cutoff = SystemTime::now() - grace;
+    let expected: BTreeSet<String> = expected_garbage(&ck, cutoff)
+        .into_iter()
+        .filter(|p| !p.starts_with(&job_c))
+        .collect();
+    assert!(
+        expected
+            .iter()
+            .any(|p| p.starts_with(&job_a) && p.contains("/shared/")),
+        "A's in-flight checkpoint left no file: {expected:?}"
+    );
+    let args = [
+        ck.to_str().unwrap(),
+        "--grace",
+        "10s",
+        "--checkpoint-timeout",
+        "10s",
+        "--num-retained",
+        "2",
+    ];
+    let report = gc_json(&args);
+    let found: BTreeSet<String> = garbage_of(&report)
+        .into_iter()
+        .filter(|p| !p.starts_with(&job_c))
+        .collect();
+    assert_eq!(found, expected, "{report}");
+
+    // --delete, again and again while C checkpoints.
+    let mut deleted = BTreeSet::new();
+    let mut with_delete = args.to_vec();
+    with_delete.push("--delete");
+    for round in 0..4 {
+        let before = listing(&ck);
+        let start = SystemTime::now();
+        let report = gc_json(&with_delete);
+        assert_eq!(
+            report["deleted"]["failed"],
+            serde_json::json!([]),
+            "{report}"
+        );
+        for path in garbage_of(&report) {
+            let seen = before
+                .get(&path)
+                .unwrap_or_else(|| panic!("{path} was not there"));
+            assert!(
+                seen.modified + grace < start,
+                "{path} was younger than the grace"
+            );
+            if round == 0 {
+                assert!(
+                    !ck.join(&path).exists() || path.starts_with(&job_c),
+                    "{path}"
+                );
+            }
+            deleted.insert(path);
+        }
+        if round == 0 {
+            assert!(expected.is_subset(&deleted));
+        }
+        run_until(&mut c, 1, &mut c_snapshots);
+    }
+    let c_done = run_until(&mut c, 2, &mut c_snapshots);
+    drop(c);
+    // No checkpoint left names a deleted file.
+    for job in jobs(&ck) {
+        for n in completed(&ck.join(&job)) {
+            let bytes = std::fs::read(ck.join(&job).join(format!("chk-{n}/_metadata"))).unwrap();
+            for path in named_paths(&bytes) {
+                let rel = Path::new(&path).strip_prefix(&ck).unwrap();
+                assert!(!deleted.contains(rel.to_str().unwrap()), "{path}");
+            }
+        }
+    }
+    // B's newest (naming A's files) and C's newest restore, every key's count intact.
+    let c_newest = *completed(&ck.join(&job_c)).last().unwrap();
+    assert!(c_done.contains(&c_newest) || c_newest >= c_done[0]);
+    for (chk, records) in [
+        (b_chk, b_records),
+        (
+            ck.join(&job_c).join(format!("chk-{c_newest}")),
+            c_snapshots[&c_newest],
+        ),
+    ] {
+        let out = dir.path().join("ck-restored");
+        let mut job = Job::start(&classpath, &out, 0, &["--restore", chk.to_str().unwrap()]);
+        run_until(&mut job, 2, &mut BTreeMap::new());
+        assert_eq!(job.restored, Some(records), "{}", chk.display());
+    }
 }
