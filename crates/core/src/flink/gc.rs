@@ -345,7 +345,9 @@ pub fn plan(src: &FlinkSource, options: &GcOptions) -> Result<GcPlan> {
             .count();
         if copies > 0 {
             return Err(Error::Invalid(format!(
-                "{}: checkpoint {} names {copies} files outside {} that its shared/ holds                  under the same names: the directory was moved or copied, and its                  checkpoints name the original's files; nothing was deleted",
+                "{}: checkpoint {} names {copies} files outside {} that its shared/ holds \
+                 under the same names: the directory was moved or copied, and its \
+                 checkpoints name the original's files; nothing was deleted",
                 tree.show(&n.job),
                 n.checkpoint,
                 src.describe()
