@@ -654,6 +654,35 @@ mod tests {
     }
 
     #[test]
+    fn only_the_regular_file_listed_is_removed() {
+        let (dir, tree) = tree_with_files();
+        std::os::unix::fs::symlink(dir.path().join("top"), dir.path().join("shared/link")).unwrap();
+        let walked = tree.walk("").unwrap();
+        let names: Vec<&str> = walked.iter().map(|w| w.rel.as_str()).collect();
+        assert_eq!(names, ["shared", "shared/a", "shared/link", "top"]);
+        let seen = |rel: &str| walked.iter().find(|w| w.rel == rel).unwrap().clone();
+        // Written since it was listed: kept.
+        std::fs::write(dir.path().join("shared/a"), b"alpha, longer").unwrap();
+        let e = tree.remove_file("shared/a", &seen("shared/a")).unwrap_err();
+        assert_eq!(e.errno(), libc::EAGAIN, "{e}");
+        assert!(dir.path().join("shared/a").exists());
+        // A link is never removed (nor what it points to).
+        let e = tree
+            .remove_file("shared/link", &seen("shared/a"))
+            .unwrap_err();
+        assert_eq!(e.errno(), libc::EINVAL, "{e}");
+        // As listed: removed; then gone.
+        let top = seen("top");
+        assert!(tree.remove_file("top", &top).unwrap());
+        assert!(!tree.remove_file("top", &top).unwrap());
+        // A directory only when empty.
+        assert!(!tree.remove_empty_dir("shared").unwrap());
+        assert!(dir.path().join("shared").is_dir());
+        let e = tree.remove_file("../x", &top).unwrap_err();
+        assert_eq!(e.errno(), libc::EACCES, "{e}");
+    }
+
+    #[test]
     fn files_below_the_root_are_read() {
         let (_dir, tree) = tree_with_files();
         assert_eq!(tree.read("shared/a", 100).unwrap(), b"alpha");

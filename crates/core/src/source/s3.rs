@@ -197,10 +197,20 @@ impl Tree for S3Tree {
         Ok(out)
     }
 
-    fn remove_file(&self, rel: &str, _seen: &Walked) -> Result<bool> {
-        // (S3 has no conditional delete of a general purpose bucket's object: a Flink file's
-        // name is a fresh UUID, never written twice.)
-        self.remote.delete_key(&self.key(rel)?)
+    fn remove_file(&self, rel: &str, seen: &Walked) -> Result<bool> {
+        // Looked up first: gone already, or another object under the name since it was
+        // listed (S3 has no conditional delete of a general purpose bucket's object; a
+        // Flink file's name is a fresh UUID, never written twice).
+        let key = self.key(rel)?;
+        match self.remote.size_of(&key)? {
+            None => Ok(false),
+            Some(size) if size != seen.size => Err(refused(
+                self.show(rel),
+                "written since it was listed: not deleted",
+                libc::EAGAIN,
+            )),
+            Some(_) => self.remote.delete_key(&key).map(|()| true),
+        }
     }
 
     fn remove_empty_dir(&self, _rel: &str) -> Result<bool> {

@@ -259,15 +259,12 @@ impl Remote {
         })
     }
 
-    /// Delete object `key` (a whole key of the bucket); `false` if there was none to
-    /// delete (S3 answers a delete of a missing key as done: it is looked up first).
-    pub fn delete_key(&self, key: &str) -> Result<bool> {
-        if self.size_of(key)?.is_none() {
-            return Ok(false);
-        }
+    /// Delete object `key` (a whole key of the bucket; S3 answers a delete of a missing key
+    /// as done).
+    pub fn delete_key(&self, key: &str) -> Result<()> {
         let what = format!("delete s3://{}/{key}", self.bucket);
         match self.block_on(self.deleter.delete(&Key::from(key))) {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(true),
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(remote_error(&what, e)),
         }
     }
