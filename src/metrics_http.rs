@@ -55,6 +55,8 @@ impl MetricsServer {
             .set_nonblocking(true)
             .map_err(|e| Error::io(format!("--metrics-listen {addr}"), e))?;
         let runtime = tokio::runtime::Builder::new_current_thread()
+            // Answers are made on these (at most two at once: two cores' worth).
+            .max_blocking_threads(2)
             .enable_io()
             .enable_time()
             .build()
@@ -123,9 +125,22 @@ async fn serve(
         let engine = engine.clone();
         let page = page.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let response = answer(&request, &engine, &page);
-                async move { Ok::<_, Infallible>(response) }
+            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                let (engine, page) = (engine.clone(), page.clone());
+                let get = matches!(request.method(), &Method::GET | &Method::HEAD);
+                let path = request.uri().path().to_string();
+                // Off the accepting thread: the first page after a checkpoint counts du
+                // over every retained checkpoint.
+                async move {
+                    let answered =
+                        tokio::task::spawn_blocking(move || answer(get, &path, &engine, &page));
+                    Ok::<_, Infallible>(answered.await.unwrap_or_else(|e| {
+                        log::error!("metrics endpoint: {e}");
+                        let mut failed = Response::new(Full::new(Bytes::new()));
+                        *failed.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                        failed
+                    }))
+                }
             });
             let served = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -139,11 +154,10 @@ async fn serve(
     }
 }
 
-/// `GET /metrics` (or `HEAD`): the metrics; `GET /`: the page; anything else: 404 or 405
-/// with a hint.
-fn answer(request: &Request<Incoming>, engine: &Engine, page: &Page) -> Response<Full<Bytes>> {
-    let get = matches!(request.method(), &Method::GET | &Method::HEAD);
-    let (status, content_type, body) = match (get, request.uri().path()) {
+/// `GET /metrics` (or `HEAD`; `get` says whether the method was one of them): the
+/// metrics; `GET /`: the page; anything else: 404 or 405 with a hint.
+fn answer(get: bool, path: &str, engine: &Engine, page: &Page) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = match (get, path) {
         (true, "/metrics") => (
             StatusCode::OK,
             metrics::CONTENT_TYPE,

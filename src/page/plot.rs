@@ -112,6 +112,19 @@ fn axis(max: u64) -> (u64, Vec<u64>) {
     (top, ticks)
 }
 
+/// Most characters of a name in the legend (the areas' tooltips give it whole).
+const LEGEND_CHARS: usize = 34;
+
+/// `name` cut to [`LEGEND_CHARS`], with an ellipsis where it was cut.
+fn legend_name(name: &str) -> String {
+    if name.chars().count() <= LEGEND_CHARS {
+        return name.to_string();
+    }
+    let mut cut: String = name.chars().take(LEGEND_CHARS - 1).collect();
+    cut.push('…');
+    cut
+}
+
 /// A tick's label: [`human_bytes`] without a trailing `.0` (`50 KiB`, `1.5 MiB`).
 fn axis_label(bytes: u64) -> String {
     human_bytes(bytes).replace(".0 ", " ")
@@ -351,7 +364,7 @@ fn states_plot(out: &mut String, h: &History, series: &[Series]) {
                     out,
                     "<text x=\"{LEGEND_X}\" y=\"{}\" font-weight=\"bold\">{}</text>",
                     STATES_TOP + line * LEGEND_LINE + 10.0,
-                    escape(s.operator)
+                    escape(&legend_name(s.operator))
                 );
                 line += 1.0;
             }
@@ -365,7 +378,7 @@ fn states_plot(out: &mut String, h: &History, series: &[Series]) {
             s.colour,
             LEGEND_X + 26.0,
             y + 10.0,
-            escape(s.state)
+            escape(&legend_name(s.state))
         );
         line += 1.0;
     }
@@ -385,5 +398,10 @@ mod tests {
         let (top, ticks) = axis(3 << 20);
         assert_eq!(top, 3 << 20);
         assert_eq!(ticks.len(), 4);
+        assert_eq!(axis_label(50 << 10), "50 KiB");
+        assert_eq!(legend_name("short"), "short");
+        let long = "x".repeat(40);
+        assert_eq!(legend_name(&long).chars().count(), LEGEND_CHARS);
+        assert!(legend_name(&long).ends_with('…'));
     }
 }
