@@ -419,7 +419,8 @@ code{font-size:.95em}dl{display:grid;grid-template-columns:max-content auto;gap:
 dt{color:#666}dd{margin:0}table{border-collapse:collapse;width:100%;font-size:.9em}\
 th,td{text-align:right;padding:.2em .5em;border-bottom:1px solid #e4e4e4}\
 th:first-child,td:first-child,#largest-states td:nth-child(2),\
-#largest-states th:nth-child(2),#checkpoint-table td:nth-child(3){text-align:left}\
+#largest-states th:nth-child(2),#checkpoint-table td:nth-child(3),\
+#checkpoint-table th:nth-child(3){text-align:left}\
 .error pre{background:#fdecea;color:#8a1c10;padding:.6em;white-space:pre-wrap}\
 svg{max-width:100%;height:auto}footer{margin-top:2em;color:#888;font-size:.85em}";
 
