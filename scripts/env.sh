@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR
 # systemd (systemd-analyze checks scripts/ckptfs.service), btrfs-progs (a live database on a
 # btrfs subvolume, whose files' st_dev is not the device /proc/locks names).
 ckptfs_install_packages() {
-    local wanted=(libclang-dev fuse3 rocksdb-tools graphviz systemd pkg-config faketime btrfs-progs "$@")
+    local wanted=(libclang-dev fuse3 rocksdb-tools graphviz systemd pkg-config faketime btrfs-progs chromium "$@")
     local missing=()
     for pkg in "${wanted[@]}"; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

@@ -1,5 +1,6 @@
 //! `ckptfs mount --metrics-listen ADDR`: the text of `.ckptfs/metrics` over HTTP at
-//! `GET /metrics`, for a Prometheus server that scrapes it (off unless asked for).
+//! `GET /metrics`, for a Prometheus server that scrapes it, and at `GET /` the page for
+//! people ([`crate::page`]) (off unless asked for).
 //!
 //! hyper's HTTP/1 server on a current-thread tokio runtime in one thread of its own:
 //! hyper and tokio are in the dependency tree already (object storage's HTTP client), and
@@ -8,6 +9,7 @@
 
 use std::convert::Infallible;
 use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -19,6 +21,9 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use ckptfs_core::coordinator::Engine;
 use ckptfs_core::error::{Error, Result};
 use ckptfs_core::metrics;
+
+use crate::daemon::tasks::SharedFollowerView;
+use crate::page::Page;
 
 /// A client that has not sent its request headers after this long is dropped.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -36,8 +41,13 @@ pub struct MetricsServer {
 }
 
 impl MetricsServer {
-    /// Serve `engine`'s metrics on `listener` (from [`bind`]) in a thread of its own.
-    pub fn start(listener: TcpListener, engine: Engine) -> Result<MetricsServer> {
+    /// Serve `engine`'s metrics and page on `listener` (from [`bind`]) in a thread of its
+    /// own; `follower` is what the daemon's Flink follower saw, if it follows a job.
+    pub fn start(
+        listener: TcpListener,
+        engine: Engine,
+        follower: Option<SharedFollowerView>,
+    ) -> Result<MetricsServer> {
         let addr = listener
             .local_addr()
             .map_err(|e| Error::io("metrics endpoint address", e))?;
@@ -45,16 +55,19 @@ impl MetricsServer {
             .set_nonblocking(true)
             .map_err(|e| Error::io(format!("--metrics-listen {addr}"), e))?;
         let runtime = tokio::runtime::Builder::new_current_thread()
+            // Answers are made on these (at most two at once: two cores' worth).
+            .max_blocking_threads(2)
             .enable_io()
             .enable_time()
             .build()
             .map_err(|e| Error::io("start the metrics endpoint", e))?;
         let (stop, stopped) = tokio::sync::oneshot::channel();
+        let page = Arc::new(Page::new(engine.clone(), follower));
         let thread = std::thread::Builder::new()
             .name("metrics-http".into())
-            .spawn(move || runtime.block_on(serve(listener, engine, stopped)))
+            .spawn(move || runtime.block_on(serve(listener, engine, page, stopped)))
             .map_err(|e| Error::io("start the metrics endpoint", e))?;
-        log::info!("metrics at http://{addr}/metrics");
+        log::info!("metrics at http://{addr}/metrics, the page at http://{addr}/");
         Ok(MetricsServer {
             addr,
             stop: Some(stop),
@@ -86,6 +99,7 @@ impl Drop for MetricsServer {
 async fn serve(
     listener: TcpListener,
     engine: Engine,
+    page: Arc<Page>,
     mut stopped: tokio::sync::oneshot::Receiver<()>,
 ) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
@@ -109,10 +123,24 @@ async fn serve(
             },
         };
         let engine = engine.clone();
+        let page = page.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let response = answer(&request, &engine);
-                async move { Ok::<_, Infallible>(response) }
+            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                let (engine, page) = (engine.clone(), page.clone());
+                let get = matches!(request.method(), &Method::GET | &Method::HEAD);
+                let path = request.uri().path().to_string();
+                // Off the accepting thread: the first page after a checkpoint counts du
+                // over every retained checkpoint.
+                async move {
+                    let answered =
+                        tokio::task::spawn_blocking(move || answer(get, &path, &engine, &page));
+                    Ok::<_, Infallible>(answered.await.unwrap_or_else(|e| {
+                        log::error!("metrics endpoint: {e}");
+                        let mut failed = Response::new(Full::new(Bytes::new()));
+                        *failed.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                        failed
+                    }))
+                }
             });
             let served = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -126,15 +154,17 @@ async fn serve(
     }
 }
 
-/// `GET /metrics` (or `HEAD`): the metrics; anything else: 404 or 405 with a hint.
-fn answer(request: &Request<Incoming>, engine: &Engine) -> Response<Full<Bytes>> {
-    let (status, content_type, body) = match (request.method(), request.uri().path()) {
-        (&Method::GET | &Method::HEAD, "/metrics") => (
+/// `GET /metrics` (or `HEAD`; `get` says whether the method was one of them): the
+/// metrics; `GET /`: the page; anything else: 404 or 405 with a hint.
+fn answer(get: bool, path: &str, engine: &Engine, page: &Page) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = match (get, path) {
+        (true, "/metrics") => (
             StatusCode::OK,
             metrics::CONTENT_TYPE,
             metrics::render(engine),
         ),
-        (_, "/metrics") => (
+        (true, "/") => (StatusCode::OK, "text/html; charset=utf-8", page.render()),
+        (false, "/metrics" | "/") => (
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain; charset=utf-8",
             "only GET and HEAD are answered here\n".to_string(),
@@ -142,7 +172,7 @@ fn answer(request: &Request<Incoming>, engine: &Engine) -> Response<Full<Bytes>>
         _ => (
             StatusCode::NOT_FOUND,
             "text/plain; charset=utf-8",
-            "ckptfs serves its metrics at /metrics\n".to_string(),
+            "ckptfs serves its metrics at /metrics and a page at /\n".to_string(),
         ),
     };
     let mut response = Response::new(Full::new(Bytes::from(body)));

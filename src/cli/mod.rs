@@ -213,6 +213,14 @@ pub(crate) enum Command {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+        /// Each operator's and state's figures over the retained checkpoints, oldest to
+        /// newest: one row per checkpoint, one column per operator and state.
+        #[arg(long, conflicts_with = "id")]
+        history: bool,
+        /// Draw the history to FILE as SVG (stacked: each checkpoint's bytes new and
+        /// shared; each operator's states' bytes); prints nothing else unless --history.
+        #[arg(long, value_name = "FILE", conflicts_with = "id")]
+        svg: Option<PathBuf>,
     },
     /// Show what changed from checkpoint A to checkpoint B: per backend and state the files
     /// added, removed and changed (same name, other content) with their bytes, from the

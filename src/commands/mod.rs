@@ -86,7 +86,14 @@ pub fn run(command: Command, args: &[OsString]) -> Result<ExitCode, Error> {
             json,
         } => restore::restore(&store, checkpoint, &dest, json),
         Command::Graph { path, format } => show::graph(&path, format.as_deref()),
-        Command::Du { path, id, json } => show::du(&path, id, json),
+        Command::Du {
+            path,
+            id: _,
+            json,
+            history,
+            svg,
+        } if history || svg.is_some() => show::du_history(&path, history, json, svg.as_deref()),
+        Command::Du { path, id, json, .. } => show::du(&path, id, json),
         Command::Diff {
             path,
             a,

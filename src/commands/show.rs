@@ -309,3 +309,105 @@ pub fn du(path: &Path, id: Option<u64>, json: bool) -> Result<ExitCode, Error> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// A short key for the `n`th operator of the history table's legend: A, B, ..., Z, AA, ...
+fn operator_key(mut n: usize) -> String {
+    let mut key = Vec::new();
+    loop {
+        key.push(b'A' + (n % 26) as u8);
+        if n < 26 {
+            break;
+        }
+        n = n / 26 - 1;
+    }
+    key.reverse();
+    String::from_utf8(key).unwrap_or_default()
+}
+
+/// `du --history` and `du --svg FILE`: each operator's and state's figures over the
+/// retained checkpoints (a table, or JSON), and/or the same drawn to FILE.
+///
+/// The table has one row per checkpoint and one column per operator and state (bytes),
+/// keyed by a legend above it: a history grows to thousands of checkpoints, which read
+/// down a terminal (and through `tail`) but not across it, while a job has a handful of
+/// operators and states, whose names (32-hex operator ids) would not fit a column head.
+pub fn du_history(
+    path: &Path,
+    print: bool,
+    json: bool,
+    svg: Option<&Path>,
+) -> Result<ExitCode, Error> {
+    use ckptfs_core::commands::{du, history};
+    let store = Target::of(path)?.store()?;
+    let manifests = store_checkpoints(&store)?.1;
+    let report = du::usage(&manifests, None).unwrap_or(du::DuReport {
+        checkpoints: Vec::new(),
+    });
+    let history = history::history(&report);
+    if let Some(file) = svg {
+        std::fs::write(file, ckptfs::page::plot::svg_file(&history))
+            .map_err(|e| Error::io(format!("write {}", file.display()), e))?;
+    }
+    if !print {
+        return Ok(ExitCode::SUCCESS);
+    }
+    if json {
+        let text = serde_json::to_string(&history)
+            .map_err(|e| Error::Invalid(format!("cannot write the history as JSON: {e}")))?;
+        println!("{text}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    // The columns: (key, values), an operator followed by its states.
+    let mut columns: Vec<(String, Vec<u64>)> = Vec::new();
+    println!("Bytes per operator (all its subtasks) and per state, by column:");
+    for (k, op) in history.operators.iter().enumerate() {
+        let key = operator_key(k);
+        println!("  {key:<5} {}", op.operator);
+        columns.push((key.clone(), op.usage.iter().map(|u| u.bytes).collect()));
+        for (n, s) in history
+            .states
+            .iter()
+            .filter(|s| s.operator == op.operator)
+            .enumerate()
+        {
+            let state_key = format!("{key}{}", n + 1);
+            println!("  {state_key:<5}   {}", s.state);
+            columns.push((state_key, s.usage.iter().map(|u| u.bytes).collect()));
+        }
+    }
+    println!();
+    let widths: Vec<usize> = columns
+        .iter()
+        .map(|(key, values)| {
+            values
+                .iter()
+                .map(|v| v.to_string().len())
+                .chain([key.len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut head = format!(
+        "{:>6}  {:<20}  {:>12}  {:>12}  {:>12}",
+        "ID", "COMPLETED", "BYTES", "NEW", "SHARED"
+    );
+    for ((key, _), w) in columns.iter().zip(&widths) {
+        head.push_str(&format!("  {key:>w$}"));
+    }
+    println!("{head}");
+    for (i, c) in history.checkpoints.iter().enumerate() {
+        let mut line = format!(
+            "{:>6}  {:<20}  {:>12}  {:>12}  {:>12}",
+            c.id,
+            when(c.completed_unix_ms),
+            c.total.bytes,
+            c.total.new,
+            c.total.shared
+        );
+        for ((_, values), w) in columns.iter().zip(&widths) {
+            line.push_str(&format!("  {:>w$}", values[i]));
+        }
+        println!("{line}");
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -37,7 +37,7 @@ pub struct MountConfig {
     pub verify: bool,
     /// Show a store another daemon writes: no backends, nothing written (EROFS).
     pub read_only: bool,
-    /// Serve the metrics over HTTP at this address (`/metrics`).
+    /// Serve the metrics over HTTP at this address (`/metrics`), and the page (`/`).
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// Follow the Flink job whose checkpoints are in this directory.
     pub flink: Option<PathBuf>,
@@ -183,8 +183,14 @@ pub fn serve(
         } else {
             Engine::open(config.engine.clone())?
         };
+        let follower = config.flink.as_ref().map(|src| {
+            Arc::new(std::sync::Mutex::new(tasks::FollowerView {
+                source: src.display().to_string(),
+                ..Default::default()
+            }))
+        });
         let metrics_server = metrics_listener
-            .map(|listener| MetricsServer::start(listener, engine.clone()))
+            .map(|listener| MetricsServer::start(listener, engine.clone(), follower.clone()))
             .transpose()?;
         let controller = Arc::new(Controller::new(engine.clone()));
         let fs = CkptFs::with_verification(controller.clone(), config.verify);
@@ -233,7 +239,8 @@ pub fn serve(
         if let Some(src) = &config.flink {
             let on_s3 = src.to_string_lossy().starts_with("s3://");
             let poll = if on_s3 { FLINK_POLL_S3 } else { FLINK_POLL };
-            tasks.flink_follow(src.clone(), config.flink_roots.clone(), poll)?;
+            let view = follower.clone().unwrap_or_default();
+            tasks.flink_follow(src.clone(), config.flink_roots.clone(), poll, view)?;
         }
         if let Some(period) = config.small_file_compaction.filter(|_| !config.read_only) {
             tasks.small_file_compaction(period, Default::default())?;

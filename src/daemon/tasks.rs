@@ -19,6 +19,24 @@ use ckptfs_core::fsutil::lock;
 use crate::control::Controller;
 use crate::retry::is_busy;
 
+/// What the Flink follower saw at its last look, for the daemon's page (`/`).
+#[derive(Debug, Clone, Default)]
+pub struct FollowerView {
+    /// The directory or `s3://` prefix followed (`mount --flink SRC`).
+    pub source: String,
+    /// When the last look that could list Flink's checkpoints ended, in milliseconds since
+    /// the Unix epoch.
+    pub looked_unix_ms: Option<u64>,
+    /// Flink's newest completed checkpoint at that look: the job directory's name, its id.
+    pub newest_completed: Option<(String, u64)>,
+    /// The Flink job id of the newest checkpoint this follower imported (the directory's
+    /// name is the id unless it is a copy under another name).
+    pub job: Option<String>,
+}
+
+/// A [`FollowerView`] the follower writes and the page reads.
+pub type SharedFollowerView = Arc<Mutex<FollowerView>>;
+
 /// The running periodic tasks of one mount.
 pub struct Tasks {
     controller: Arc<Controller>,
@@ -102,12 +120,13 @@ impl Tasks {
     /// Follow a Flink job (`mount --flink SRC`): every `period`, import its completed
     /// checkpoints the store does not hold yet. One that fails is reported in status and
     /// tried again at the next look (while it is still the newest), never blocking later
-    /// ones.
+    /// ones. Each look that lists Flink's checkpoints is noted in `view`.
     pub fn flink_follow(
         &mut self,
         src: PathBuf,
         roots: Vec<PathBuf>,
         period: Duration,
+        view: SharedFollowerView,
     ) -> Result<()> {
         let source = OnceLock::new();
         // Failed checkpoints, tried again at every look while Flink has them.
@@ -128,6 +147,16 @@ impl Tasks {
             let mut retries = lock(&retries);
             match this.engine().follow_flink(source, &mut retries) {
                 Ok(imports) => {
+                    {
+                        let mut view = lock(&view);
+                        view.looked_unix_ms = Some(unix_ms_now());
+                        view.newest_completed = retries
+                            .newest_completed()
+                            .map(|(job, id)| (job.to_string(), id));
+                        if let Some(i) = imports.iter().rev().find(|i| i.result.is_ok()) {
+                            view.job = Some(i.job.clone());
+                        }
+                    }
                     for imported in &imports {
                         if let Err(e) = &imported.result {
                             this.engine().record_error(format!(
@@ -193,4 +222,11 @@ impl Tasks {
             }
         }
     }
+}
+
+/// Now, in milliseconds since the Unix epoch.
+pub fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

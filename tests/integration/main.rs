@@ -23,6 +23,7 @@ mod metrics;
 mod model;
 mod mount;
 mod object_storage;
+mod page;
 mod restore;
 mod scale;
 mod store_safety;

@@ -14,21 +14,21 @@ use crate::common::mounted::*;
 
 /// One sample of a scrape, as the parser read it.
 #[derive(Debug, Clone, serde::Deserialize)]
-struct Sample {
+pub(crate) struct Sample {
     /// The metric family (`ckptfs_checkpoints_completed` for the sample
     /// `ckptfs_checkpoints_completed_total`).
     family: String,
     #[serde(rename = "type")]
     kind: String,
-    name: String,
+    pub(crate) name: String,
     labels: BTreeMap<String, String>,
     value: f64,
 }
 
 /// A scrape read by the parser: every sample by name and labels.
 #[derive(Debug)]
-struct Scrape {
-    samples: Vec<Sample>,
+pub(crate) struct Scrape {
+    pub(crate) samples: Vec<Sample>,
 }
 
 /// Parses OpenMetrics text strictly (an unknown type, a counter sample without `_total`, a
@@ -45,7 +45,7 @@ for family in text_string_to_metric_families(sys.stdin.read()):
 print(json.dumps(samples))
 "#;
 
-fn parse(text: &str) -> Scrape {
+pub(crate) fn parse(text: &str) -> Scrape {
     let mut child = Command::new("python3")
         .args(["-c", PARSER])
         .stdin(Stdio::piped())
@@ -77,7 +77,7 @@ fn parse(text: &str) -> Scrape {
 
 impl Scrape {
     /// The value of the sample `name` with exactly these labels.
-    fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+    pub(crate) fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         let labels: BTreeMap<String, String> = labels
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -95,7 +95,7 @@ impl Scrape {
         self.get(name, &[])
     }
 
-    fn kind_of(&self, family: &str) -> &str {
+    pub(crate) fn kind_of(&self, family: &str) -> &str {
         &self
             .samples
             .iter()
@@ -107,7 +107,7 @@ impl Scrape {
 
 /// `GET path` over HTTP/1.0 (the server closes the connection after its answer): the
 /// status code, the content type and the body.
-fn http_get(addr: SocketAddr, path: &str) -> (u16, String, String) {
+pub(crate) fn http_get(addr: SocketAddr, path: &str) -> (u16, String, String) {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
@@ -322,7 +322,7 @@ fn metrics_follow_checkpoints_and_failures() {
         ),
         1.0
     );
-    let (code, _, body) = http_get(addr, "/");
+    let (code, _, body) = http_get(addr, "/nothing-here");
     assert_eq!(code, 404);
     assert!(body.contains("/metrics"), "{body}");
 

@@ -9,10 +9,12 @@
 //! the same text over HTTP (`--metrics-listen`, in the ckptfs crate).
 
 use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::commands::{du, history};
 use crate::coordinator::counters::Counters;
 use crate::coordinator::{Engine, EngineStatus};
 
@@ -26,6 +28,7 @@ pub fn render(engine: &Engine) -> String {
     register_daemon(&mut registry, engine, &status);
     register_checkpoints(&mut registry, engine.counters(), &status);
     register_store(&mut registry, &status);
+    register_operators(&mut registry, &status);
     register_compaction(&mut registry, &status);
     register_imports(&mut registry, engine.counters(), &status);
     register_errors(&mut registry, engine.counters());
@@ -147,6 +150,83 @@ fn register_store(registry: &mut Registry, status: &EngineStatus) {
     );
 }
 
+/// Most operators with a series of their own; the smaller ones are summed under
+/// [`REST`]. A Flink job has a handful of keyed operators: the bound only guards a
+/// scraper against a store with very many.
+pub const MAX_OPERATOR_SERIES: usize = 100;
+/// Most (operator, state) pairs with a series of their own (the largest by bytes); the
+/// others are summed into one series labelled [`REST`] for both.
+pub const MAX_STATE_SERIES: usize = 50;
+/// The label of the series that sums what the bounds above leave out.
+pub const REST: &str = "(rest)";
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Per operator (and per state, bounded) the newest retained checkpoint's files and bytes
+/// as `ckptfs du` counts them, summed over the operator's subtasks: one series per
+/// operator, never per file or subtask. Reads the newest manifest only (du's `files` and
+/// `bytes` need no other checkpoint).
+fn register_operators(registry: &mut Registry, status: &EngineStatus) {
+    let bytes = Family::<Labels, Gauge>::default();
+    let files = Family::<Labels, Gauge>::default();
+    let state_bytes = Family::<Labels, Gauge>::default();
+    let newest = status
+        .checkpoints
+        .last()
+        .and_then(|m| du::usage_of([m.as_ref()], None))
+        .and_then(|r| r.checkpoints.into_iter().next());
+    if let Some(c) = newest {
+        let mut operators: Vec<(&str, du::Usage)> = history::by_operator(&c)
+            .into_iter()
+            .map(|(op, (usage, _))| (op, usage))
+            .collect();
+        operators.sort_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.0.cmp(b.0)));
+        for (n, (operator, usage)) in operators.iter().enumerate() {
+            let name = if n < MAX_OPERATOR_SERIES {
+                operator
+            } else {
+                REST
+            };
+            let labels = vec![("operator", name.to_string())];
+            bytes.get_or_create(&labels).inc_by(usage.bytes as i64);
+            files.get_or_create(&labels).inc_by(usage.files as i64);
+        }
+        for (n, s) in history::largest_states(&c).iter().enumerate() {
+            let (operator, state) = if n < MAX_STATE_SERIES {
+                (s.operator.as_str(), s.state.as_str())
+            } else {
+                (REST, REST)
+            };
+            let labels = vec![
+                ("operator", operator.to_string()),
+                ("state", state.to_string()),
+            ];
+            state_bytes
+                .get_or_create(&labels)
+                .inc_by(s.usage.bytes as i64);
+        }
+    }
+    registry.register_with_unit(
+        "operator",
+        "Bytes of each operator's files in the newest retained checkpoint, all its subtasks \
+         (`ckptfs du`'s bytes; operators past the 100 largest summed as \"(rest)\")",
+        Unit::Bytes,
+        bytes,
+    );
+    registry.register(
+        "operator_files",
+        "Files of each operator in the newest retained checkpoint, all its subtasks",
+        files,
+    );
+    registry.register_with_unit(
+        "state",
+        "Bytes of each state (RocksDB column family) of each operator in the newest \
+         retained checkpoint, all subtasks; past the 50 largest summed as \"(rest)\"",
+        Unit::Bytes,
+        state_bytes,
+    );
+}
+
 fn register_compaction(registry: &mut Registry, status: &EngineStatus) {
     let (files, bytes) = status.small_file_compactions;
     registry.register(
@@ -242,6 +322,25 @@ mod tests {
         assert!(after["ckptfs_checkpoint_uploaded_bytes_total"] > uploaded as f64);
         assert!(after["ckptfs_last_error_timestamp_seconds"] > 1.6e9);
         assert_eq!(after["ckptfs_errors_total"], 1.0);
+        // The newest checkpoint's bytes and files, per operator and per state.
+        let newest = status.checkpoints.last().unwrap();
+        let (files, bytes) = newest.backends[0]
+            .files
+            .iter()
+            .fold((0, 0), |(n, b), f| (n + 1, b + f.size));
+        assert!(bytes > 0);
+        assert_eq!(after["ckptfs_operator_bytes{operator=\"A\"}"], bytes as f64);
+        assert_eq!(after["ckptfs_operator_files{operator=\"A\"}"], files as f64);
+        let states: f64 = after
+            .iter()
+            .filter(|(k, _)| k.starts_with("ckptfs_state_bytes{operator=\"A\","))
+            .map(|(_, v)| v)
+            .sum();
+        assert_eq!(states, bytes as f64);
+        assert!(
+            text.contains("# TYPE ckptfs_operator_bytes gauge"),
+            "{text}"
+        );
         let info = text
             .lines()
             .find(|l| l.starts_with("ckptfs_daemon_info{"))

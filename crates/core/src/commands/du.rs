@@ -142,7 +142,15 @@ fn count(
 /// all of them, or for checkpoint `only` alone (counted against all of them). `None` if
 /// `only` is not among them.
 pub fn usage(manifests: &[Manifest], only: Option<u64>) -> Option<DuReport> {
-    let mut manifests: Vec<&Manifest> = manifests.iter().collect();
+    usage_of(manifests, only)
+}
+
+/// [`usage`] over manifests held elsewhere (the engine's, behind their `Arc`s).
+pub fn usage_of<'a>(
+    manifests: impl IntoIterator<Item = &'a Manifest>,
+    only: Option<u64>,
+) -> Option<DuReport> {
+    let mut manifests: Vec<&Manifest> = manifests.into_iter().collect();
     manifests.sort_by_key(|m| m.id);
     let mut refs: BTreeMap<ObjectId, Refs> = BTreeMap::new();
     for m in &manifests {

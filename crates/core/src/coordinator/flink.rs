@@ -19,6 +19,16 @@ use crate::names::BackendName;
 #[derive(Debug, Default)]
 pub struct Retries {
     failed: std::collections::BTreeSet<(String, u64)>,
+    /// The newest completed checkpoint the last look found (job directory's name, id).
+    newest: Option<(String, u64)>,
+}
+
+impl Retries {
+    /// The newest completed checkpoint Flink had at the last look that could list them
+    /// (job directory's name, checkpoint id): what a follower's lag is measured against.
+    pub fn newest_completed(&self) -> Option<(&str, u64)> {
+        self.newest.as_ref().map(|(job, id)| (job.as_str(), *id))
+    }
 }
 
 /// What importing one Flink checkpoint gave.
@@ -69,6 +79,9 @@ impl Engine {
         } else {
             flink::completed(src)?
         };
+        if let Some(c) = completed.last() {
+            retries.newest = Some((c.job.clone(), c.checkpoint));
+        }
         // What Flink no longer has is not tried again.
         retries.failed.retain(|key| {
             completed

@@ -1,0 +1,440 @@
+//! The page the daemon serves at `/` (`mount --metrics-listen ADDR`): what the store
+//! holds, for people. Each retained checkpoint's bytes new and shared, each operator's
+//! and state's bytes over the checkpoints ([`plot`], server-drawn SVG), the largest
+//! states, the Flink job followed and how far behind it the store is, the last error.
+//!
+//! One HTML document, self-contained: inline CSS, no script, no font or image from
+//! elsewhere (the reader's machine may have no internet). Every string from a store or a
+//! Flink job (operator uids, state names, job ids, errors) is escaped ([`escape`]); every
+//! figure is also in a `data-` attribute of an element with a stable id, so a test reads
+//! the figures out of the DOM.
+//!
+//! `ckptfs du`'s count over every retained checkpoint reads every file entry of every
+//! manifest (about 100 ms for 1,000 checkpoints of 100 SSTs: docs/benchmarks.md), so
+//! [`Page`] keeps the report, its history and the drawn SVG until the set of retained
+//! checkpoints changes; a load in between renders only the status parts.
+
+pub mod plot;
+
+use std::fmt::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use ckptfs_core::commands::du::{self, DuReport, Usage};
+use ckptfs_core::commands::history;
+use ckptfs_core::coordinator::{Engine, EngineStatus};
+use ckptfs_core::fsutil::lock;
+
+use crate::daemon::tasks::{unix_ms_now, SharedFollowerView};
+
+/// The checkpoints listed one by one in the page's table (the plot shows all of them).
+pub const TABLE_CHECKPOINTS: usize = 50;
+/// The states listed in the largest-states table.
+pub const LARGEST_STATES: usize = 20;
+
+/// `s` with the characters HTML and XML give a meaning to replaced by references, for
+/// text and for attribute values alike.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Bytes for people: `812 B`, `3.4 KiB`, `1.0 GiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// A time as RFC 3339 (seconds).
+fn when(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+/// What is kept between loads: du over the retained checkpoints `ids`, drawn.
+struct Drawn {
+    ids: Vec<u64>,
+    report: DuReport,
+    svg: String,
+}
+
+/// The page of one daemon: its engine, what its Flink follower saw, the cached figures.
+pub struct Page {
+    engine: Engine,
+    follower: Option<SharedFollowerView>,
+    drawn: Mutex<Option<Arc<Drawn>>>,
+}
+
+impl Page {
+    /// The page of `engine`, whose Flink follower (if it follows a job) writes `follower`.
+    pub fn new(engine: Engine, follower: Option<SharedFollowerView>) -> Page {
+        Page {
+            engine,
+            follower,
+            drawn: Mutex::new(None),
+        }
+    }
+
+    /// du's figures of the checkpoints in `status`, counted again only if they changed.
+    fn drawn(&self, status: &EngineStatus) -> Arc<Drawn> {
+        let ids: Vec<u64> = status.checkpoints.iter().map(|m| m.id).collect();
+        let mut cached = lock(&self.drawn);
+        if let Some(d) = cached.as_ref().filter(|d| d.ids == ids) {
+            return d.clone();
+        }
+        let report =
+            du::usage_of(status.checkpoints.iter().map(|m| m.as_ref()), None).unwrap_or(DuReport {
+                checkpoints: Vec::new(),
+            });
+        let history = history::history(&report);
+        let svg = plot::history_svg(&history);
+        let d = Arc::new(Drawn { ids, report, svg });
+        *cached = Some(d.clone());
+        d
+    }
+
+    /// The page now, as HTML.
+    pub fn render(&self) -> String {
+        let started = Instant::now();
+        let status = self.engine.status();
+        let drawn = self.drawn(&status);
+        let mut out = String::with_capacity(drawn.svg.len() + 32 * 1024);
+        let store = self.engine.location().to_string();
+        let _ = write!(
+            out,
+            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+             <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+             <title>ckptfs: {}</title><style>{STYLE}</style></head><body>\n",
+            escape(&store)
+        );
+        self.summary(&mut out, &status, &store);
+        self.flink(&mut out, &status);
+        last_error(&mut out, &status);
+        let _ = write!(
+            out,
+            "<section id=\"history\"><h2>History</h2>\n{}</section>\n",
+            drawn.svg
+        );
+        largest_states(&mut out, &drawn.report);
+        checkpoints(&mut out, &drawn.report);
+        let _ = write!(
+            out,
+            "<footer id=\"rendered\" data-render-us=\"{}\">Drawn at {} by ckptfs {}; \
+             the metrics are at <a href=\"/metrics\">/metrics</a>.</footer>\n</body></html>\n",
+            started.elapsed().as_micros(),
+            when(unix_ms_now()),
+            env!("CARGO_PKG_VERSION"),
+        );
+        out
+    }
+
+    fn summary(&self, out: &mut String, status: &EngineStatus, store: &str) {
+        let newest = status.checkpoints.last();
+        let _ = write!(
+            out,
+            "<header><h1>ckptfs</h1><p id=\"store\" data-store=\"{s}\">Store <code>{s}</code>{}</p>\
+             </header>\n<section id=\"summary\" data-retained=\"{}\" data-retain=\"{}\" \
+             data-store-bytes=\"{}\" data-objects=\"{}\" data-in-flight=\"{}\" \
+             data-newest=\"{}\"><dl>\
+             <dt>Checkpoints retained</dt><dd>{} (retain {})</dd>\
+             <dt>Stored</dt><dd>{} in {} objects</dd>\
+             <dt>Newest</dt><dd>{}</dd>\
+             <dt>In flight</dt><dd>{}</dd>\
+             <dt>Backends</dt><dd>{} hosted, {} imported; checkpoint mode {}</dd></dl></section>\n",
+            if self.engine.is_read_only() {
+                " (a read-only view)"
+            } else {
+                ""
+            },
+            status.checkpoints.len(),
+            status.retain,
+            status.referenced_bytes,
+            status.objects,
+            status.in_flight.len(),
+            newest.map_or(String::new(), |m| m.id.to_string()),
+            status.checkpoints.len(),
+            status.retain,
+            escape(&human_bytes(status.referenced_bytes)),
+            status.objects,
+            newest.map_or("none yet".to_string(), |m| format!(
+                "cp-{} at {}",
+                m.id,
+                when(m.completed_unix_ms)
+            )),
+            if status.in_flight.is_empty() {
+                "none".to_string()
+            } else {
+                status
+                    .in_flight
+                    .iter()
+                    .map(|id| format!("cp-{id}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+            status.backends.len(),
+            status.external.len(),
+            status.checkpoint_mode,
+            s = escape(store),
+        );
+    }
+
+    /// The Flink job followed (or the newest imported, for a store that is not
+    /// following one), and the lag: Flink's checkpoints not imported yet, how old the
+    /// newest import is, when the follower last looked.
+    fn flink(&self, out: &mut String, status: &EngineStatus) {
+        let imported = status
+            .checkpoints
+            .iter()
+            .rev()
+            .find_map(|m| m.flink.as_ref().map(|f| (f, m.completed_unix_ms)));
+        let view = self.follower.as_ref().map(|v| lock(v).clone());
+        let now = unix_ms_now();
+        let mut attrs = String::new();
+        let mut lines = Vec::new();
+        let _ = write!(attrs, " data-followed=\"{}\"", view.is_some());
+        match &view {
+            Some(v) => {
+                let _ = write!(attrs, " data-source=\"{}\"", escape(&v.source));
+                lines.push(format!(
+                    "Following <code>{}</code> (<code>mount --flink</code>).",
+                    escape(&v.source)
+                ));
+                match v.looked_unix_ms {
+                    Some(at) => {
+                        let _ = write!(attrs, " data-looked-unix-ms=\"{at}\"");
+                        lines.push(format!(
+                            "Last look {} ago.",
+                            humantime::format_duration(Duration::from_secs(
+                                now.saturating_sub(at) / 1000
+                            ))
+                        ));
+                    }
+                    None => {
+                        lines.push("No look at the job's checkpoints has succeeded yet.".into())
+                    }
+                }
+                match &v.newest_completed {
+                    Some((dir, id)) => {
+                        let job = v.job.as_ref().unwrap_or(dir);
+                        let _ = write!(
+                            attrs,
+                            " data-flink-job=\"{}\" data-flink-newest=\"{id}\"",
+                            escape(job)
+                        );
+                        lines.push(format!(
+                            "Flink's newest completed checkpoint: job <code>{}</code> \
+                             checkpoint {id}.",
+                            escape(job)
+                        ));
+                    }
+                    None => lines.push("Flink has completed no checkpoint yet.".into()),
+                }
+            }
+            None => lines.push(
+                "This daemon follows no Flink job (<code>ckptfs mount --flink SRC</code> \
+                 does)."
+                    .into(),
+            ),
+        }
+        match imported {
+            Some((label, at)) => {
+                let age = now.saturating_sub(at) / 1000;
+                let _ = write!(
+                    attrs,
+                    " data-imported-job=\"{}\" data-imported-newest=\"{}\" \
+                     data-imported-age-s=\"{age}\"",
+                    escape(&label.job),
+                    label.checkpoint
+                );
+                lines.push(format!(
+                    "Newest imported: job <code>{}</code> checkpoint {}, stored {} ago.",
+                    escape(&label.job),
+                    label.checkpoint,
+                    humantime::format_duration(Duration::from_secs(age))
+                ));
+                let newest = view.as_ref().and_then(|v| {
+                    let (dir, id) = v.newest_completed.as_ref()?;
+                    Some((v.job.as_ref().unwrap_or(dir), *id))
+                });
+                if let Some((job, newest)) = newest {
+                    if *job == label.job {
+                        let behind = newest.saturating_sub(label.checkpoint);
+                        let _ = write!(attrs, " data-lag-checkpoints=\"{behind}\"");
+                        lines.push(if behind == 0 {
+                            "Lag: none, the store holds Flink's newest checkpoint.".into()
+                        } else {
+                            format!("Lag: {behind} checkpoint(s) behind Flink.")
+                        });
+                    }
+                }
+            }
+            None => lines.push("No checkpoint imported from Flink is retained.".into()),
+        }
+        let _ = writeln!(
+            out,
+            "<section id=\"flink\"{attrs}><h2>Flink</h2><p>{}</p></section>",
+            lines.join("<br>")
+        );
+    }
+}
+
+fn last_error(out: &mut String, status: &EngineStatus) {
+    match &status.last_error {
+        Some(e) => {
+            let _ = writeln!(
+                out,
+                "<section id=\"last-error\" class=\"error\" data-error=\"{e}\"><h2>Last \
+                 error</h2><pre>{e}</pre></section>",
+                e = escape(e)
+            );
+        }
+        None => out.push_str(
+            "<section id=\"last-error\"><h2>Last error</h2><p>None since the daemon \
+             started.</p></section>\n",
+        ),
+    }
+}
+
+/// `data-` attributes of a figure set, with a prefix.
+fn usage_attrs(u: &Usage) -> String {
+    format!(
+        "data-files=\"{}\" data-bytes=\"{}\" data-new=\"{}\" data-shared=\"{}\" \
+         data-exclusive=\"{}\"",
+        u.files, u.bytes, u.new, u.shared, u.exclusive
+    )
+}
+
+fn usage_cells(u: &Usage) -> String {
+    format!(
+        "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>",
+        u.files,
+        escape(&human_bytes(u.bytes)),
+        escape(&human_bytes(u.new)),
+        escape(&human_bytes(u.shared)),
+        escape(&human_bytes(u.exclusive)),
+    )
+}
+
+/// The newest checkpoint's largest states, with their bytes in the oldest retained one.
+fn largest_states(out: &mut String, report: &DuReport) {
+    let (Some(oldest), Some(newest)) = (report.checkpoints.first(), report.checkpoints.last())
+    else {
+        return;
+    };
+    let before: std::collections::BTreeMap<(String, String), u64> = history::largest_states(oldest)
+        .into_iter()
+        .map(|s| ((s.operator, s.state), s.usage.bytes))
+        .collect();
+    let _ = writeln!(
+        out,
+        "<section id=\"largest\"><h2>Largest states in cp-{}</h2>\
+         <table id=\"largest-states\" data-checkpoint=\"{}\"><thead><tr><th>Operator</th>\
+         <th>State</th><th>Files</th><th>Bytes</th><th>New</th><th>Shared</th>\
+         <th>Exclusive</th><th>In cp-{}</th></tr></thead><tbody>",
+        newest.id, newest.id, oldest.id
+    );
+    for s in history::largest_states(newest).iter().take(LARGEST_STATES) {
+        let was = before
+            .get(&(s.operator.clone(), s.state.clone()))
+            .copied()
+            .unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "<tr data-operator=\"{o}\" data-state=\"{st}\" {} data-oldest-bytes=\"{was}\">\
+             <td>{o}</td><td>{st}</td>{}<td>{}</td></tr>",
+            usage_attrs(&s.usage),
+            usage_cells(&s.usage),
+            escape(&human_bytes(was)),
+            o = escape(&s.operator),
+            st = escape(&s.state),
+        );
+    }
+    out.push_str("</tbody></table></section>\n");
+}
+
+/// The newest [`TABLE_CHECKPOINTS`] checkpoints, newest first.
+fn checkpoints(out: &mut String, report: &DuReport) {
+    let n = report.checkpoints.len();
+    let _ = writeln!(
+        out,
+        "<section id=\"checkpoints\"><h2>Checkpoints</h2>{}\
+         <table id=\"checkpoint-table\"><thead><tr><th>Checkpoint</th><th>Completed</th>\
+         <th>Flink</th><th>Files</th><th>Bytes</th><th>New</th><th>Shared</th>\
+         <th>Exclusive</th></tr></thead><tbody>",
+        if n > TABLE_CHECKPOINTS {
+            format!(
+                "<p>The newest {TABLE_CHECKPOINTS} of {n}; the plot shows all of them, \
+                 <code>ckptfs du</code> lists them.</p>"
+            )
+        } else {
+            String::new()
+        }
+    );
+    for c in report.checkpoints.iter().rev().take(TABLE_CHECKPOINTS) {
+        let (flink_attrs, flink) = match &c.flink {
+            Some(f) => (
+                format!(
+                    " data-flink-job=\"{}\" data-flink-checkpoint=\"{}\"",
+                    escape(&f.job),
+                    f.checkpoint
+                ),
+                format!("{} / {}", escape(&f.job), f.checkpoint),
+            ),
+            None => (String::new(), String::new()),
+        };
+        let _ = writeln!(
+            out,
+            "<tr data-id=\"{id}\" {}{flink_attrs}><td>cp-{id}</td><td>{}</td><td>{flink}</td>{}</tr>",
+            usage_attrs(&c.total),
+            when(c.completed_unix_ms),
+            usage_cells(&c.total),
+            id = c.id,
+        );
+    }
+    out.push_str("</tbody></table></section>\n");
+}
+
+const STYLE: &str = "body{font-family:sans-serif;margin:1.5em auto;max-width:1000px;\
+color:#222;padding:0 1em}h1{margin:0 0 .2em}h2{font-size:1.15em;margin:1.4em 0 .5em}\
+code{font-size:.95em}dl{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}\
+dt{color:#666}dd{margin:0}table{border-collapse:collapse;width:100%;font-size:.9em}\
+th,td{text-align:right;padding:.2em .5em;border-bottom:1px solid #e4e4e4}\
+th:first-child,td:first-child,#largest-states td:nth-child(2),\
+#largest-states th:nth-child(2),#checkpoint-table td:nth-child(3),\
+#checkpoint-table th:nth-child(3){text-align:left}\
+.error pre{background:#fdecea;color:#8a1c10;padding:.6em;white-space:pre-wrap}\
+svg{max-width:100%;height:auto}footer{margin-top:2em;color:#888;font-size:.85em}";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_leaves_no_markup() {
+        assert_eq!(
+            escape("<script>alert('x')</script> & \"q\""),
+            "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; &quot;q&quot;"
+        );
+        assert_eq!(human_bytes(812), "812 B");
+        assert_eq!(human_bytes(3 << 20), "3.0 MiB");
+    }
+}
