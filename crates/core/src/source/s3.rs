@@ -31,6 +31,20 @@ impl S3Tree {
         self.remote.bucket()
     }
 
+    /// The key prefix of directory `rel` ("" is the root): empty, or ending in `/`.
+    fn dir_prefix(&self, rel: &str) -> Result<String> {
+        let dir = if rel.is_empty() {
+            self.prefix.clone()
+        } else {
+            self.key(rel)?
+        };
+        Ok(if dir.is_empty() {
+            String::new()
+        } else {
+            format!("{dir}/")
+        })
+    }
+
     /// The key of `rel`, checked.
     fn key(&self, rel: &str) -> Result<String> {
         checked_relative(&self.show(rel), rel)?;
@@ -44,16 +58,7 @@ impl Tree for S3Tree {
     }
 
     fn list(&self, rel: &str) -> Result<Vec<Entry>> {
-        let dir = if rel.is_empty() {
-            self.prefix.clone()
-        } else {
-            self.key(rel)?
-        };
-        let listing = if dir.is_empty() {
-            String::new()
-        } else {
-            format!("{dir}/")
-        };
+        let listing = self.dir_prefix(rel)?;
         let mut out = Vec::new();
         for (key, size, modified) in self.remote.list_keys(&listing, true)? {
             let is_dir = key.ends_with('/');
@@ -142,16 +147,7 @@ impl Tree for S3Tree {
     /// directory of 100,000 files is 100 pages of 1,000 keys). Every key is a file; the
     /// "directories" between are listed too, as the keys imply them.
     fn walk(&self, rel: &str) -> Result<Vec<Walked>> {
-        let dir = if rel.is_empty() {
-            self.prefix.clone()
-        } else {
-            self.key(rel)?
-        };
-        let listing = if dir.is_empty() {
-            String::new()
-        } else {
-            format!("{dir}/")
-        };
+        let listing = self.dir_prefix(rel)?;
         let mut out = Vec::new();
         let mut dirs = std::collections::BTreeSet::new();
         for (key, size, modified) in self.remote.list_keys(&listing, false)? {
