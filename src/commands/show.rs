@@ -276,6 +276,11 @@ pub fn du(path: &Path, id: Option<u64>, json: bool) -> Result<ExitCode, Error> {
             std::iter::once(backend_text(&b.backend, b.name.as_deref()).chars().count())
                 .chain(b.states.iter().map(|s| s.state.chars().count() + 2))
         })
+        .chain(report.checkpoints.iter().flat_map(|c| {
+            c.operators.iter().map(|o| {
+                "operator ".len() + backend_text(&o.operator, o.name.as_deref()).chars().count()
+            })
+        }))
         .chain(["BACKEND".len(), "total".len()])
         .max()
         .unwrap_or(0);
@@ -304,6 +309,12 @@ pub fn du(path: &Path, id: Option<u64>, json: bool) -> Result<ExitCode, Error> {
             for s in &b.states {
                 row(&format!("  {}", s.state), &s.usage);
             }
+        }
+        for o in &c.operators {
+            row(
+                &format!("operator {}", backend_text(&o.operator, o.name.as_deref())),
+                &o.usage,
+            );
         }
         row("total", &c.total);
     }

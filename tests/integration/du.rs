@@ -190,6 +190,28 @@ fn independent(store: &Path, ids: &[u64], flink: &[Value], scratch: &Path) -> Ve
                     row
                 })
                 .collect();
+            // Per operator: its subtasks' backends together, a content counted once.
+            let mut operators: BTreeMap<&str, Vec<&BTreeMap<String, Vec<u8>>>> = BTreeMap::new();
+            for (name, files) in &restored[n] {
+                operators
+                    .entry(name.split_once('/').unwrap().0)
+                    .or_default()
+                    .push(files);
+            }
+            let operators: Vec<Value> = operators
+                .into_iter()
+                .map(|(op, backends)| {
+                    let mut row = figures(
+                        backends.iter().map(|f| f.len()).sum(),
+                        backends.iter().flat_map(|f| f.values()).map(Vec::len).sum(),
+                        &backends.iter().flat_map(|f| f.values()).collect(),
+                        n,
+                        &distinct,
+                    );
+                    row["operator"] = json!(op);
+                    row
+                })
+                .collect();
             let files: usize = restored[n].values().map(BTreeMap::len).sum();
             let bytes: usize = restored[n]
                 .values()
@@ -201,6 +223,7 @@ fn independent(store: &Path, ids: &[u64], flink: &[Value], scratch: &Path) -> Ve
                 "completed_unix_ms": rows[n]["completed_unix_ms"],
                 "flink": flink[n],
                 "backends": backends,
+                "operators": operators,
                 "total": figures(files, bytes, &distinct[n], n, &distinct),
             })
         })
@@ -234,6 +257,11 @@ fn du_of_a_flink_import_matches_the_restored_files_by_content() {
             let (op, _) = b["backend"].as_str().unwrap().split_once('/').unwrap();
             if let Some(name) = names.get(op) {
                 b["name"] = json!(name);
+            }
+        }
+        for o in c["operators"].as_array_mut().unwrap() {
+            if let Some(name) = names.get(o["operator"].as_str().unwrap()) {
+                o["name"] = json!(name);
             }
         }
     }

@@ -84,7 +84,20 @@ pub struct StateUsage {
     pub usage: Usage,
 }
 
-/// One retained checkpoint: per backend and in total.
+/// One operator of a checkpoint: the backends `<operator>/*` together.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OperatorUsage {
+    /// The operator's directory name (`<operator>` of its backends).
+    pub operator: String,
+    /// Its name, where the checkpoint's Flink label records it (left out when unknown).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Its figures.
+    #[serde(flatten)]
+    pub usage: Usage,
+}
+
+/// One retained checkpoint: per backend, per operator and in total.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CheckpointUsage {
     /// The checkpoint's id (`cp-N`).
@@ -95,6 +108,9 @@ pub struct CheckpointUsage {
     pub flink: Option<FlinkLabel>,
     /// Its backends, sorted by name.
     pub backends: Vec<BackendUsage>,
+    /// Per operator: all its subtasks' backends (an object in several counted once),
+    /// sorted by name.
+    pub operators: Vec<OperatorUsage>,
     /// The whole checkpoint (an object in several of its backends counted once).
     pub total: Usage,
 }
@@ -111,6 +127,9 @@ pub fn operator_name(manifest: &Manifest, backend: &BackendName) -> Option<Strin
     let label = manifest.flink.as_ref()?;
     label.operator_name(backend.operator()).map(str::to_string)
 }
+
+/// An operator's figures so far, the objects counted, its name.
+type OperatorCount = (Usage, BTreeMap<ObjectId, u64>, Option<String>);
 
 /// Where an object is referenced: the first retained checkpoint that does, and how many do.
 struct Refs {
@@ -213,11 +232,35 @@ pub fn usage_of<'a>(
                 })
                 .collect();
             count(&mut total, m.id, &all, &refs);
+            let mut by_operator: BTreeMap<&str, OperatorCount> = BTreeMap::new();
+            for b in &m.backends {
+                let (usage, objects, _) =
+                    by_operator.entry(b.name.operator()).or_insert_with(|| {
+                        (Usage::default(), BTreeMap::new(), operator_name(m, &b.name))
+                    });
+                for f in b.files.iter() {
+                    usage.files += 1;
+                    usage.bytes += f.size;
+                    objects.extend(f.stored());
+                }
+            }
+            let operators = by_operator
+                .into_iter()
+                .map(|(operator, (mut usage, objects, name))| {
+                    count(&mut usage, m.id, &objects, &refs);
+                    OperatorUsage {
+                        operator: operator.to_string(),
+                        name,
+                        usage,
+                    }
+                })
+                .collect();
             CheckpointUsage {
                 id: m.id,
                 completed_unix_ms: m.completed_unix_ms,
                 flink: m.flink.clone(),
                 backends,
+                operators,
                 total,
             }
         })

@@ -197,6 +197,7 @@ mod tests {
             .collect();
         BackendUsage {
             backend: name.into(),
+            name: None,
             usage,
             states,
         }
@@ -208,6 +209,7 @@ mod tests {
             completed_unix_ms: id,
             flink: None,
             backends,
+            operators: Vec::new(),
             total: u(id),
         }
     }
