@@ -283,7 +283,7 @@ pub(crate) fn cp_a(from: &Path, to: &Path) {
 }
 
 /// The Flink labels of the retained checkpoints, oldest first.
-fn labels(m: &Mounted) -> Vec<u64> {
+pub(crate) fn labels(m: &Mounted) -> Vec<u64> {
     std::fs::read_to_string(m.mnt.join(".ckptfs/checkpoints"))
         .unwrap()
         .lines()
@@ -313,7 +313,7 @@ fn imported_from(mnt: &Path, from: u64, not_job: Option<&str>) -> u64 {
 }
 
 /// Wait up to 60 s for `done` (the follower looks every second; a loaded machine slows it).
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+pub(crate) fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !done() {
         assert!(

@@ -170,6 +170,19 @@ impl Completed {
             .read(&self.metadata_path(), MAX_METADATA_BYTES)
     }
 
+    /// When its `_metadata` was last written (Flink writes it last, as the checkpoint
+    /// completes): the checkpoint's time. `None` where the source does not say.
+    pub fn metadata_time(&self) -> Result<Option<std::time::SystemTime>> {
+        let dir = join(&self.job_dir, &format!("chk-{}", self.checkpoint));
+        Ok(self
+            .source
+            .tree
+            .list(&dir)?
+            .into_iter()
+            .find(|e| e.name == METADATA && e.kind == EntryKind::File)
+            .and_then(|e| e.modified))
+    }
+
     /// Where it is, for messages.
     pub fn location(&self) -> String {
         self.source.tree.show(&self.job_dir)
