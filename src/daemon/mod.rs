@@ -224,6 +224,7 @@ pub fn serve(
         )
         .map_err(|e| Error::io(format!("mount {}", config.mountpoint.display()), e))?;
         fs.set_invalidator(NotifierInvalidator::start(session.notifier()));
+        fs.set_mountpoint(config.mountpoint.clone());
         let background = session
             .spawn()
             .map_err(|e| Error::io("start the FUSE session", e))?;

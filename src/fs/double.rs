@@ -178,6 +178,11 @@ impl Checkpoints for Double {
         lock(&self.pins).clone()
     }
 
+    /// Pins it as the engine does.
+    fn flink_claimed(&self, id: u64, _path: &str) {
+        lock(&self.pins).insert(format!("flink-claim-cp-{id}"), id);
+    }
+
     fn record_error(&self, message: String) {
         *lock(&self.last_error) = Some(message);
     }

@@ -117,6 +117,15 @@ impl CkptFs {
             _ => {
                 let (cp, index, tree) = self.resolve(ino)?;
                 let node = &tree.nodes[index];
+                if let NodeKind::Generated(bytes) = &node.kind {
+                    if write {
+                        return Err(Error::ReadOnly(format!("cp-{cp} is a checkpoint")));
+                    }
+                    return Ok(OpenedAs::Stream {
+                        fh: self.new_handle(Handle::Snapshot(bytes.to_vec())),
+                        seekable: true,
+                    });
+                }
                 let NodeKind::File {
                     object,
                     size,

@@ -187,6 +187,9 @@ impl CkptFs {
                     NodeKind::File { size, .. } => {
                         self.attr(ino, Kind::File, *size, 0o444, 1, tree.mtime)
                     }
+                    NodeKind::Generated(bytes) => {
+                        self.attr(ino, Kind::File, bytes.len() as u64, 0o444, 1, tree.mtime)
+                    }
                 };
                 attr.immutable = true;
                 Ok(attr)
@@ -280,7 +283,7 @@ impl CkptFs {
                         .iter()
                         .map(|c| entry(&tree.nodes[*c].name, make_ino(cp, *c)))
                         .collect(),
-                    Some(NodeKind::File { .. }) => Err(Error::io(
+                    Some(NodeKind::File { .. } | NodeKind::Generated(_)) => Err(Error::io(
                         "readdir",
                         std::io::Error::from_raw_os_error(libc::ENOTDIR),
                     )),
@@ -459,6 +462,28 @@ impl CkptFs {
             inv.inode(LATEST);
         }
         Ok(())
+    }
+
+    /// `unlink`, always refused. Below a checkpoint imported from Flink it is the sign of a
+    /// Flink job restored from the mount in CLAIM mode, whose checkpoints then name the
+    /// checkpoint's files (and which deletes it once it is subsumed; NO_CLAIM never
+    /// deletes anything): the checkpoint is pinned as `flink-claim-cp-N` (the job depends
+    /// on it), and the error recorded and logged, once per checkpoint.
+    pub fn unlink(&self, parent: u64, name: &str) -> Error {
+        if let Some((cp, index)) = split_ino(parent) {
+            let flink = self
+                .checkpoints
+                .manifest(cp)
+                .is_some_and(|m| m.flink.is_some());
+            if flink && lock(&self.claimed).insert(cp) {
+                let path = match self.tree(cp) {
+                    Ok(tree) => format!("{}/{name}", tree.path_of(index)),
+                    Err(_) => format!("cp-{cp}/.../{name}"),
+                };
+                self.checkpoints.flink_claimed(cp, &path);
+            }
+        }
+        self.refuse_change(parent)
     }
 
     /// The error for any other change (create, unlink, rename, mkdir, setattr...).

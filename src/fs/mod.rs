@@ -187,6 +187,12 @@ pub struct CkptFs {
     /// Every pin name seen, in the order seen: the link of the k-th is inode
     /// [`PIN_LINKS`] + k, stable while mounted.
     pin_names: Mutex<Vec<String>>,
+    /// Where the tree is mounted (absolute), once known: a Flink checkpoint's `cp-N/`
+    /// then shows a `_metadata` naming the files below it there.
+    mountpoint: Mutex<Option<std::path::PathBuf>>,
+    /// Checkpoints a Flink job restored in CLAIM mode tried to delete from (see
+    /// [`CkptFs::unlink`]): told once each.
+    claimed: Mutex<BTreeSet<u64>>,
 }
 
 impl CkptFs {
@@ -226,6 +232,8 @@ impl CkptFs {
             root_generation: AtomicU64::new(1),
             root_cache: Mutex::new(RootCache::default()),
             pin_names: Mutex::new(Vec::new()),
+            mountpoint: Mutex::new(None),
+            claimed: Mutex::new(BTreeSet::new()),
         });
         let weak = Arc::downgrade(&fs);
         fs.checkpoints.set_change_hook(Arc::new(move || {
@@ -234,6 +242,13 @@ impl CkptFs {
             }
         }));
         fs
+    }
+
+    /// Where the tree is mounted (an absolute path): each checkpoint imported from Flink
+    /// then holds `_metadata` at its top, Flink's own naming the files below
+    /// `MOUNTPOINT/cp-N/`, from which a Flink job restores with nothing copied.
+    pub fn set_mountpoint(&self, mountpoint: std::path::PathBuf) {
+        *lock(&self.mountpoint) = Some(mountpoint);
     }
 
     /// Where to tell the kernel which cached entries to forget (once the session runs).
@@ -289,7 +304,11 @@ impl CkptFs {
             .checkpoints
             .manifest(cp)
             .ok_or(Error::NoSuchCheckpoint(cp))?;
-        let tree = Arc::new(CheckpointTree::build(&manifest));
+        let mut tree = CheckpointTree::build(&manifest);
+        if let Some(bytes) = self.flink_metadata(&manifest) {
+            tree.add_generated(ckptfs_core::flink::import::METADATA, bytes);
+        }
+        let tree = Arc::new(tree);
         lock(&self.trees).insert(cp, tree.clone());
         lock(&self.shown).insert(cp);
         // Dropped while we built it? Then the change hook may have run before our insert.
@@ -298,6 +317,41 @@ impl CkptFs {
             return Err(Error::NoSuchCheckpoint(cp));
         }
         Ok(tree)
+    }
+
+    /// The `_metadata` shown at the top of `cp-N/` for a checkpoint imported from Flink
+    /// ([`ckptfs_core::flink::export::metadata_for_mount`]); `None` for any other, before the
+    /// mountpoint is known, or when Flink's `_metadata` cannot be read (logged and recorded:
+    /// the rest of the checkpoint is shown all the same).
+    fn flink_metadata(&self, manifest: &ckptfs_core::catalog::Manifest) -> Option<Vec<u8>> {
+        use ckptfs_core::flink::import::{job_backend, METADATA};
+        let label = manifest.flink.as_ref()?;
+        let mountpoint = lock(&self.mountpoint).clone()?;
+        let file = manifest
+            .backend(&job_backend())?
+            .files
+            .iter()
+            .find(|f| f.name == METADATA && f.chunks.is_none())?;
+        let cp_dir = mountpoint.join(format!("cp-{}", manifest.id));
+        let made = self
+            .checkpoints
+            .object_store()
+            .read_verified(&file.object, ckptfs_core::source::MAX_METADATA_BYTES)
+            .and_then(|bytes| {
+                ckptfs_core::flink::export::metadata_for_mount(&bytes, label.checkpoint, &cp_dir)
+            });
+        match made {
+            Ok(bytes) => Some(bytes),
+            Err(e) => {
+                let msg = format!(
+                    "cp-{}/_metadata (Flink's, naming the mount's files) is not shown: {e}",
+                    manifest.id
+                );
+                log::warn!("{msg}");
+                self.checkpoints.record_error(msg);
+                None
+            }
+        }
     }
 
     /// The checkpoint, node index and tree of an inode inside a checkpoint.

@@ -30,6 +30,9 @@ pub trait Checkpoints: Send + Sync {
     fn delete_checkpoint(&self, id: u64) -> Result<()>;
     /// The pins: name -> checkpoint (`pinned/`).
     fn pins(&self) -> BTreeMap<String, u64>;
+    /// A Flink job restored from checkpoint `id` in CLAIM mode tried to delete `path` of
+    /// it: keep the checkpoint (the job's checkpoints name its files) and say so.
+    fn flink_claimed(&self, id: u64, path: &str);
     /// Keep `message` as the last error (shown in status and metrics).
     fn record_error(&self, message: String);
     /// `.ckptfs/status`, as the checkpoints are at the call.
@@ -84,6 +87,41 @@ impl Checkpoints for Live {
 
     fn pins(&self) -> BTreeMap<String, u64> {
         self.0.engine().pins()
+    }
+
+    /// Pinned as `flink-claim-cp-N` off the FUSE thread (a pin waits for the catalog, which
+    /// a checkpoint's commit may hold); on a read-only view only said.
+    fn flink_claimed(&self, id: u64, path: &str) {
+        let controller = self.0.clone();
+        let path = path.to_string();
+        let spawned = std::thread::Builder::new()
+            .name("ckptfs-claim".into())
+            .spawn(move || {
+                let engine = controller.engine();
+                let name = format!("flink-claim-cp-{id}");
+                let kept = if engine.is_read_only() {
+                    "this read-only view cannot pin it: pin it on the writer's host".to_string()
+                } else {
+                    match engine.pin(id, &name) {
+                        Ok(()) => {
+                            format!("pinned as {name}: unpin it once that job no longer needs it")
+                        }
+                        Err(e) => format!("and pinning it as {name} failed: {e}"),
+                    }
+                };
+                let msg = format!(
+                    "a Flink job restored from cp-{id} in CLAIM mode tried to delete {path} \
+                     (refused: read-only). ckptfs supports restoring from the mount in \
+                     NO_CLAIM mode only; in CLAIM mode the job's checkpoints name this \
+                     checkpoint's files. cp-{id} is {kept}"
+                );
+                log::error!("{msg}");
+                engine.record_error(msg);
+                controller.changed();
+            });
+        if let Err(e) = spawned {
+            log::error!("cp-{id} was claimed by a Flink job and cannot be pinned: {e}");
+        }
     }
 
     fn record_error(&self, message: String) {

@@ -21,6 +21,9 @@ pub enum NodeKind {
         /// Stored as chunks: served from memory, assembled and verified at open.
         chunks: Option<Chunks>,
     },
+    /// A file the mount makes from what is stored (a Flink checkpoint's `_metadata`
+    /// naming the mount's files), served from memory.
+    Generated(std::sync::Arc<Vec<u8>>),
 }
 
 /// A directory or file of a checkpoint's tree.
@@ -181,8 +184,31 @@ impl CheckpointTree {
                 .binary_search_by(|c| self.nodes[*c].name.as_str().cmp(name))
                 .ok()
                 .map(|i| children[i]),
-            NodeKind::File { .. } => None,
+            NodeKind::File { .. } | NodeKind::Generated(_) => None,
         }
+    }
+
+    /// Add file `name` with these bytes at the top of the checkpoint (after every node
+    /// [`CheckpointTree::build`] made, so their inode numbers stay; unless a backend's
+    /// directory has that name).
+    pub fn add_generated(&mut self, name: &str, bytes: Vec<u8>) {
+        if self.child(0, name).is_some() {
+            return;
+        }
+        let index = push(
+            &mut self.nodes,
+            0,
+            name.to_string(),
+            NodeKind::Generated(std::sync::Arc::new(bytes)),
+        );
+        let names: Vec<&str> = self.nodes.iter().map(|n| n.name.as_str()).collect();
+        let mut children = match &self.nodes[0].kind {
+            NodeKind::Dir(children) => children.clone(),
+            _ => return,
+        };
+        children.sort_by(|a, b| names[*a].cmp(names[*b]));
+        debug_assert!(children.contains(&index));
+        self.nodes[0].kind = NodeKind::Dir(children);
     }
 }
 

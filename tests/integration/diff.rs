@@ -41,7 +41,12 @@ fn side(store: &str, id: u64) -> Value {
     json!({
         "id": id,
         "completed_unix_ms": row["completed_unix_ms"],
-        "flink": {"job": JOB, "checkpoint": id + 3, "operators": operator_names()},
+        "flink": {
+            "job": JOB,
+            "checkpoint": id + 3,
+            "operators": operator_names(),
+            "time_unix_ms": crate::flink::fixture_time_ms(id + 3),
+        },
     })
 }
 

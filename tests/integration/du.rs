@@ -249,7 +249,10 @@ fn du_of_a_flink_import_matches_the_restored_files_by_content() {
     let names = crate::flink::operator_names();
     let labels: Vec<Value> = [4, 5, 6]
         .iter()
-        .map(|n| json!({"job": job, "checkpoint": n, "operators": names}))
+        .map(|n| {
+            json!({"job": job, "checkpoint": n, "operators": names,
+                "time_unix_ms": crate::flink::fixture_time_ms(*n)})
+        })
         .collect();
     let mut expected = independent(&store, &ids, &labels, dir.path());
     for c in &mut expected {

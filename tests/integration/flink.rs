@@ -9,6 +9,19 @@ use std::process::Command;
 
 use crate::common::mounted::{ckptfs, ok, Mounted};
 
+/// Flink's time of the fixture's checkpoint `n` as an import records it: its `_metadata`'s
+/// modification time, in milliseconds since the Unix epoch.
+pub(crate) fn fixture_time_ms(n: u64) -> u64 {
+    let md = fixture().join(format!("chk-{n}/_metadata"));
+    std::fs::metadata(md)
+        .unwrap()
+        .modified()
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
 pub(crate) fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/flink/job1")
 }
@@ -165,10 +178,14 @@ fn a_flink_jobs_checkpoints_are_imported_labelled_and_open_in_ldb() {
         let tree = mnt.join(format!("cp-{id}"));
         let mut operators: Vec<String> = std::fs::read_dir(&tree)
             .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .map(|e| e.unwrap())
+            .filter(|e| e.file_type().unwrap().is_dir())
+            .map(|e| e.file_name().into_string().unwrap())
             .collect();
         operators.sort();
         assert_eq!(operators.len(), 3, "{operators:?}");
+        // Beside them, the _metadata a job restores from (naming the mount's files).
+        assert!(tree.join("_metadata").is_file());
         assert_eq!(operators[0], "_flink", "{operators:?}");
         // Flink's _metadata of the checkpoint, as Flink wrote it (export-flink needs it).
         assert_eq!(
@@ -494,7 +511,7 @@ fn check_tree(classpath: &str, tree: &Path, records: u64, scratch: &Path) {
         let operator = operator.unwrap().file_name().into_string().unwrap();
         let name = match operator.as_str() {
             "counter" => "counter",
-            "_flink" => continue,
+            "_flink" | "_metadata" => continue,
             _ => "totals",
         };
         for subtask in 0..2u32 {
@@ -969,7 +986,7 @@ fn a_checkpoint_flink_deletes_while_it_is_imported_is_imported_whole() {
         let operator = operator.unwrap().file_name().into_string().unwrap();
         let name = match operator.as_str() {
             "counter" => "counter",
-            "_flink" => continue,
+            "_flink" | "_metadata" => continue,
             _ => "totals",
         };
         for subtask in 0..2u32 {

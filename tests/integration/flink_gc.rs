@@ -19,7 +19,7 @@ const JOB: &str = "a312c9034e3e0d2016dae60431b4c9dc";
 /// Every file path a `_metadata` names, read from its bytes: Java's `writeUTF` puts a
 /// big-endian u16 length before each string, and a file handle is type byte 2 and an i64
 /// size before it (a `file:` string elsewhere is an inline handle's name, no file).
-fn named_paths(bytes: &[u8]) -> Vec<String> {
+pub(crate) fn named_paths(bytes: &[u8]) -> Vec<String> {
     named_at(bytes).into_iter().map(|(_, p)| p).collect()
 }
 

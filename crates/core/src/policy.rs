@@ -294,11 +294,42 @@ impl Decision {
     }
 }
 
-/// The bucket of a time under one calendar rule.
+/// The name of a time's bucket under one calendar rule (`2026-12-02`), for people.
 type BucketOf = fn(&DateTime<Utc>) -> String;
 
-/// A calendar rule: how many buckets it keeps, its bucket of a time, and its reason.
-type Calendar = (u32, BucketOf, fn(String) -> Reason);
+/// The number of a time's bucket under one calendar rule: one per hour, day, week, month
+/// or year, so that comparing buckets allocates nothing (a policy is applied after every
+/// checkpoint, over every retained one).
+type KeyOf = fn(i64, &DateTime<Utc>) -> i64;
+
+/// A calendar rule: how many buckets it keeps, its bucket of a time (number and name), and
+/// its reason.
+type Calendar = (u32, KeyOf, BucketOf, fn(String) -> Reason);
+
+const HOUR_MS: i64 = 3_600_000;
+const DAY_MS: i64 = 24 * HOUR_MS;
+
+fn hour_key(ms: i64, _: &DateTime<Utc>) -> i64 {
+    ms.div_euclid(HOUR_MS)
+}
+
+fn day_key(ms: i64, _: &DateTime<Utc>) -> i64 {
+    ms.div_euclid(DAY_MS)
+}
+
+/// ISO weeks begin on Monday; 1970-01-01 was a Thursday, so day 0 is in the week whose
+/// Monday is day -3.
+fn week_key(ms: i64, _: &DateTime<Utc>) -> i64 {
+    (ms.div_euclid(DAY_MS) + 3).div_euclid(7)
+}
+
+fn month_key(_: i64, t: &DateTime<Utc>) -> i64 {
+    i64::from(t.year()) * 12 + i64::from(t.month0())
+}
+
+fn year_key(_: i64, t: &DateTime<Utc>) -> i64 {
+    i64::from(t.year())
+}
 
 fn hour(t: &DateTime<Utc>) -> String {
     format!(
@@ -334,34 +365,34 @@ pub fn apply(policy: &Policy, candidates: &[Candidate]) -> Vec<Decision> {
     let newest = order.first().map_or(0, |c| c.time_ms);
     let t = &policy.by_time;
     let calendar: [Calendar; 5] = [
-        (t.hourly, hour, |bucket| Reason::Hourly { bucket }),
-        (t.daily, day, |bucket| Reason::Daily { bucket }),
-        (t.weekly, week, |bucket| Reason::Weekly { bucket }),
-        (t.monthly, month, |bucket| Reason::Monthly { bucket }),
-        (t.yearly, year, |bucket| Reason::Yearly { bucket }),
+        (t.hourly, hour_key, hour, |bucket| Reason::Hourly { bucket }),
+        (t.daily, day_key, day, |bucket| Reason::Daily { bucket }),
+        (t.weekly, week_key, week, |bucket| Reason::Weekly { bucket }),
+        (t.monthly, month_key, month, |bucket| Reason::Monthly {
+            bucket,
+        }),
+        (t.yearly, year_key, year, |bucket| Reason::Yearly { bucket }),
     ];
     // Per calendar rule: buckets still to fill, and the last bucket it kept.
-    let mut left: Vec<u32> = calendar.iter().map(|(n, _, _)| *n).collect();
-    let mut last_bucket: Vec<Option<String>> = vec![None; calendar.len()];
+    let mut left: Vec<u32> = calendar.iter().map(|(n, ..)| *n).collect();
+    let mut last_bucket: Vec<Option<i64>> = vec![None; calendar.len()];
     let mut out = Vec::with_capacity(order.len());
     for (rank, c) in order.iter().enumerate() {
         let mut kept_by = Vec::new();
         if (rank as u64) < u64::from(policy.last) {
             kept_by.push(Reason::Last { n: rank as u32 + 1 });
         }
-        let when = i64::try_from(c.time_ms)
-            .ok()
-            .and_then(DateTime::<Utc>::from_timestamp_millis)
-            .unwrap_or_default();
-        for (i, (_, bucket_of, reason)) in calendar.iter().enumerate() {
+        let ms = i64::try_from(c.time_ms).unwrap_or(i64::MAX);
+        let when = DateTime::<Utc>::from_timestamp_millis(ms).unwrap_or_default();
+        for (i, (_, key_of, bucket_of, reason)) in calendar.iter().enumerate() {
             if left[i] == 0 {
                 continue;
             }
-            let bucket = bucket_of(&when);
-            if last_bucket[i].as_ref() != Some(&bucket) {
+            let key = key_of(ms, &when);
+            if last_bucket[i] != Some(key) {
                 left[i] -= 1;
-                last_bucket[i] = Some(bucket.clone());
-                kept_by.push(reason(bucket));
+                last_bucket[i] = Some(key);
+                kept_by.push(reason(bucket_of(&when)));
             }
         }
         if t.within_ms > 0 && newest.saturating_sub(c.time_ms) < t.within_ms {

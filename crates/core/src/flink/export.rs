@@ -201,6 +201,51 @@ pub fn export(
     Ok(out)
 }
 
+/// The `_metadata` a mount shows at the top of checkpoint `checkpoint`'s directory
+/// `cp_dir` (`MOUNTPOINT/cp-M`, absolute): Flink's own (`bytes`, as the import stored it)
+/// with every file it names pointing at the mount's copy, so that Flink restores from the
+/// mount with nothing copied first (`execution.state-recovery.path: file://MOUNTPOINT/cp-M`).
+/// A file Flink named by absolute path becomes `file:<cp_dir>/<operator>/<subtask>/<name>`;
+/// one named relative to its checkpoint's directory (resolved by Flink against the
+/// directory holding `_metadata`) becomes `<operator>/<subtask>/<name>`; inline state
+/// stays inline. Refused as [`export`] refuses: a `_metadata` of another Flink checkpoint
+/// than the label says, a layout ckptfs does not import.
+pub fn metadata_for_mount(bytes: &[u8], checkpoint: u64, cp_dir: &Path) -> Result<Vec<u8>> {
+    let parsed = metadata::parse(bytes)?;
+    if parsed.checkpoint_id != checkpoint {
+        return Err(Error::Corrupt(format!(
+            "the stored _metadata is of Flink checkpoint {}, the checkpoint's label says \
+             {checkpoint}",
+            parsed.checkpoint_id
+        )));
+    }
+    let layout = layout(&parsed)?;
+    let job_backend = job_backend();
+    let homes = layout
+        .subtasks
+        .iter()
+        .flat_map(|(backend, files)| files.iter().map(move |(n, s)| (backend, n, *s)))
+        .chain(layout.job_files.iter().map(|(n, s)| (&job_backend, n, *s)));
+    let mut paths = Vec::new();
+    for (backend, name, stream) in homes {
+        crate::catalog::validate_file_name(name)?;
+        let rel = backend.rel_path().join(name);
+        match stream {
+            StreamHandle::File { at, .. } => {
+                paths.push((*at, format!("file:{}", cp_dir.join(&rel).display())));
+            }
+            StreamHandle::Relative { at, .. } => {
+                paths.push((*at, rel.display().to_string()));
+            }
+            _ => {}
+        }
+    }
+    // A file named by several subtasks (after a rescale) is one path, rewritten once each.
+    paths.sort();
+    paths.dedup_by_key(|(at, _)| *at);
+    metadata::with_paths(bytes, paths)
+}
+
 /// A directory held open: its files are reached through `/proc/self/fd/N`, whatever is at
 /// its path meanwhile.
 struct HeldDir {
