@@ -13,12 +13,15 @@
 //! │   ├── checkpoints     ino 7, 0444: JSON lines, one per retained checkpoint
 //! │   └── metrics         ino 8, 0444: the daemon's metrics for Prometheus (metrics.rs)
 //! ├── latest -> cp-N      ino 6
+//! ├── flink/              ino 1<<30, while a Flink checkpoint is retained (flink_names.rs)
+//! │   └── <job-id>/chk-<N> -> ../../cp-M
 //! └── cp-N/               ino N<<32, one per retained checkpoint (see tree.rs)
 //! ```
 
 mod control_stream;
 #[cfg(test)]
 mod double;
+mod flink_names;
 pub mod fuse;
 mod handles;
 mod inode;
@@ -84,7 +87,7 @@ pub enum Kind {
     Dir,
     /// A regular file.
     File,
-    /// A symbolic link (`latest`).
+    /// A symbolic link (`latest`, `flink/<job>/chk-N`).
     Symlink,
 }
 
@@ -177,6 +180,8 @@ pub struct CkptFs {
     /// Bumped whenever the set of checkpoints (the root's listing) changes.
     root_generation: AtomicU64,
     root_cache: Mutex<RootCache>,
+    /// `flink/`: Flink's names of the imported checkpoints (flink_names.rs).
+    flink: Mutex<flink_names::FlinkNames>,
 }
 
 impl CkptFs {
@@ -215,6 +220,7 @@ impl CkptFs {
             verify,
             root_generation: AtomicU64::new(1),
             root_cache: Mutex::new(RootCache::default()),
+            flink: Mutex::default(),
         });
         let weak = Arc::downgrade(&fs);
         fs.checkpoints.set_change_hook(Arc::new(move || {
@@ -252,6 +258,7 @@ impl CkptFs {
                 trees.remove(id);
             }
         }
+        self.flink_changed(invalidator.as_ref());
         if let Some(inv) = invalidator {
             for id in &gone {
                 inv.entry(ROOT, &format!("cp-{id}"));
@@ -768,7 +775,7 @@ mod tests {
 
     /// What the tree asked the kernel to forget.
     #[derive(Default)]
-    struct Forgotten(Mutex<Vec<(u64, Option<String>)>>);
+    pub(super) struct Forgotten(pub(super) Mutex<Vec<(u64, Option<String>)>>);
 
     impl Invalidator for Forgotten {
         fn entry(&self, parent: u64, name: &str) {

@@ -18,6 +18,7 @@ mod du;
 mod fencing;
 mod flink;
 mod flink_gc;
+mod flink_roots;
 mod import;
 mod metrics;
 mod model;
