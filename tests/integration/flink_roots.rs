@@ -91,7 +91,9 @@ fn a_restarted_job_in_the_same_root_is_followed_without_a_restart() {
     let m = Mounted::at(&store, &mnt, &["--flink", ck.to_str().unwrap()]);
     assert!(!mnt.join("flink").exists(), "flink/ before any import");
 
-    let opts = ["--timeout-ms", "10000"];
+    // A payload per key (1 KiB, rewritten with every record) makes SSTs too large to be
+    // inlined into `_metadata`: B's first checkpoint names A's uploaded files.
+    let opts = ["--timeout-ms", "10000", "--payload-bytes", "1024"];
     let mut a = Job::start(&classpath, &ck, 0, &opts);
     let mut a_snapshots = BTreeMap::new();
     run_until(&mut a, 3, &mut a_snapshots);
@@ -99,7 +101,7 @@ fn a_restarted_job_in_the_same_root_is_followed_without_a_restart() {
     wait_for("one of A's checkpoints imported", || {
         !flink_links(&mnt).is_empty()
     });
-    kill_and_read(&mut a, &mut a_snapshots);
+    kill_between_checkpoints(&mut a, &mut a_snapshots);
     let a_newest = *completed(&ck.join(&job_a)).last().unwrap();
     // Every checkpoint the killed job left is imported.
     wait_for("A's newest checkpoint imported", || {
@@ -211,9 +213,19 @@ fn a_restarted_job_in_the_same_root_is_followed_without_a_restart() {
     let scratch = dir.path().join("scratch");
     std::fs::create_dir(&scratch).unwrap();
     check_tree(&classpath, &out, b_snapshots[&b_chk], &scratch);
+    // A dropped checkpoint's link goes (the kernel is told to forget it).
+    let ((job, n), cp) = labels.iter().next().unwrap();
+    let dropped = mnt.join("flink").join(job).join(format!("chk-{n}"));
+    assert!(dropped.symlink_metadata().is_ok());
+    std::fs::remove_dir(mnt.join(format!("cp-{cp}"))).unwrap();
+    assert!(!flink_links(&mnt).contains_key(&(job.clone(), *n)));
+    wait_for("the dropped checkpoint's link gone", || {
+        dropped.symlink_metadata().is_err()
+    });
     m.umount();
 
     // import-flink of the root into a new store: both jobs, A's first; twice: nothing new.
+    assert_intact(&ck);
     let fresh = dir.path().join("fresh");
     let args = [
         "import-flink",
@@ -238,6 +250,32 @@ fn a_restarted_job_in_the_same_root_is_followed_without_a_restart() {
     assert!(order[first_b..].iter().all(|j| *j == job_b), "{order:?}");
     assert!(first_b > 0, "{order:?}");
     assert_eq!(ok(ckptfs(&args)), "");
+}
+
+/// SIGKILL `job` between two checkpoints: a moment after one completes, once Flink has
+/// deleted the checkpoint it subsumed (killed while it deletes one, Flink leaves its
+/// `_metadata` naming files already gone: a checkpoint no one can restore or import).
+fn kill_between_checkpoints(job: &mut Job, snapshots: &mut BTreeMap<u64, u64>) {
+    run_until(job, 1, snapshots);
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    kill_and_read(job, snapshots);
+}
+
+/// Every completed checkpoint under `root` names only files that are there.
+fn assert_intact(root: &Path) {
+    for job in jobs(root) {
+        for n in completed(&root.join(&job)) {
+            let md = root.join(&job).join(format!("chk-{n}/_metadata"));
+            for path in named_paths(&std::fs::read(&md).unwrap()) {
+                let file = path.trim_start_matches("file:");
+                assert!(
+                    Path::new(file).is_file(),
+                    "Flink left {} naming {file}, which is gone",
+                    md.display()
+                );
+            }
+        }
+    }
 }
 
 /// SIGKILL `job`, then read what it printed before it died: each snapshot's record count.
