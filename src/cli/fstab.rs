@@ -73,9 +73,11 @@ pub fn mount_helper_args(
             None => (option, None),
         };
         let long = key.replace('_', "-");
-        let arg = mount_command
-            .get_arguments()
-            .find(|a| a.get_long() == Some(long.as_str()) && long != "help");
+        let arg = mount_command.get_arguments().find(|a| {
+            let aliases = a.get_all_aliases().unwrap_or_default();
+            (a.get_long() == Some(long.as_str()) || aliases.contains(&long.as_str()))
+                && long != "help"
+        });
         match (arg, value) {
             (Some(arg), None) if !arg.get_action().takes_values() => {
                 out.push(format!("--{long}"));
@@ -170,6 +172,13 @@ mod tests {
         assert!(Cli::try_parse_from(&both).is_err());
         assert!(helper("no_such_option=1").unwrap_err().contains("unknown"));
         assert!(helper("retain").unwrap_err().contains("needs a value"));
+        // The policy's rules, the old `retain` (an alias of keep_last) among them.
+        let keep = helper("retain=5,keep_daily=7,keep-within=36h").unwrap();
+        let Command::Mount(args) = Cli::try_parse_from(&keep).unwrap().command else {
+            panic!("not a mount: {keep:?}");
+        };
+        let policy = args.keep.policy().unwrap().unwrap();
+        assert_eq!(policy.to_rules(), ["last=5", "daily=7", "within=1day12h"]);
         assert!(helper("read_only=yes")
             .unwrap_err()
             .contains("takes no value"));

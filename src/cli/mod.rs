@@ -13,6 +13,7 @@ use ckptfs::daemon::MountConfig;
 use ckptfs_core::backend::{BackendOptions, CheckpointMode, DEFAULT_FORMAT_VERSION};
 use ckptfs_core::error::Error;
 use ckptfs_core::names::BackendName;
+use ckptfs_core::policy::{ByTime, Policy};
 use ckptfs_core::store::Location;
 use ckptfs_core::{EngineConfig, MaterializePolicy};
 
@@ -153,6 +154,36 @@ pub(crate) enum Command {
         mountpoint: PathBuf,
         #[arg(long)]
         json: bool,
+    },
+    /// Show, change or apply the retention policy: for each retained checkpoint, newest
+    /// first, the rules that keep it, or that it is dropped.
+    ///
+    /// With --keep-* rules, they become the store's whole policy (a rule not given is
+    /// off), applied at once and after every checkpoint from then on; without, the
+    /// store's policy is shown and applied. With --dry-run nothing changes.
+    Forget(ForgetArgs),
+    /// Pin checkpoint N as NAME: no retention policy drops it, and rmdir and rm refuse it
+    /// (EBUSY) until it is unpinned. The mount shows it as pinned/NAME -> ../cp-N. A NAME
+    /// already pinned moves to N.
+    Pin {
+        /// A mountpoint, or a store no daemon holds.
+        target: PathBuf,
+        checkpoint: u64,
+        /// 1 to 64 of A-Z a-z 0-9 . _ -, not starting with a dot.
+        name: String,
+        /// A store on object storage: the local state directory.
+        #[arg(long)]
+        state: Option<PathBuf>,
+    },
+    /// Remove pin NAME; its checkpoint is left to the retention policy, which applies at
+    /// once.
+    Unpin {
+        /// A mountpoint, or a store no daemon holds.
+        target: PathBuf,
+        name: String,
+        /// A store on object storage: the local state directory.
+        #[arg(long)]
+        state: Option<PathBuf>,
     },
     /// Drop checkpoint N (as rmdir MOUNTPOINT/cp-N does).
     Rm {
@@ -350,7 +381,10 @@ pub(crate) struct MountArgs {
     /// no backends, no lease, new checkpoints shown within seconds; rmdir and the
     /// control file answer EROFS. The cache goes to --state DIR (default
     /// ~/.cache/ckptfs/ro-HASH).
-    #[arg(long, conflicts_with_all = ["backends", "retain", "restore", "interval"])]
+    #[arg(long, conflicts_with_all = [
+        "backends", "keep_last", "keep_hourly", "keep_daily", "keep_weekly", "keep_monthly",
+        "keep_yearly", "keep_within", "restore", "interval",
+    ])]
     pub(crate) read_only: bool,
     /// Object storage: uploads (and parts of large ones) in flight at once; all uploads
     /// together hold at most this many 8 MiB parts in memory.
@@ -379,9 +413,10 @@ pub(crate) struct MountArgs {
     /// backends; a new store with none gets default/0.
     #[arg(long = "backend")]
     pub(crate) backends: Vec<BackendName>,
-    /// Number of retained checkpoints (default: the store's setting, 3 for a new store).
-    #[arg(long)]
-    pub(crate) retain: Option<u32>,
+    /// The retention policy (default: the store's, --keep-last 3 for a new store); any
+    /// rule given replaces the store's whole policy.
+    #[command(flatten)]
+    pub(crate) keep: KeepArgs,
     /// Checkpoints that may be in flight at once.
     #[arg(long, default_value_t = 1)]
     pub(crate) max_concurrent: usize,
@@ -392,8 +427,8 @@ pub(crate) struct MountArgs {
     /// directory (the job's <execution.checkpointing.dir>/<job-id>/, or the checkpoint root,
     /// where a job restarted from a checkpoint writes its new job directory beside the old
     /// one, followed as well without a restart; a path, a file:// URL or s3://BUCKET/PREFIX)
-    /// within seconds of its _metadata appearing, keeping them as --retain says. The daemon
-    /// then hosts no RocksDB of its own.
+    /// within seconds of its _metadata appearing, keeping them as the policy (--keep-*)
+    /// says. The daemon then hosts no RocksDB of its own.
     #[arg(long, value_name = "SRC", conflicts_with_all = ["backends", "restore", "interval", "read_only"])]
     pub(crate) flink: Option<PathBuf>,
     /// Also read the files below DIR that the checkpoints of the job followed with --flink
@@ -449,6 +484,94 @@ pub(crate) struct MountArgs {
     /// the file is always there).
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics_listen: Option<std::net::SocketAddr>,
+}
+
+/// The rules of a retention policy (restic's `forget` semantics): the union of the rules
+/// is kept; each calendar rule keeps the newest checkpoint of each of its newest N hours,
+/// days, ISO weeks, months or years (UTC) that hold one; times are the checkpoints' own
+/// (Flink's checkpoint time for an imported one). Pinned checkpoints are always kept.
+#[derive(clap::Args, Clone, Default)]
+pub(crate) struct KeepArgs {
+    /// Keep the newest N checkpoints (1 when only other rules are given); --retain N is
+    /// the same.
+    #[arg(long, alias = "retain", value_name = "N")]
+    pub(crate) keep_last: Option<u32>,
+    /// Keep the newest checkpoint of each of the newest N hours that hold one.
+    #[arg(long, value_name = "N")]
+    pub(crate) keep_hourly: Option<u32>,
+    /// The same by day.
+    #[arg(long, value_name = "N")]
+    pub(crate) keep_daily: Option<u32>,
+    /// The same by ISO week (Monday to Sunday).
+    #[arg(long, value_name = "N")]
+    pub(crate) keep_weekly: Option<u32>,
+    /// The same by month.
+    #[arg(long, value_name = "N")]
+    pub(crate) keep_monthly: Option<u32>,
+    /// The same by year.
+    #[arg(long, value_name = "N")]
+    pub(crate) keep_yearly: Option<u32>,
+    /// Keep every checkpoint less than DURATION older than the newest, e.g. 36h or 7d.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub(crate) keep_within: Option<std::time::Duration>,
+}
+
+impl KeepArgs {
+    /// The policy these rules make, `None` when no rule is given.
+    pub(crate) fn policy(&self) -> Result<Option<Policy>, Error> {
+        let given = [
+            self.keep_last,
+            self.keep_hourly,
+            self.keep_daily,
+            self.keep_weekly,
+            self.keep_monthly,
+            self.keep_yearly,
+        ]
+        .iter()
+        .any(Option::is_some)
+            || self.keep_within.is_some();
+        if !given {
+            return Ok(None);
+        }
+        let within_ms = match self.keep_within {
+            Some(d) => u64::try_from(d.as_millis())
+                .map_err(|_| Error::Invalid("--keep-within: too long".into()))?,
+            None => 0,
+        };
+        Policy {
+            last: self.keep_last.unwrap_or(1),
+            by_time: ByTime {
+                hourly: self.keep_hourly.unwrap_or(0),
+                daily: self.keep_daily.unwrap_or(0),
+                weekly: self.keep_weekly.unwrap_or(0),
+                monthly: self.keep_monthly.unwrap_or(0),
+                yearly: self.keep_yearly.unwrap_or(0),
+                within_ms,
+            },
+        }
+        .validate()
+        .map(Some)
+        .map_err(|e| Error::Invalid(format!("--keep-last: {e}")))
+    }
+}
+
+/// `ckptfs forget`'s options.
+#[derive(clap::Args)]
+pub(crate) struct ForgetArgs {
+    /// A mountpoint (its daemon decides), or a store no daemon holds: a directory, or
+    /// s3://BUCKET/PREFIX with --state DIR as well.
+    pub(crate) target: PathBuf,
+    /// Show what the policy would keep and drop; change nothing.
+    #[arg(long, short = 'n')]
+    pub(crate) dry_run: bool,
+    #[command(flatten)]
+    pub(crate) keep: KeepArgs,
+    /// A store on object storage: the local state directory.
+    #[arg(long)]
+    pub(crate) state: Option<PathBuf>,
+    /// Print the plan as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 /// `ckptfs flink-gc`'s options.
@@ -577,7 +700,10 @@ impl MountArgs {
             .iter()
             .map(|r| ckptfs_core::flink::import::FlinkSource::absolute(r))
             .collect::<Result<Vec<_>, _>>()?;
-        engine.retain = self.retain;
+        if let Some(policy) = self.keep.policy()? {
+            engine.retain = Some(policy.last);
+            engine.keep = Some(policy.by_time);
+        }
         engine.max_concurrent = self.max_concurrent;
         engine.restore_from = self.restore;
         engine.backend_options = backend_options;

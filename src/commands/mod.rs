@@ -1,8 +1,9 @@
 //! What each subcommand does, one file per family: [`mount`] (mount, umount), [`mounted`]
-//! (checkpoint, put, del, load, rm: through a mount's control file), [`show`] (ls, status,
-//! graph, du), [`diff`], [`import`] (import, import-flink), [`restore`] (restore,
-//! export-flink), [`flink_gc`], [`fsck`], and [`tools`] (scan, workload). The engine's work is
-//! in `ckptfs-core`; these turn arguments into its calls and its answers into output.
+//! (checkpoint, put, del, load, rm: through a mount's control file), [`policy`] (forget,
+//! pin, unpin), [`show`] (ls, status, graph, du), [`diff`], [`import`] (import,
+//! import-flink), [`restore`] (restore, export-flink), [`flink_gc`], [`fsck`], and [`tools`]
+//! (scan, workload). The engine's work is in `ckptfs-core`; these turn arguments into its
+//! calls and its answers into output.
 
 mod diff;
 mod flink_gc;
@@ -10,6 +11,7 @@ mod fsck;
 mod import;
 mod mount;
 mod mounted;
+mod policy;
 mod restore;
 mod show;
 mod tools;
@@ -58,6 +60,18 @@ pub fn run(command: Command, args: &[OsString]) -> Result<ExitCode, Error> {
             json,
         } => restore::export_flink(&target, checkpoint, &dest, json),
         Command::Ls { mountpoint, json } => show::ls(&mountpoint, json),
+        Command::Forget(args) => policy::forget(args),
+        Command::Pin {
+            target,
+            checkpoint,
+            name,
+            state,
+        } => policy::pin(&target, checkpoint, &name, state),
+        Command::Unpin {
+            target,
+            name,
+            state,
+        } => policy::unpin(&target, &name, state),
         Command::Rm {
             mountpoint,
             checkpoint,

@@ -154,6 +154,7 @@ fn print_daemon_status(status: &Status) {
         status.checkpoints_total,
         status.retain
     );
+    print_policy(Some(&status.policy), &status.pins);
     println!(
         "in flight:   {}",
         serde_json::to_string(&status.in_flight).unwrap_or_default()
@@ -195,10 +196,27 @@ fn print_store_status(status: &StoreStatus) {
             .retain
             .map_or_else(|| "unknown".to_string(), |r| r.to_string())
     );
+    print_policy(status.policy.as_ref(), &status.pins);
     println!(
         "store size:  {} bytes in {} objects",
         status.store_bytes, status.objects
     );
+}
+
+/// The retention policy (as `mount` takes it) and the pins, when known.
+fn print_policy(rules: Option<&Vec<String>>, pins: &std::collections::BTreeMap<String, u64>) {
+    if let Some(policy) = rules
+        .and_then(|r| ckptfs_core::policy::Policy::from_rules(r.iter().map(String::as_str)).ok())
+    {
+        println!("policy:      {policy}");
+    }
+    if !pins.is_empty() {
+        let shown: Vec<String> = pins
+            .iter()
+            .map(|(name, id)| format!("{name} -> cp-{id}"))
+            .collect();
+        println!("pins:        {}", shown.join(", "));
+    }
 }
 
 /// The checkpoints and their objects as Graphviz source, or drawn as SVG by `dot`.

@@ -23,7 +23,7 @@ use ckptfs_core::Engine;
 
 use crate::retry::{is_busy, Backoff};
 use protocol::{
-    Answer, CheckpointDone, Done, Failure, Imported, Line, Reply, Request, StagedImport,
+    Answer, CheckpointDone, Done, Failure, Imported, Line, Plan, Reply, Request, StagedImport,
 };
 
 /// What `import` lines staged on one control handle for its next `checkpoint`.
@@ -150,7 +150,7 @@ impl Controller {
                     )));
                 }
             }
-            if let Request::Delete(n) = command {
+            if let Request::Delete(n) | Request::Pin { id: n, .. } = command {
                 if self.engine.manifest(*n).is_none() {
                     return Err(Error::Invalid(format!(
                         "command {}: no such checkpoint {n}",
@@ -214,6 +214,43 @@ impl Controller {
                 }
                 Request::Delete(n) => {
                     let result = self.engine.delete_checkpoint(*n);
+                    self.changed();
+                    answer(i, done(&self.engine, result));
+                }
+                Request::Keep(policy) => {
+                    let result = self.engine.set_policy(policy.clone());
+                    self.changed();
+                    let result = result.map(|decisions| {
+                        Reply::Plan(Plan {
+                            policy: policy.to_rules(),
+                            decisions,
+                        })
+                    });
+                    answer(
+                        i,
+                        result.map_err(|e| {
+                            self.engine.record_error(e.to_string());
+                            Failure::of(&e)
+                        }),
+                    );
+                }
+                Request::Forget(policy) => {
+                    let used = policy.clone().unwrap_or_else(|| self.engine.policy());
+                    answer(
+                        i,
+                        Ok(Reply::Plan(Plan {
+                            policy: used.to_rules(),
+                            decisions: self.engine.forget_plan(Some(&used)),
+                        })),
+                    );
+                }
+                Request::Pin { id, name } => {
+                    let result = self.engine.pin(*id, name);
+                    self.changed();
+                    answer(i, done(&self.engine, result));
+                }
+                Request::Unpin(name) => {
+                    let result = self.engine.unpin(name).map(|_| ());
                     self.changed();
                     answer(i, done(&self.engine, result));
                 }

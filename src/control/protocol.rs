@@ -18,6 +18,7 @@ use ckptfs_core::error::{Error, Result};
 use ckptfs_core::import::ImportDir;
 use ckptfs_core::names::BackendName;
 use ckptfs_core::percent;
+use ckptfs_core::policy::{Decision, Policy};
 
 /// One control line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +49,19 @@ pub enum Request {
     Retain(u32),
     /// Drop checkpoint N, as `rmdir cp-N` does.
     Delete(u64),
+    /// Replace the retention policy (`keep last=3 daily=7 within=2d`), applied at once.
+    Keep(Policy),
+    /// What a policy (the store's own when `None`) would keep and drop; changes nothing.
+    Forget(Option<Policy>),
+    /// Pin checkpoint `id` as `name`.
+    Pin {
+        /// The checkpoint.
+        id: u64,
+        /// The pin's name.
+        name: String,
+    },
+    /// Remove pin `name`.
+    Unpin(String),
     /// Stage a RocksDB checkpoint directory as the state of an external backend in the
     /// next `checkpoint` of this handle.
     Import(ImportDir),
@@ -71,7 +85,9 @@ impl Request {
 
 /// The commands, for error messages.
 pub const USAGE: &str = "commands: checkpoint | put BACKEND KEY VALUE | del BACKEND KEY | \
-flush BACKEND | compact BACKEND | retain N | delete N | import BACKEND DIR | import-flink DIR [ROOT...]";
+flush BACKEND | compact BACKEND | retain N | keep RULE... | forget [RULE...] | pin N NAME | \
+unpin NAME | delete N | import BACKEND DIR | import-flink DIR [ROOT...] (RULE: last=N, hourly=N, \
+daily=N, weekly=N, monthly=N, yearly=N, within=DURATION)";
 
 /// Parse one line (without its newline).
 pub fn parse_line(line: &str) -> Result<Request> {
@@ -140,6 +156,32 @@ pub fn parse_line(line: &str) -> Result<Request> {
         "delete" => {
             arity(2)?;
             Ok(Request::Delete(number(1)?))
+        }
+        "keep" => {
+            if fields.len() < 2 {
+                arity(2)?;
+            }
+            Ok(Request::Keep(Policy::from_rules(
+                fields[1..].iter().copied(),
+            )?))
+        }
+        "forget" => Ok(Request::Forget(if fields.len() > 1 {
+            Some(Policy::from_rules(fields[1..].iter().copied())?)
+        } else {
+            None
+        })),
+        "pin" => {
+            arity(3)?;
+            ckptfs_core::catalog::meta::valid_pin_name(fields[2])?;
+            Ok(Request::Pin {
+                id: number(1)?,
+                name: fields[2].to_string(),
+            })
+        }
+        "unpin" => {
+            arity(2)?;
+            ckptfs_core::catalog::meta::valid_pin_name(fields[1])?;
+            Ok(Request::Unpin(fields[1].to_string()))
         }
         "import" => {
             arity(3)?;
@@ -224,6 +266,11 @@ impl Request {
             Request::Compact(backend) => format!("compact {backend}"),
             Request::Retain(n) => format!("retain {n}"),
             Request::Delete(n) => format!("delete {n}"),
+            Request::Keep(policy) => format!("keep {}", policy.to_rules().join(" ")),
+            Request::Forget(None) => "forget".into(),
+            Request::Forget(Some(policy)) => format!("forget {}", policy.to_rules().join(" ")),
+            Request::Pin { id, name } => format!("pin {id} {name}"),
+            Request::Unpin(name) => format!("unpin {name}"),
             Request::Import(import) => format!("import {} {}", import.backend, path(&import.dir)),
             Request::ImportFlink { src, roots } => std::iter::once(src)
                 .chain(roots)
@@ -248,8 +295,20 @@ pub enum Reply {
     Checkpoint(CheckpointDone),
     /// `import`.
     StagedImport(StagedImport),
+    /// `forget`.
+    Plan(Plan),
     /// Every other command.
     Done(Done),
+}
+
+/// `forget`'s answer: the policy, and what it decides for each retained checkpoint, newest
+/// first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    /// The policy, as `keep` takes it.
+    pub policy: Vec<String>,
+    /// Each checkpoint, newest first: the rules that keep it (none: dropped).
+    pub decisions: Vec<Decision>,
 }
 
 /// `{"ok":true}`: done, nothing to report.
@@ -406,6 +465,14 @@ impl Reply {
         }
     }
 
+    /// The plan a `forget` answers.
+    pub fn into_plan(self) -> Result<Plan> {
+        match self {
+            Reply::Plan(plan) => Ok(plan),
+            other => Err(other.unexpected("a retention plan")),
+        }
+    }
+
     /// The checkpoints an `import-flink` committed.
     pub fn into_imported(self) -> Result<Vec<CheckpointDone>> {
         match self {
@@ -494,6 +561,14 @@ mod tests {
             Request::Compact(b.clone()),
             Request::Retain(3),
             Request::Delete(7),
+            Request::Keep(Policy::from_rules(["last=2", "daily=7", "within=36h"]).unwrap()),
+            Request::Forget(None),
+            Request::Forget(Some(Policy::last(1))),
+            Request::Pin {
+                id: 4,
+                name: "before-deploy_2.1".into(),
+            },
+            Request::Unpin("before-deploy_2.1".into()),
             Request::Import(ImportDir {
                 backend: b,
                 dir: "/var/lib/app checkpoints/cp 1".into(),
@@ -552,6 +627,29 @@ mod tests {
                 "import-flink",
                 Ok(Reply::Imported(Imported {
                     imported: vec![Line::ok(with_imports)],
+                })),
+            ),
+            (
+                "forget",
+                Ok(Reply::Plan(Plan {
+                    policy: vec!["last=1".into(), "daily=7".into()],
+                    decisions: vec![
+                        Decision {
+                            id: 9,
+                            time_ms: 1_764_633_600_000,
+                            kept_by: vec![
+                                ckptfs_core::policy::Reason::Last { n: 1 },
+                                ckptfs_core::policy::Reason::Daily {
+                                    bucket: "2025-12-02".into(),
+                                },
+                            ],
+                        },
+                        Decision {
+                            id: 8,
+                            time_ms: 1_764_630_000_000,
+                            kept_by: Vec::new(),
+                        },
+                    ],
                 })),
             ),
             (
@@ -640,6 +738,10 @@ mod tests {
         assert_eq!(example(r#"{"ok":true,"staged":"#), keys_of(&line("import")));
         assert_eq!(example(r#"{"ok":false,"#), keys_of(&line("failure")));
         assert_eq!(example(r#"{"ok":true}"#), keys_of(&line("put")));
+        assert_eq!(
+            example(r#"{"ok":true,"policy":"#),
+            keys_of(&line("forget"))[..8]
+        );
         assert_eq!(
             example(r#"{"ok":true,"imported":"#),
             keys_of(&line("import-flink"))[..2]

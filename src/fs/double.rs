@@ -25,6 +25,8 @@ pub struct Double {
     manifests: Mutex<BTreeMap<u64, Arc<Manifest>>>,
     last_error: Mutex<Option<String>>,
     hook: Mutex<Option<ChangeHook>>,
+    /// The pins the tree shows (set by the test).
+    pub pins: Mutex<BTreeMap<String, u64>>,
 }
 
 /// What the double's control file answers every line with: it runs no commands.
@@ -40,6 +42,7 @@ impl Double {
             manifests: Mutex::default(),
             last_error: Mutex::default(),
             hook: Mutex::default(),
+            pins: Mutex::default(),
         })
     }
 
@@ -103,6 +106,7 @@ impl Double {
             job: job.into(),
             checkpoint,
             operators: BTreeMap::new(),
+            time_unix_ms: None,
         });
         *manifest = Arc::new(labelled);
     }
@@ -192,6 +196,10 @@ impl Checkpoints for Double {
             Some(_) => Ok(()),
             None => Err(Error::NoSuchCheckpoint(id)),
         }
+    }
+
+    fn pins(&self) -> BTreeMap<String, u64> {
+        lock(&self.pins).clone()
     }
 
     fn record_error(&self, message: String) {

@@ -442,6 +442,28 @@ mod tests {
         assert_eq!(fs.readlink(link.ino).unwrap(), "../../cp-6");
     }
 
+    /// `pinned/` and `flink/` side by side: both in the root, their links on inodes of
+    /// their own, each leading where it says.
+    #[test]
+    fn pins_and_flink_names_live_side_by_side() {
+        use super::super::{PINNED, PIN_LINKS};
+        let double = double();
+        lock(&double.pins).insert("before-deploy".into(), 3);
+        let fs = double.fs();
+        let root = names(fs.readdir(ROOT).unwrap());
+        assert_eq!(&root[..4], [".ckptfs", "latest", "pinned", "flink"]);
+        assert_eq!(fs.getattr(ROOT).unwrap().nlink, 3 + 5 + 2);
+        let pin = fs.lookup(PINNED, "before-deploy").unwrap();
+        let job = fs.lookup(FLINK, &"a".repeat(32)).unwrap();
+        let link = fs.lookup(job.ino, "chk-8").unwrap();
+        assert!((PIN_LINKS..FLINK).contains(&pin.ino), "{}", pin.ino);
+        assert!(is_flink_ino(link.ino) && !is_flink_ino(pin.ino));
+        assert_eq!(fs.readlink(pin.ino).unwrap(), "../cp-3");
+        assert_eq!(fs.readlink(link.ino).unwrap(), "../../cp-3");
+        assert_eq!(fs.getattr(link.ino).unwrap().kind, Kind::Symlink);
+        assert_eq!(fs.getattr(pin.ino).unwrap().kind, Kind::Symlink);
+    }
+
     /// A store without Flink checkpoints shows no `flink/`.
     #[test]
     fn no_flink_directory_without_flink_checkpoints() {

@@ -12,7 +12,7 @@ use super::handles::{DirOf, Handle};
 use super::tree::NodeKind;
 use super::{
     Attr, CkptFs, DirEntry, Kind, CHECKPOINTS, CTL, LATEST, META_DIR, META_DIR_NAME, METRICS,
-    REGISTRY, ROOT, STATUS,
+    PINNED, PIN_LINKS, REGISTRY, ROOT, STATUS,
 };
 use ckptfs_core::error::{Error, Result};
 use ckptfs_core::fsutil::lock;
@@ -63,6 +63,42 @@ pub(super) fn make_ino(cp: u64, index: usize) -> u64 {
 }
 
 impl CkptFs {
+    /// The inode of the link `pinned/NAME`.
+    fn pin_ino(&self, name: &str) -> u64 {
+        let mut names = lock(&self.pin_names);
+        let k = match names.iter().position(|n| n == name) {
+            Some(k) => k,
+            None => {
+                names.push(name.to_string());
+                names.len() - 1
+            }
+        };
+        PIN_LINKS + k as u64
+    }
+
+    /// The pin a link inode shows, and the retained checkpoint it points to.
+    fn pin_of(&self, ino: u64) -> Option<(String, u64)> {
+        let k = usize::try_from(ino.checked_sub(PIN_LINKS)?).ok()?;
+        let name = lock(&self.pin_names).get(k)?.clone();
+        let cp = *self.checkpoints.pins().get(&name)?;
+        self.checkpoints.manifest(cp).map(|_| (name, cp))
+    }
+
+    /// `pinned/` is shown while some retained checkpoint is pinned (as `latest` while
+    /// there is a checkpoint).
+    fn shows_pinned(&self) -> bool {
+        self.checkpoints
+            .pins()
+            .values()
+            .any(|cp| self.checkpoints.manifest(*cp).is_some())
+    }
+
+    /// True for the inode of a link in `pinned/` (shown or not): below the `flink/`
+    /// subtree's inodes ([`FLINK`] on).
+    fn is_pin_ino(ino: u64) -> bool {
+        (PIN_LINKS..FLINK).contains(&ino)
+    }
+
     pub(super) fn attr(
         &self,
         ino: u64,
@@ -90,8 +126,16 @@ impl CkptFs {
         match ino {
             ROOT => {
                 let n = self.checkpoints.checkpoints().len() as u32;
+                let pinned = u32::from(self.shows_pinned());
                 let flink = u32::from(self.flink_shown());
-                Ok(self.attr(ROOT, Kind::Dir, 0, 0o755, 3 + n + flink, self.mounted_at))
+                Ok(self.attr(
+                    ROOT,
+                    Kind::Dir,
+                    0,
+                    0o755,
+                    3 + pinned + flink + n,
+                    self.mounted_at,
+                ))
             }
             _ if is_flink_ino(ino) => self.flink_getattr(ino),
             META_DIR => Ok(self.attr(META_DIR, Kind::Dir, 0, 0o755, 2, self.mounted_at)),
@@ -105,6 +149,14 @@ impl CkptFs {
                     .ok_or(Error::NotFound("no checkpoint yet".into()))?;
                 let len = format!("cp-{target}").len() as u64;
                 Ok(self.attr(LATEST, Kind::Symlink, len, 0o777, 1, self.mounted_at))
+            }
+            PINNED => Ok(self.attr(PINNED, Kind::Dir, 0, 0o555, 2, self.mounted_at)),
+            _ if Self::is_pin_ino(ino) => {
+                let (_, cp) = self
+                    .pin_of(ino)
+                    .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+                let len = format!("../cp-{cp}").len() as u64;
+                Ok(self.attr(ino, Kind::Symlink, len, 0o777, 1, self.mounted_at))
             }
             // cp-N itself: from its manifest, without building its tree (listing the root
             // of thousands of checkpoints must not churn the tree cache).
@@ -160,6 +212,7 @@ impl CkptFs {
             ROOT => match name {
                 META_DIR_NAME => self.getattr(META_DIR),
                 "latest" => self.getattr(LATEST),
+                "pinned" if self.shows_pinned() => self.getattr(PINNED),
                 FLINK_DIR_NAME if self.flink_shown() => self.getattr(FLINK),
                 _ => {
                     let cp = parse_checkpoint_dir(name).ok_or_else(missing)?;
@@ -169,6 +222,13 @@ impl CkptFs {
                     self.getattr(make_ino(cp, 0))
                 }
             },
+            PINNED => {
+                let cp = *self.checkpoints.pins().get(name).ok_or_else(missing)?;
+                if self.checkpoints.manifest(cp).is_none() {
+                    return Err(missing());
+                }
+                self.getattr(self.pin_ino(name))
+            }
             META_DIR => match name {
                 "ctl" => self.getattr(CTL),
                 "status" => self.getattr(STATUS),
@@ -202,6 +262,9 @@ impl CkptFs {
                 if !checkpoints.is_empty() {
                     out.push(entry("latest", LATEST)?);
                 }
+                if self.shows_pinned() {
+                    out.push(entry("pinned", PINNED)?);
+                }
                 out.extend(self.flink_root_entry()?);
                 for m in checkpoints {
                     if let Ok(e) = entry(&format!("cp-{}", m.id), make_ino(m.id, 0)) {
@@ -210,6 +273,13 @@ impl CkptFs {
                 }
                 Ok(out)
             }
+            PINNED => Ok(self
+                .checkpoints
+                .pins()
+                .into_iter()
+                .filter(|(_, cp)| self.checkpoints.manifest(*cp).is_some())
+                .filter_map(|(name, _)| entry(&name, self.pin_ino(&name)).ok())
+                .collect()),
             META_DIR => Ok(vec![
                 entry("ctl", CTL)?,
                 entry("checkpoints", CHECKPOINTS)?,
@@ -277,6 +347,8 @@ impl CkptFs {
                 root.open += 1;
                 (DirOf::Root, cache)
             }
+            // The pins change with no checkpoint's coming or going.
+            None if ino == PINNED => (DirOf::Other, DirCache::Off),
             // `flink/` changes as checkpoints come and go.
             None if is_flink_dir(ino) => (DirOf::Other, DirCache::Off),
             None => (DirOf::Other, DirCache::Keep),
@@ -342,10 +414,16 @@ impl CkptFs {
         }
     }
 
-    /// The target of link `ino` (`latest`, `flink/<job>/chk-N`).
+    /// The target of link `ino` (`latest`, `pinned/NAME`, `flink/<job>/chk-N`).
     pub fn readlink(&self, ino: u64) -> Result<String> {
         if is_flink_ino(ino) {
             return self.flink_readlink(ino);
+        }
+        if Self::is_pin_ino(ino) {
+            let (_, cp) = self
+                .pin_of(ino)
+                .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
+            return Ok(format!("../cp-{cp}"));
         }
         if ino != LATEST {
             return Err(Error::Invalid("not a symbolic link".into()));
@@ -370,13 +448,15 @@ impl CkptFs {
             });
         }
         let Some(cp) = parse_checkpoint_dir(name) else {
-            return Err(if name == META_DIR_NAME || name == FLINK_DIR_NAME {
-                Error::io("rmdir", std::io::Error::from_raw_os_error(libc::EPERM))
-            } else if name == "latest" {
-                Error::io("rmdir", std::io::Error::from_raw_os_error(libc::ENOTDIR))
-            } else {
-                Error::NotFound(name.to_string())
-            });
+            return Err(
+                if name == META_DIR_NAME || name == "pinned" || name == FLINK_DIR_NAME {
+                    Error::io("rmdir", std::io::Error::from_raw_os_error(libc::EPERM))
+                } else if name == "latest" {
+                    Error::io("rmdir", std::io::Error::from_raw_os_error(libc::ENOTDIR))
+                } else {
+                    Error::NotFound(name.to_string())
+                },
+            );
         };
         // Held through the drop, so no opendir of cp-N slips in between check and drop.
         // The kernel releases a closed directory asynchronously (`ls cp-N && rmdir cp-N`

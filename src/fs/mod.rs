@@ -13,6 +13,8 @@
 //! │   ├── checkpoints     ino 7, 0444: JSON lines, one per retained checkpoint
 //! │   └── metrics         ino 8, 0444: the daemon's metrics for Prometheus (metrics.rs)
 //! ├── latest -> cp-N      ino 6
+//! ├── pinned/             ino 9
+//! │   └── NAME -> ../cp-N ino 2^24 + k, one per pin (`ckptfs pin`)
 //! ├── flink/              ino 1<<30, while a Flink checkpoint is retained (flink_names.rs)
 //! │   └── <job-id>/chk-<N> -> ../../cp-M
 //! └── cp-N/               ino N<<32, one per retained checkpoint (see tree.rs)
@@ -65,6 +67,11 @@ pub const LATEST: u64 = 6;
 pub const CHECKPOINTS: u64 = 7;
 /// `.ckptfs/metrics`.
 pub const METRICS: u64 = 8;
+/// `pinned/`, a link per pin.
+pub const PINNED: u64 = 9;
+/// The first inode of the links in `pinned/` (one per pin name seen, in the order seen;
+/// below `1 << 32`, where checkpoint inodes begin).
+pub const PIN_LINKS: u64 = 1 << 24;
 
 const META_DIR_NAME: &str = ".ckptfs";
 
@@ -180,6 +187,9 @@ pub struct CkptFs {
     /// Bumped whenever the set of checkpoints (the root's listing) changes.
     root_generation: AtomicU64,
     root_cache: Mutex<RootCache>,
+    /// Every pin name seen, in the order seen: the link of the k-th is inode
+    /// [`PIN_LINKS`] + k, stable while mounted.
+    pin_names: Mutex<Vec<String>>,
     /// `flink/`: Flink's names of the imported checkpoints (flink_names.rs).
     flink: Mutex<flink_names::FlinkNames>,
 }
@@ -220,6 +230,7 @@ impl CkptFs {
             verify,
             root_generation: AtomicU64::new(1),
             root_cache: Mutex::new(RootCache::default()),
+            pin_names: Mutex::new(Vec::new()),
             flink: Mutex::default(),
         });
         let weak = Arc::downgrade(&fs);
@@ -265,6 +276,15 @@ impl CkptFs {
             }
             inv.inode(LATEST);
             inv.inode(ROOT);
+            // Pins change without a checkpoint coming or going: each link the kernel was
+            // shown is looked up again.
+            let pins = lock(&self.pin_names);
+            if !pins.is_empty() {
+                inv.inode(PINNED);
+            }
+            for name in pins.iter() {
+                inv.entry(PINNED, name);
+            }
         }
     }
 
@@ -810,5 +830,49 @@ mod tests {
         );
         assert!(lock(&fs.trees).get(2).is_none());
         assert_eq!(fs.readlink(LATEST).unwrap(), "cp-1");
+    }
+
+    /// `pinned/` is shown while a retained checkpoint is pinned: a link per pin to its
+    /// `cp-N`, with a stable inode; a pin whose checkpoint is gone is not shown; nothing
+    /// in it can be removed.
+    #[test]
+    fn pinned_links_lead_to_their_checkpoints() {
+        let double = Double::with_checkpoints(3);
+        let fs = double.fs();
+        let names = |fs: &CkptFs, ino| -> Vec<String> {
+            fs.readdir(ino)
+                .unwrap()
+                .into_iter()
+                .map(|e| e.name)
+                .collect()
+        };
+        assert!(!names(&fs, ROOT).contains(&"pinned".to_string()));
+        assert!(fs.lookup(ROOT, "pinned").is_err());
+        lock(&double.pins).insert("before-deploy".into(), 2);
+        lock(&double.pins).insert("gone".into(), 9);
+        assert!(names(&fs, ROOT).contains(&"pinned".to_string()));
+        let dir = fs.lookup(ROOT, "pinned").unwrap();
+        assert_eq!((dir.ino, dir.kind), (PINNED, Kind::Dir));
+        assert_eq!(names(&fs, PINNED), ["before-deploy"]);
+        let link = fs.lookup(PINNED, "before-deploy").unwrap();
+        assert_eq!(link.kind, Kind::Symlink);
+        assert_eq!(link.size, "../cp-2".len() as u64);
+        assert_eq!(fs.readlink(link.ino).unwrap(), "../cp-2");
+        assert!(fs.lookup(PINNED, "gone").is_err());
+        assert!(fs.lookup(PINNED, "nothing").is_err());
+        // Moved: the same inode leads elsewhere.
+        lock(&double.pins).insert("before-deploy".into(), 3);
+        assert_eq!(fs.lookup(PINNED, "before-deploy").unwrap().ino, link.ino);
+        assert_eq!(fs.readlink(link.ino).unwrap(), "../cp-3");
+        assert_eq!(fs.parent_of(PINNED), ROOT);
+        assert_eq!(fs.rmdir(ROOT, "pinned").unwrap_err().errno(), libc::EPERM);
+        assert_eq!(
+            fs.rmdir(PINNED, "before-deploy").unwrap_err().errno(),
+            libc::EPERM
+        );
+        // Its checkpoint dropped: the link goes, and so does pinned/ with no pin left.
+        double.drop_and_tell(3);
+        assert!(fs.readlink(link.ino).is_err());
+        assert!(!names(&fs, ROOT).contains(&"pinned".to_string()));
     }
 }

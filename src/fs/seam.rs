@@ -28,6 +28,8 @@ pub trait Checkpoints: Send + Sync {
     fn reference_counts(&self) -> BTreeMap<ObjectId, u32>;
     /// Drop checkpoint `id` (`rmdir cp-N`).
     fn delete_checkpoint(&self, id: u64) -> Result<()>;
+    /// The pins: name -> checkpoint (`pinned/`).
+    fn pins(&self) -> BTreeMap<String, u64>;
     /// Keep `message` as the last error (shown in status and metrics).
     fn record_error(&self, message: String);
     /// `.ckptfs/status`, as the checkpoints are at the call.
@@ -78,6 +80,10 @@ impl Checkpoints for Live {
 
     fn delete_checkpoint(&self, id: u64) -> Result<()> {
         self.0.engine().delete_checkpoint(id)
+    }
+
+    fn pins(&self) -> BTreeMap<String, u64> {
+        self.0.engine().pins()
     }
 
     fn record_error(&self, message: String) {

@@ -524,56 +524,79 @@ pub(crate) fn run_until(
 }
 
 /// SIGKILL the job while one of its checkpoints is in flight with files uploaded: a
-/// `chk-N/` without `_metadata` beside a file in `shared/` no `_metadata` names.
-fn kill_mid_checkpoint(mut job: Job, root: &Path, job_dir: impl Fn() -> Option<PathBuf>) {
+/// `chk-N/` without `_metadata` beside a file in `shared/` no `_metadata` names. Seen so,
+/// the job is frozen (SIGSTOP) and everything read again: only a leak that is still there
+/// with the job stopped (no checkpoint completing in between, no `_metadata` half
+/// written) kills it; otherwise it goes on (SIGCONT). Then what the job printed up to its
+/// death is read: the record counts of the checkpoints it took meanwhile go to
+/// `snapshots`.
+fn kill_mid_checkpoint(
+    mut job: Job,
+    root: &Path,
+    job_dir: impl Fn() -> Option<PathBuf>,
+    snapshots: &mut BTreeMap<u64, u64>,
+) {
+    use nix::sys::signal::{kill, Signal};
     let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    let mut parsed: BTreeMap<PathBuf, Vec<String>> = BTreeMap::new();
     let root = root.canonicalize().unwrap();
+    let pid = nix::unistd::Pid::from_raw(job.child.id() as i32);
+    // A completed `_metadata` never changes: parsed once (the look while the job runs).
+    let mut parsed: BTreeMap<PathBuf, Vec<String>> = BTreeMap::new();
     loop {
         assert!(
             std::time::Instant::now() < deadline,
             "never saw a checkpoint in flight with files uploaded"
         );
         let Some(dir) = job_dir() else { continue };
-        let mut in_flight = false;
-        let mut named = BTreeSet::new();
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let name = entry.file_name().into_string().unwrap();
-            if !name.starts_with("chk-") {
-                continue;
+        if leaked(&root, &dir, &mut parsed) {
+            kill(pid, Signal::SIGSTOP).unwrap();
+            if leaked(&root, &dir, &mut BTreeMap::new()) {
+                let _ = job.child.kill();
+                let _ = job.child.wait();
+                break;
             }
-            let md = entry.path().join("_metadata");
-            match std::fs::read(&md) {
-                Ok(bytes) if !bytes.is_empty() => {
-                    let paths = parsed.entry(md).or_insert_with(|| named_paths(&bytes));
-                    named.extend(paths.iter().cloned());
-                }
-                _ => in_flight = true,
-            }
-        }
-        // Every job's checkpoints count (a CLAIM job's name the other job's files).
-        for other in jobs(&root) {
-            for n in completed(&root.join(&other)) {
-                let md = root.join(&other).join(format!("chk-{n}/_metadata"));
-                if let Ok(bytes) = std::fs::read(&md) {
-                    let paths = parsed.entry(md).or_insert_with(|| named_paths(&bytes));
-                    named.extend(paths.iter().cloned());
-                }
-            }
-        }
-        let leaked = in_flight
-            && std::fs::read_dir(dir.join("shared"))
-                .into_iter()
-                .flatten()
-                .flatten()
-                .any(|e| !named.contains(e.path().to_str().unwrap()));
-        if leaked {
-            let _ = job.child.kill();
-            let _ = job.child.wait();
-            return;
+            kill(pid, Signal::SIGCONT).unwrap();
         }
         std::thread::sleep(Duration::from_millis(1));
     }
+    for line in job.lines.by_ref().map_while(Result::ok) {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if let ["snapshot", n, "records", m] = w.as_slice() {
+            snapshots.insert(n.parse().unwrap(), m.parse().unwrap());
+        }
+    }
+}
+
+/// Whether job directory `dir` has a checkpoint in flight (a `chk-N/` without a complete
+/// `_metadata`) and a file in `shared/` that no completed checkpoint of any job under
+/// `root` names (a CLAIM job's name the other job's files). `parsed` caches `_metadata`
+/// reads.
+fn leaked(root: &Path, dir: &Path, parsed: &mut BTreeMap<PathBuf, Vec<String>>) -> bool {
+    // Listed first: a file that appears later belongs to a later look.
+    let shared: Vec<String> = std::fs::read_dir(dir.join("shared"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().to_str().unwrap().to_string())
+        .collect();
+    let mut in_flight = false;
+    let mut named = BTreeSet::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().into_string().unwrap();
+        if name.starts_with("chk-") && !entry.path().join("_metadata").is_file() {
+            in_flight = true;
+        }
+    }
+    for other in jobs(root) {
+        for n in completed(&root.join(&other)) {
+            let md = root.join(&other).join(format!("chk-{n}/_metadata"));
+            if let Ok(bytes) = std::fs::read(&md) {
+                let paths = parsed.entry(md).or_insert_with(|| named_paths(&bytes));
+                named.extend(paths.iter().cloned());
+            }
+        }
+    }
+    in_flight && shared.iter().any(|p| !named.contains(p))
 }
 
 /// Real jobs leaking the ways production does, then cleaned while a job runs: job A killed
@@ -605,7 +628,7 @@ fn flink_gc_cleans_after_killed_and_restored_jobs_while_one_runs() {
 
     let mut a = Job::start(&classpath, &ck, 0, &opts);
     run_until(&mut a, 3, &mut snapshots);
-    kill_mid_checkpoint(a, &ck, job_other_than(vec![]));
+    kill_mid_checkpoint(a, &ck, job_other_than(vec![]), &mut snapshots);
     let job_a = jobs(&ck).pop().unwrap();
     let a_newest = *completed(&ck.join(&job_a)).last().unwrap();
     let chk = ck.join(&job_a).join(format!("chk-{a_newest}"));
@@ -615,12 +638,19 @@ fn flink_gc_cleans_after_killed_and_restored_jobs_while_one_runs() {
     let mut b_snapshots = BTreeMap::new();
     // One checkpoint only: later ones compact A's SSTs away into files of B's own.
     run_until(&mut b, 1, &mut b_snapshots);
-    kill_mid_checkpoint(b, &ck, job_other_than(vec![job_a.clone()]));
+    kill_mid_checkpoint(
+        b,
+        &ck,
+        job_other_than(vec![job_a.clone()]),
+        &mut b_snapshots,
+    );
     let killed = SystemTime::now();
     let job_b = jobs(&ck).into_iter().find(|j| *j != job_a).unwrap();
     let b_newest = *completed(&ck.join(&job_b)).last().unwrap();
     let b_chk = ck.join(&job_b).join(format!("chk-{b_newest}"));
-    let b_records = b_snapshots[&b_newest];
+    let b_records = *b_snapshots
+        .get(&b_newest)
+        .unwrap_or_else(|| panic!("B printed no snapshot {b_newest}: {b_snapshots:?}"));
     // What CLAIM means: B's checkpoints name A's files.
     let bytes = std::fs::read(b_chk.join("_metadata")).unwrap();
     assert!(

@@ -25,6 +25,7 @@ mod model;
 mod mount;
 mod object_storage;
 mod page;
+mod policy;
 mod restore;
 mod scale;
 mod store_safety;

@@ -24,6 +24,7 @@ pub mod lock;
 pub mod metrics;
 pub mod names;
 pub mod percent;
+pub mod policy;
 pub mod registry;
 pub mod repo;
 pub mod source;

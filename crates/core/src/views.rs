@@ -125,6 +125,12 @@ pub struct Status {
     pub objects: usize,
     /// The daemon's process id.
     pub pid: u32,
+    /// The pins: name -> checkpoint.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pins: BTreeMap<String, u64>,
+    /// The retention policy, as the control file's `keep` takes it (`last=3 daily=7`).
+    #[serde(default)]
+    pub policy: Vec<String>,
     /// A read-only view of a store another daemon writes (`mount --read-only`).
     pub read_only: bool,
     /// How many checkpoints the store retains.
@@ -163,6 +169,8 @@ impl Status {
             max_concurrent: status.max_concurrent,
             objects: status.objects,
             pid: std::process::id(),
+            pins: engine.pins(),
+            policy: engine.policy().to_rules(),
             read_only: engine.is_read_only(),
             retain: status.retain,
             small_file_compactions: SmallFileCompactions {
@@ -211,6 +219,12 @@ pub struct StoreStatus {
     /// Stored objects the retained checkpoints' files reference (files and chunks; file
     /// lists not counted).
     pub objects: usize,
+    /// The pins: name -> checkpoint.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pins: BTreeMap<String, u64>,
+    /// The retention policy, as the control file's `keep` takes it.
+    #[serde(default)]
+    pub policy: Option<Vec<String>>,
     /// How many checkpoints the store retains.
     pub retain: Option<u32>,
     /// Where the store is: a path or an `s3://` URL.
@@ -248,6 +262,8 @@ impl StoreStatus {
             }),
             next_checkpoint: meta.map(|m| m.next_checkpoint),
             objects: sizes.len(),
+            pins: meta.map_or_else(BTreeMap::new, |m| m.pins.clone()),
+            policy: meta.map(|m| m.policy().to_rules()),
             retain: meta.map(|m| m.retain),
             store: location.to_string(),
             store_bytes: sizes.values().sum(),
@@ -411,6 +427,8 @@ mod tests {
             void: Vec::new(),
             external: Vec::new(),
             flink_dropped: Default::default(),
+            keep: Default::default(),
+            pins: [("before-deploy".to_string(), 12)].into(),
         };
         let status = StoreStatus::build(
             &location,
@@ -433,7 +451,14 @@ mod tests {
 
         let bare = StoreStatus::build(&location, None, &[], None);
         let value = serde_json::to_value(&bare).unwrap();
-        for key in ["format", "retain", "next_checkpoint", "backends", "lease"] {
+        for key in [
+            "format",
+            "retain",
+            "next_checkpoint",
+            "backends",
+            "lease",
+            "policy",
+        ] {
             assert!(value[key].is_null(), "{key}: {value}");
         }
         assert_eq!(value["objects"], 0);
@@ -483,6 +508,7 @@ mod tests {
                 "max_concurrent",
                 "objects",
                 "pid",
+                "policy",
                 "read_only",
                 "retain",
                 "small_file_compactions",

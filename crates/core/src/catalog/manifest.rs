@@ -283,6 +283,11 @@ pub struct FlinkLabel {
     /// one).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub operators: BTreeMap<String, String>,
+    /// When Flink completed it (its `_metadata` written), in milliseconds since the Unix
+    /// epoch: the time retention policies go by. Absent where the source did not say, and
+    /// for imports by builds before it (format 8 too, under the same rule as `operators`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_unix_ms: Option<u64>,
 }
 
 impl FlinkLabel {

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::manifest::{is_zero, FlinkLabel, FORMAT};
 use crate::names::BackendName;
+use crate::policy::{ByTime, Policy};
 
 /// Store-wide settings and counters, in `ckptfs.json`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -50,6 +51,37 @@ pub struct StoreMeta {
     /// store without it reads as one that dropped none.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub flink_dropped: BTreeMap<String, Vec<u64>>,
+    /// The retention policy's rules by time, beside `retain` (its `last`): see
+    /// [`crate::policy`]. Left out when none is set (format 8 too: no release wrote
+    /// format 8 without it, and format 7 readers refuse format 8).
+    #[serde(default, skip_serializing_if = "ByTime::is_empty")]
+    pub keep: ByTime,
+    /// Pinned checkpoints, by pin name ([`valid_pin_name`]): never dropped by retention,
+    /// and refused to `rmdir` and `delete` while pinned.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pins: BTreeMap<String, u64>,
+}
+
+/// Longest pin name.
+pub const MAX_PIN_NAME: usize = 64;
+
+/// Check a pin's name: 1 to [`MAX_PIN_NAME`] of `A-Z a-z 0-9 . _ -`, not starting with a
+/// dot (it is a file name in the mount's `pinned/`).
+pub fn valid_pin_name(name: &str) -> crate::error::Result<()> {
+    let fine = !name.is_empty()
+        && name.len() <= MAX_PIN_NAME
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if fine {
+        Ok(())
+    } else {
+        Err(crate::error::Error::Invalid(format!(
+            "invalid pin name {name:?}: 1 to {MAX_PIN_NAME} of A-Z a-z 0-9 . _ -, not \
+             starting with a dot"
+        )))
+    }
 }
 
 /// How many dropped Flink checkpoints [`StoreMeta::flink_dropped`] remembers per job (Flink
@@ -70,11 +102,30 @@ impl Default for StoreMeta {
             void: Vec::new(),
             external: Vec::new(),
             flink_dropped: BTreeMap::new(),
+            keep: ByTime::default(),
+            pins: BTreeMap::new(),
         }
     }
 }
 
 impl StoreMeta {
+    /// The retention policy: `retain` newest, and the rules by time.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            last: self.retain,
+            by_time: self.keep.clone(),
+        }
+    }
+
+    /// The names of the pins on checkpoint `id`.
+    pub fn pins_of(&self, id: u64) -> Vec<String> {
+        self.pins
+            .iter()
+            .filter(|(_, on)| **on == id)
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// Remember that the checkpoint imported from `label` was dropped.
     pub fn record_flink_drop(&mut self, label: &FlinkLabel) {
         let dropped = self.flink_dropped.entry(label.job.clone()).or_default();

@@ -162,6 +162,11 @@ impl Catalog {
                 meta.retain, meta.next_checkpoint
             )));
         }
+        if let Some(name) = meta.pins.keys().find(|n| meta::valid_pin_name(n).is_err()) {
+            return Err(Error::Corrupt(format!(
+                "{path} is invalid (a pin named {name:?}); {advice}"
+            )));
+        }
         *crate::fsutil::lock(&self.meta_version) = MetaVersion {
             version: record.version,
             revision: meta.revision,
@@ -811,6 +816,21 @@ mod tests {
             ..StoreMeta::default()
         };
         catalog.save_meta(&meta).unwrap();
-        assert_eq!(catalog.load_meta().unwrap(), Some(meta));
+        assert_eq!(catalog.load_meta().unwrap(), Some(meta.clone()));
+        // A policy and pins round-trip; a pin name that could not be a file name in the
+        // mount's pinned/ is damage, refused.
+        let mut kept = meta.clone();
+        kept.keep.daily = 7;
+        kept.keep.within_ms = 3_600_000;
+        kept.pins.insert("before-deploy".into(), 11);
+        catalog.save_meta(&kept).unwrap();
+        assert_eq!(catalog.load_meta().unwrap(), Some(kept.clone()));
+        kept.pins.insert("../../etc".into(), 11);
+        catalog.save_meta(&kept).unwrap();
+        let e = catalog.load_meta().unwrap_err();
+        assert!(
+            matches!(&e, Error::Corrupt(m) if m.contains("a pin named \"../../etc\"")),
+            "{e}"
+        );
     }
 }

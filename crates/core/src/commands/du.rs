@@ -382,6 +382,7 @@ mod tests {
             job: "j".into(),
             checkpoint: 9,
             operators: [("op".to_string(), "My op".to_string())].into(),
+            time_unix_ms: None,
         });
         let named = usage(&labelled, Some(4)).unwrap();
         assert_eq!(

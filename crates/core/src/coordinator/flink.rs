@@ -189,10 +189,16 @@ impl Engine {
             pending.abort();
             return Ok(None);
         }
+        let time_unix_ms = checkpoint.metadata_time()?.and_then(|t| {
+            t.duration_since(std::time::UNIX_EPOCH)
+                .ok()
+                .map(|d| d.as_millis() as u64)
+        });
         pending.set_flink(FlinkLabel {
             job: job.clone(),
             checkpoint: checkpoint.checkpoint,
             operators,
+            time_unix_ms,
         });
         let done = pending.complete_with_imports()?;
         log::info!(

@@ -33,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::fsutil::{lock, wait};
 use crate::lock::DirLock;
 use crate::names::BackendName;
+use crate::policy::{Candidate, Decision, Policy};
 use crate::registry::Registry;
 use crate::store::s3::S3Options;
 use crate::store::{Location, ObjectId, ObjectStore, DEFAULT_ORPHAN_GRACE};
@@ -53,8 +54,11 @@ pub struct EngineConfig {
     pub state: Option<PathBuf>,
     /// Backends to host in addition to those the store already knows (none at all: `default/0`).
     pub backends: Vec<BackendName>,
-    /// Number of retained checkpoints; `None` keeps the store's setting (default 3).
+    /// Number of retained checkpoints (the policy's `last`); `None` keeps the store's
+    /// setting (default 3).
     pub retain: Option<u32>,
+    /// The policy's rules by time; `None` keeps the store's (default none).
+    pub keep: Option<crate::policy::ByTime>,
     /// Most checkpoints in flight at once (default 1; 0 counts as 1; a read-only view
     /// takes 1 whatever is set).
     pub max_concurrent: usize,
@@ -90,6 +94,7 @@ impl EngineConfig {
             state: None,
             backends: Vec::new(),
             retain: None,
+            keep: None,
             max_concurrent: 1,
             backend_options: BackendOptions::default(),
             restore_from: None,
@@ -454,6 +459,13 @@ impl Engine {
                  a restart finishes the restore"
             )));
         }
+        let pins = st.meta.pins_of(id);
+        if !pins.is_empty() {
+            return Err(Error::Busy(format!(
+                "checkpoint {id} is pinned as {}: unpin it first (ckptfs unpin)",
+                pins.join(", ")
+            )));
+        }
         drop(st);
         self.drop_checkpoint(&writes, id)
     }
@@ -477,6 +489,25 @@ impl Engine {
     /// A read-only view: pick up the checkpoints the writer committed or dropped since the
     /// last look. Returns whether anything changed.
     pub fn refresh_checkpoints(&self) -> Result<bool> {
+        // The writer's settings and pins, as it last saved them.
+        let meta = if self.inner.read_only {
+            self.inner.catalog.load_meta()
+        } else {
+            Ok(None)
+        };
+        let pins_changed = match meta {
+            Ok(Some(meta)) => {
+                let mut st = self.state();
+                let changed = meta.pins != st.meta.pins;
+                st.meta = meta;
+                changed
+            }
+            Ok(None) => false,
+            Err(e) => {
+                log::warn!("the store's metadata is not read this time: {e}");
+                false
+            }
+        };
         let (ids, _) = self.inner.catalog.list_ids()?;
         let (known, unreadable): (BTreeSet<u64>, BTreeSet<u64>) = {
             let mut st = self.state();
@@ -511,7 +542,7 @@ impl Engine {
             st.unreadable.insert(id);
         }
         if added.is_empty() && gone.is_empty() {
-            return Ok(false);
+            return Ok(pins_changed);
         }
         for id in gone {
             if let Some(m) = st.manifests.remove(&id) {
@@ -533,11 +564,30 @@ impl Engine {
             .flatten()
     }
 
-    /// Change the number of retained checkpoints (at least 1); applied at once.
+    /// Keep the newest `retain` checkpoints (at least 1) and nothing by time: the policy
+    /// `--keep-last N` ([`Engine::set_policy`]); applied at once.
     pub fn set_retain(&self, retain: u32) -> Result<()> {
+        self.set_policy(Policy::last(retain)).map(|_| ())
+    }
+
+    /// Replace the store's retention policy (every rule: one not given is off) and apply
+    /// it at once; returns what it decided for each checkpoint, newest first.
+    pub fn set_policy(&self, policy: Policy) -> Result<Vec<Decision>> {
         self.check_writable()?;
-        let retain = validate_retain(retain)?;
+        let policy = policy.validate()?;
         let writes = self.catalog_writes();
+        self.change_meta(|meta| {
+            meta.retain = policy.last;
+            meta.keep = policy.by_time.clone();
+            Ok(())
+        })?;
+        self.apply_policy(&writes)
+    }
+
+    /// Change the store metadata under the catalog's write serialization (held by the
+    /// caller): `change` edits a copy, which is saved and then adopted. Refused during a
+    /// restore.
+    fn change_meta(&self, change: impl FnOnce(&mut StoreMeta) -> Result<()>) -> Result<()> {
         let mut meta = {
             let st = self.state();
             if st.restoring {
@@ -545,15 +595,78 @@ impl Engine {
             }
             st.meta.clone()
         };
-        meta.retain = retain;
+        change(&mut meta)?;
         self.inner.catalog.save_meta(&meta)?;
         self.state().meta = meta;
+        Ok(())
+    }
+
+    /// How many checkpoints the store retains at least (the policy's `last`).
+    pub fn retain(&self) -> u32 {
+        self.state().meta.retain
+    }
+
+    /// The store's retention policy.
+    pub fn policy(&self) -> Policy {
+        self.state().meta.policy()
+    }
+
+    /// What `policy` (the store's own when `None`) decides for each retained checkpoint,
+    /// newest first: which rules keep it, or that it would be dropped. Changes nothing.
+    pub fn forget_plan(&self, policy: Option<&Policy>) -> Vec<Decision> {
+        let pending = self.restore_pending();
+        let st = self.state();
+        let own = st.meta.policy();
+        let candidates: Vec<Candidate> = st
+            .manifests
+            .values()
+            .map(|m| Candidate {
+                id: m.id,
+                time_ms: crate::policy::checkpoint_time_ms(m),
+                pins: st.meta.pins_of(m.id),
+                restore: pending == Some(m.id),
+            })
+            .collect();
+        crate::policy::apply(policy.unwrap_or(&own), &candidates)
+    }
+
+    /// Pin checkpoint `id` as `name`: no policy drops it and `delete` refuses it until it
+    /// is unpinned. A name already pinned moves to `id`.
+    pub fn pin(&self, id: u64, name: &str) -> Result<()> {
+        self.check_writable()?;
+        crate::catalog::meta::valid_pin_name(name)?;
+        let writes = self.catalog_writes();
+        if !self.state().manifests.contains_key(&id) {
+            return Err(Error::NoSuchCheckpoint(id));
+        }
+        self.change_meta(|meta| {
+            meta.pins.insert(name.to_string(), id);
+            Ok(())
+        })?;
+        // A pin that moved leaves its old checkpoint to the policy.
         self.apply_retention(&writes)
     }
 
-    /// How many checkpoints the store retains.
-    pub fn retain(&self) -> u32 {
-        self.state().meta.retain
+    /// Remove the pin `name`; returns the checkpoint it was on. The checkpoint is then
+    /// left to the policy, which applies at once.
+    pub fn unpin(&self, name: &str) -> Result<u64> {
+        self.check_writable()?;
+        let writes = self.catalog_writes();
+        let mut was = 0;
+        self.change_meta(|meta| {
+            was = meta
+                .pins
+                .remove(name)
+                .ok_or_else(|| Error::NotFound(format!("no pin named {name:?}")))?;
+            Ok(())
+        })?;
+        self.apply_retention(&writes)?;
+        Ok(was)
+    }
+
+    /// The pins: name -> checkpoint.
+    pub fn pins(&self) -> BTreeMap<String, u64> {
+        self.state().meta.pins.clone()
     }
 
     /// The retained checkpoints, oldest first.
@@ -611,22 +724,25 @@ impl Engine {
         &self.inner.counters
     }
 
-    /// Drop the oldest checkpoints beyond the retention (never the target of an unfinished
-    /// restore).
+    /// Drop the checkpoints the store's policy does not keep (never a pinned one, nor the
+    /// target of an unfinished restore).
     fn apply_retention(&self, writes: &CatalogWrites<'_>) -> Result<()> {
+        self.apply_policy(writes).map(|_| ())
+    }
+
+    /// [`Engine::apply_retention`], returning the decisions it carried out.
+    fn apply_policy(&self, writes: &CatalogWrites<'_>) -> Result<Vec<Decision>> {
+        let plan = self.forget_plan(None);
         if self.inner.read_only {
-            return Ok(());
+            return Ok(plan);
         }
-        let pending = self.restore_pending();
-        let victims = {
-            let st = self.state();
-            st.registry.retention_victims(st.meta.retain as usize)
-        };
-        for victim in victims.into_iter().filter(|v| Some(*v) != pending) {
+        let mut victims: Vec<u64> = plan.iter().filter(|d| !d.kept()).map(|d| d.id).collect();
+        victims.sort_unstable();
+        for victim in victims {
             self.drop_checkpoint(writes, victim)?;
             crate::failpoint!("retention::between-drops");
         }
-        Ok(())
+        Ok(plan)
     }
 
     /// Drop a checkpoint: commit the drop in the catalog, then forget its references and

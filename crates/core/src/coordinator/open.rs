@@ -270,6 +270,9 @@ fn settle_meta(
     if let Some(retain) = config.retain {
         meta.retain = validate_retain(retain)?;
     }
+    if let Some(keep) = &config.keep {
+        meta.keep = keep.clone();
+    }
     // A backend first imported by a checkpoint whose write of the metadata was lost
     // after its manifest (a local store's commit point) is external all the same.
     for name in imported_backends(manifests) {

@@ -170,6 +170,19 @@ impl Completed {
             .read(&self.metadata_path(), MAX_METADATA_BYTES)
     }
 
+    /// When its `_metadata` was last written (Flink writes it last, as the checkpoint
+    /// completes): the checkpoint's time. `None` where the source does not say.
+    pub fn metadata_time(&self) -> Result<Option<std::time::SystemTime>> {
+        let dir = join(&self.job_dir, &format!("chk-{}", self.checkpoint));
+        Ok(self
+            .source
+            .tree
+            .list(&dir)?
+            .into_iter()
+            .find(|e| e.name == METADATA && e.kind == EntryKind::File)
+            .and_then(|e| e.modified))
+    }
+
     /// Where it is, for messages.
     pub fn location(&self) -> String {
         self.source.tree.show(&self.job_dir)
@@ -237,10 +250,6 @@ pub fn completed_if_any(src: &FlinkSource) -> Result<Option<Vec<Completed>>> {
         };
         let mut ids = checkpoints(tree, &job_dir)?;
         ids.sort_unstable();
-        let Some(oldest) = ids.first() else {
-            continue;
-        };
-        let began = metadata_modified(tree, &job_dir, *oldest);
         let found: Vec<Completed> = ids
             .into_iter()
             .map(|checkpoint| Completed {
@@ -250,23 +259,17 @@ pub fn completed_if_any(src: &FlinkSource) -> Result<Option<Vec<Completed>>> {
                 source: src.clone(),
             })
             .collect();
+        let Some(oldest) = found.first() else {
+            continue;
+        };
+        // Only an order: a checkpoint Flink deleted meanwhile has no time.
+        let began = oldest.metadata_time().ok().flatten();
         by_job.push(((began.is_none(), began, name), found));
     }
     by_job.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(Some(
         by_job.into_iter().flat_map(|(_, found)| found).collect(),
     ))
-}
-
-/// When the `_metadata` of checkpoint `n` of the job in `job_dir` was last written, as its
-/// directory's listing says (`None` where it does not, or the checkpoint is gone already:
-/// the time only orders jobs).
-fn metadata_modified(tree: &dyn Tree, job_dir: &str, n: u64) -> Option<std::time::SystemTime> {
-    let entries = tree.list(&join(job_dir, &format!("chk-{n}"))).ok()?;
-    entries
-        .into_iter()
-        .find(|e| e.name == METADATA)
-        .and_then(|e| e.modified)
 }
 
 /// `N` of a `chk-N` name.
