@@ -85,12 +85,15 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Import a Flink job's completed checkpoints that the store does not hold yet.
+    /// Import the completed checkpoints of Flink jobs that the store does not hold yet.
     ///
     /// SRC is one job's checkpoint directory (`<execution.checkpointing.dir>/<job-id>/`, or
-    /// a copy of it) or a checkpoint root holding one job: a directory, a file:// URL or
-    /// s3://BUCKET/PREFIX (configured from the AWS environment, as for stores). Oldest
-    /// first, each completed Flink checkpoint (a chk-N with _metadata) becomes one ckptfs
+    /// a copy of it) or a checkpoint root (execution.checkpointing.dir) holding any number
+    /// of jobs, such as a job and the ones restarted from its checkpoints: a directory, a
+    /// file:// URL or s3://BUCKET/PREFIX (configured from the AWS environment, as for
+    /// stores). Job by job in the order they began (the _metadata time of each one's oldest
+    /// checkpoint), each job's oldest first, each completed Flink checkpoint (a chk-N with
+    /// _metadata) newer than the newest the store holds of its job becomes one ckptfs
     /// checkpoint, labelled with the job and checkpoint id, in which every subtask with
     /// RocksDB incremental keyed state is an external backend OPERATOR/SUBTASK (the
     /// operator's uid, or its 32-hex id) holding that subtask's RocksDB files under their
@@ -100,7 +103,7 @@ pub(crate) enum Command {
     /// the ids. TARGET is a mountpoint (its daemon imports) or a store no daemon holds (as
     /// for import); importing twice imports nothing new.
     ImportFlink {
-        /// The Flink job's checkpoint directory.
+        /// The Flink job's checkpoint directory, or the checkpoint root of its jobs.
         src: PathBuf,
         /// A mountpoint, or a store written directly.
         target: PathBuf,
@@ -108,8 +111,9 @@ pub(crate) enum Command {
         #[arg(long)]
         state: Option<PathBuf>,
         /// Also read the files below DIR that the checkpoints name (a job restored in CLAIM
-        /// mode names the files of the job it was restored from); files outside SRC and
-        /// these roots are refused. Repeatable.
+        /// mode names the files of the job it was restored from: needed only when that
+        /// job's directory is not below SRC); files outside SRC and these roots are
+        /// refused. Repeatable.
         #[arg(long = "source-root", value_name = "DIR")]
         source_roots: Vec<PathBuf>,
         /// Print one JSON answer per imported checkpoint, as import --json does.
@@ -420,15 +424,17 @@ pub(crate) struct MountArgs {
     #[arg(long, value_parser = humantime::parse_duration)]
     pub(crate) interval: Option<std::time::Duration>,
     /// Follow a running Flink job: import each of its completed checkpoints in this
-    /// directory (the job's <execution.checkpointing.dir>/<job-id>/, or the checkpoint root
-    /// holding it; a path, a file:// URL or s3://BUCKET/PREFIX) within seconds of its
-    /// _metadata appearing, keeping them as the policy (--keep-*) says. The daemon then hosts no RocksDB
-    /// of its own.
+    /// directory (the job's <execution.checkpointing.dir>/<job-id>/, or the checkpoint root,
+    /// where a job restarted from a checkpoint writes its new job directory beside the old
+    /// one, followed as well without a restart; a path, a file:// URL or s3://BUCKET/PREFIX)
+    /// within seconds of its _metadata appearing, keeping them as the policy (--keep-*)
+    /// says. The daemon then hosts no RocksDB of its own.
     #[arg(long, value_name = "SRC", conflicts_with_all = ["backends", "restore", "interval", "read_only"])]
     pub(crate) flink: Option<PathBuf>,
     /// Also read the files below DIR that the checkpoints of the job followed with --flink
-    /// name (a job restored in CLAIM mode names the files of the job it was restored from);
-    /// files outside SRC and these roots are refused. Repeatable.
+    /// name (a job restored in CLAIM mode names the files of the job it was restored from:
+    /// needed only when that job's directory is not below SRC); files outside SRC and these
+    /// roots are refused. Repeatable.
     #[arg(long = "flink-root", value_name = "DIR", requires = "flink")]
     pub(crate) flink_roots: Vec<PathBuf>,
     /// How often to merge runs of small SSTs (under 1 MiB, once a backend has 64 or

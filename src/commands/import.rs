@@ -97,9 +97,10 @@ struct FlinkCheckpoint<'a> {
     checkpoint: u64,
 }
 
-/// `ckptfs import-flink`: every completed checkpoint of the job under `src` newer than the
-/// newest the store holds from it, oldest first, one checkpoint each; through the daemon
-/// when `target` is a mountpoint.
+/// `ckptfs import-flink`: every completed checkpoint of the jobs under `src` (one job's
+/// directory, or a checkpoint root of any number of jobs) newer than the newest the store
+/// holds of its job, job by job, oldest first, one checkpoint each; through the daemon when
+/// `target` is a mountpoint.
 pub fn import_flink(
     src: &Path,
     roots: &[PathBuf],

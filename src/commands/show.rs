@@ -42,12 +42,12 @@ pub fn ls(path: &Path, json: bool) -> Result<ExitCode, Error> {
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:>6}  {:<20}  {:>6}  {:>12}  {:>12}  {:>9}  {:>9}",
+        "{:>6}  {:<20}  {:>6}  {:>12}  {:>12}  {:>9}  {:>9}  FLINK",
         "ID", "COMPLETED", "FILES", "BYTES", "UPLOADED", "SYNC_MS", "ASYNC_MS"
     );
     for c in checkpoints {
         println!(
-            "{:>6}  {:<20}  {:>6}  {:>12}  {:>12}  {:>9.1}  {:>9.1}",
+            "{:>6}  {:<20}  {:>6}  {:>12}  {:>12}  {:>9.1}  {:>9.1}  {}",
             c.id,
             when(c.completed_unix_ms),
             c.files,
@@ -55,12 +55,29 @@ pub fn ls(path: &Path, json: bool) -> Result<ExitCode, Error> {
             c.bytes_uploaded,
             c.sync_ms,
             c.async_ms,
+            flink_name(c.flink.as_ref()),
         );
     }
     if !external.is_empty() {
         println!("external backends (imported): {}", external.join(", "));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The FLINK column of `ls`: the job id's first 8 characters, `…` if it is longer, and
+/// Flink's checkpoint (`a312c903…/chk-6`, as `flink/<job>/chk-6` in the mount); `-` for a
+/// checkpoint not imported from Flink.
+pub fn flink_name(label: Option<&ckptfs_core::catalog::FlinkLabel>) -> String {
+    let Some(label) = label else {
+        return "-".into();
+    };
+    let short: String = label.job.chars().take(8).collect();
+    let more = if label.job.chars().count() > 8 {
+        "…"
+    } else {
+        ""
+    };
+    format!("{short}{more}/chk-{}", label.checkpoint)
 }
 
 /// `status` of a store without a daemon: its settings, checkpoints, size and, on object

@@ -68,7 +68,7 @@ pub enum Request {
     /// Import the completed checkpoints of the Flink job in this directory that the store
     /// does not hold yet, one checkpoint each (`ckptfs import-flink SRC MOUNTPOINT`).
     ImportFlink {
-        /// The job's checkpoint directory, or a checkpoint root holding one job.
+        /// The job's checkpoint directory, or a checkpoint root holding its jobs.
         src: PathBuf,
         /// More roots whose files its checkpoints may name (`--source-root`).
         roots: Vec<PathBuf>,

@@ -39,7 +39,8 @@ pub struct MountConfig {
     pub read_only: bool,
     /// Serve the metrics over HTTP at this address (`/metrics`), and the page (`/`).
     pub metrics_listen: Option<std::net::SocketAddr>,
-    /// Follow the Flink job whose checkpoints are in this directory.
+    /// Follow the Flink jobs whose checkpoints are in this directory (one job's, or the
+    /// checkpoint root of any number of jobs).
     pub flink: Option<PathBuf>,
     /// More roots whose files the job's checkpoints may name (`--flink-root`).
     pub flink_roots: Vec<PathBuf>,

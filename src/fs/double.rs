@@ -11,7 +11,9 @@ use super::seam::{Checkpoints, ControlLines};
 use super::CkptFs;
 use crate::control::protocol::{Failure, Request};
 use crate::control::{AnswerSink, ChangeHook, StagedImports};
-use ckptfs_core::catalog::{BackendSnapshot, CheckpointStats, FileEntry, Manifest, FORMAT};
+use ckptfs_core::catalog::{
+    BackendSnapshot, CheckpointStats, FileEntry, FlinkLabel, Manifest, FORMAT,
+};
 use ckptfs_core::error::{Error, Result};
 use ckptfs_core::fsutil::lock;
 use ckptfs_core::store::{LocalStore, ObjectId, ObjectStore};
@@ -93,6 +95,28 @@ impl Double {
             flink: None,
         };
         lock(&self.manifests).insert(id, Arc::new(manifest));
+    }
+
+    /// Label checkpoint `id` as imported from Flink checkpoint `checkpoint` of `job`.
+    pub fn label(&self, id: u64, job: &str, checkpoint: u64) {
+        let mut manifests = lock(&self.manifests);
+        let manifest = manifests.get_mut(&id).expect("a retained checkpoint");
+        let mut labelled = (**manifest).clone();
+        labelled.flink = Some(FlinkLabel {
+            job: job.into(),
+            checkpoint,
+            operators: BTreeMap::new(),
+            time_unix_ms: None,
+        });
+        *manifest = Arc::new(labelled);
+    }
+
+    /// Call the change hook, as the controller does after a checkpoint or a drop.
+    pub fn tell(&self) {
+        let hook = lock(&self.hook).clone();
+        if let Some(hook) = hook {
+            hook();
+        }
     }
 
     /// Drop checkpoint `id` without telling the tree, as a drop the change hook has not

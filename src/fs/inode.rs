@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use super::flink_names::{is_flink_dir, is_flink_ino, FLINK, FLINK_DIR_NAME};
 use super::handles::{DirOf, Handle};
 use super::tree::NodeKind;
 use super::{
@@ -92,9 +93,10 @@ impl CkptFs {
             .any(|cp| self.checkpoints.manifest(*cp).is_some())
     }
 
-    /// True for the inode of a link in `pinned/` (shown or not).
+    /// True for the inode of a link in `pinned/` (shown or not): below the `flink/`
+    /// subtree's inodes ([`FLINK`] on).
     fn is_pin_ino(ino: u64) -> bool {
-        (PIN_LINKS..1 << 32).contains(&ino)
+        (PIN_LINKS..FLINK).contains(&ino)
     }
 
     pub(super) fn attr(
@@ -125,8 +127,17 @@ impl CkptFs {
             ROOT => {
                 let n = self.checkpoints.checkpoints().len() as u32;
                 let pinned = u32::from(self.shows_pinned());
-                Ok(self.attr(ROOT, Kind::Dir, 0, 0o755, 3 + pinned + n, self.mounted_at))
+                let flink = u32::from(self.flink_shown());
+                Ok(self.attr(
+                    ROOT,
+                    Kind::Dir,
+                    0,
+                    0o755,
+                    3 + pinned + flink + n,
+                    self.mounted_at,
+                ))
             }
+            _ if is_flink_ino(ino) => self.flink_getattr(ino),
             META_DIR => Ok(self.attr(META_DIR, Kind::Dir, 0, 0o755, 2, self.mounted_at)),
             CTL => Ok(self.attr(CTL, Kind::File, 0, 0o600, 1, self.mounted_at)),
             STATUS | REGISTRY | CHECKPOINTS | METRICS => {
@@ -205,6 +216,7 @@ impl CkptFs {
                 META_DIR_NAME => self.getattr(META_DIR),
                 "latest" => self.getattr(LATEST),
                 "pinned" if self.shows_pinned() => self.getattr(PINNED),
+                FLINK_DIR_NAME if self.flink_shown() => self.getattr(FLINK),
                 _ => {
                     let cp = parse_checkpoint_dir(name).ok_or_else(missing)?;
                     if self.checkpoints.manifest(cp).is_none() {
@@ -228,6 +240,7 @@ impl CkptFs {
                 "metrics" => self.getattr(METRICS),
                 _ => Err(missing()),
             },
+            _ if is_flink_dir(parent) => self.flink_lookup(parent, name),
             _ => {
                 let (cp, index) = split_ino(parent).ok_or_else(missing)?;
                 let tree = self.tree(cp)?;
@@ -255,6 +268,7 @@ impl CkptFs {
                 if self.shows_pinned() {
                     out.push(entry("pinned", PINNED)?);
                 }
+                out.extend(self.flink_root_entry()?);
                 for m in checkpoints {
                     if let Ok(e) = entry(&format!("cp-{}", m.id), make_ino(m.id, 0)) {
                         out.push(e);
@@ -276,6 +290,7 @@ impl CkptFs {
                 entry("registry", REGISTRY)?,
                 entry("status", STATUS)?,
             ]),
+            _ if is_flink_dir(ino) => self.flink_readdir(ino),
             _ => {
                 let (cp, index, tree) = self.resolve(ino)?;
                 match &tree.nodes.get(index).map(|n| &n.kind) {
@@ -337,6 +352,8 @@ impl CkptFs {
             }
             // The pins change with no checkpoint's coming or going.
             None if ino == PINNED => (DirOf::Other, DirCache::Off),
+            // `flink/` changes as checkpoints come and go.
+            None if is_flink_dir(ino) => (DirOf::Other, DirCache::Off),
             None => (DirOf::Other, DirCache::Keep),
         };
         Ok((self.new_handle(Handle::Dir(Arc::new(entries), of)), cache))
@@ -391,14 +408,20 @@ impl CkptFs {
 
     /// The parent inode of a directory (for `..`).
     pub fn parent_of(&self, ino: u64) -> u64 {
+        if is_flink_dir(ino) {
+            return self.flink_parent(ino);
+        }
         match self.resolve(ino) {
             Ok((cp, index, tree)) if index > 0 => make_ino(cp, tree.nodes[index].parent),
             _ => ROOT,
         }
     }
 
-    /// The target of link `ino` (`latest`, `pinned/NAME`).
+    /// The target of link `ino` (`latest`, `pinned/NAME`, `flink/<job>/chk-N`).
     pub fn readlink(&self, ino: u64) -> Result<String> {
+        if is_flink_ino(ino) {
+            return self.flink_readlink(ino);
+        }
         if Self::is_pin_ino(ino) {
             let (_, cp) = self
                 .pin_of(ino)
@@ -428,13 +451,15 @@ impl CkptFs {
             });
         }
         let Some(cp) = parse_checkpoint_dir(name) else {
-            return Err(if name == META_DIR_NAME || name == "pinned" {
-                Error::io("rmdir", std::io::Error::from_raw_os_error(libc::EPERM))
-            } else if name == "latest" {
-                Error::io("rmdir", std::io::Error::from_raw_os_error(libc::ENOTDIR))
-            } else {
-                Error::NotFound(name.to_string())
-            });
+            return Err(
+                if name == META_DIR_NAME || name == "pinned" || name == FLINK_DIR_NAME {
+                    Error::io("rmdir", std::io::Error::from_raw_os_error(libc::EPERM))
+                } else if name == "latest" {
+                    Error::io("rmdir", std::io::Error::from_raw_os_error(libc::ENOTDIR))
+                } else {
+                    Error::NotFound(name.to_string())
+                },
+            );
         };
         // Held through the drop, so no opendir of cp-N slips in between check and drop.
         // The kernel releases a closed directory asynchronously (`ls cp-N && rmdir cp-N`
@@ -458,7 +483,9 @@ impl CkptFs {
         lock(&self.trees).remove(&cp);
         drop(listing);
         lock(&self.shown).remove(&cp);
-        if let Some(inv) = lock(&self.invalidator).clone() {
+        let invalidator = lock(&self.invalidator).clone();
+        self.flink_changed(invalidator.as_ref());
+        if let Some(inv) = invalidator {
             inv.inode(LATEST);
         }
         Ok(())

@@ -15,12 +15,15 @@
 //! ├── latest -> cp-N      ino 6
 //! ├── pinned/             ino 9
 //! │   └── NAME -> ../cp-N ino 2^24 + k, one per pin (`ckptfs pin`)
+//! ├── flink/              ino 1<<30, while a Flink checkpoint is retained (flink_names.rs)
+//! │   └── <job-id>/chk-<N> -> ../../cp-M
 //! └── cp-N/               ino N<<32, one per retained checkpoint (see tree.rs)
 //! ```
 
 mod control_stream;
 #[cfg(test)]
 mod double;
+mod flink_names;
 pub mod fuse;
 mod handles;
 mod inode;
@@ -91,7 +94,7 @@ pub enum Kind {
     Dir,
     /// A regular file.
     File,
-    /// A symbolic link (`latest`).
+    /// A symbolic link (`latest`, `flink/<job>/chk-N`).
     Symlink,
 }
 
@@ -193,6 +196,8 @@ pub struct CkptFs {
     /// Checkpoints a Flink job restored in CLAIM mode tried to delete from (see
     /// [`CkptFs::unlink`]): told once each.
     claimed: Mutex<BTreeSet<u64>>,
+    /// `flink/`: Flink's names of the imported checkpoints (flink_names.rs).
+    flink: Mutex<flink_names::FlinkNames>,
 }
 
 impl CkptFs {
@@ -234,6 +239,7 @@ impl CkptFs {
             pin_names: Mutex::new(Vec::new()),
             mountpoint: Mutex::new(None),
             claimed: Mutex::new(BTreeSet::new()),
+            flink: Mutex::default(),
         });
         let weak = Arc::downgrade(&fs);
         fs.checkpoints.set_change_hook(Arc::new(move || {
@@ -278,6 +284,7 @@ impl CkptFs {
                 trees.remove(id);
             }
         }
+        self.flink_changed(invalidator.as_ref());
         if let Some(inv) = invalidator {
             for id in &gone {
                 inv.entry(ROOT, &format!("cp-{id}"));
@@ -842,7 +849,7 @@ mod tests {
 
     /// What the tree asked the kernel to forget.
     #[derive(Default)]
-    struct Forgotten(Mutex<Vec<(u64, Option<String>)>>);
+    pub(super) struct Forgotten(pub(super) Mutex<Vec<(u64, Option<String>)>>);
 
     impl Invalidator for Forgotten {
         fn entry(&self, parent: u64, name: &str) {

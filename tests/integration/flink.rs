@@ -314,7 +314,7 @@ pub(crate) fn labels(m: &Mounted) -> Vec<u64> {
 
 /// The id of the first retained checkpoint imported from Flink checkpoint `from` or a
 /// later one, of a job other than `not_job` (if given).
-fn imported_from(mnt: &Path, from: u64, not_job: Option<&str>) -> u64 {
+pub(crate) fn imported_from(mnt: &Path, from: u64, not_job: Option<&str>) -> u64 {
     let rows: Vec<serde_json::Value> = std::fs::read_to_string(mnt.join(".ckptfs/checkpoints"))
         .unwrap()
         .lines()
@@ -504,7 +504,7 @@ impl Drop for Job {
 
 /// Every subtask directory of `tree` (`cp-N/` of a mount) copied out and each column
 /// family counted by Debian's ldb against StateJob's `--expected` figures for `records`.
-fn check_tree(classpath: &str, tree: &Path, records: u64, scratch: &Path) {
+pub(crate) fn check_tree(classpath: &str, tree: &Path, records: u64, scratch: &Path) {
     let expected = job_expected(classpath, records);
     let mut checked = 0;
     for operator in std::fs::read_dir(tree).unwrap() {

@@ -88,7 +88,7 @@ fn listing(root: &Path) -> BTreeMap<String, Seen> {
 }
 
 /// The job directories under a checkpoint root.
-fn jobs(root: &Path) -> Vec<String> {
+pub(crate) fn jobs(root: &Path) -> Vec<String> {
     let mut out: Vec<String> = std::fs::read_dir(root)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -99,7 +99,7 @@ fn jobs(root: &Path) -> Vec<String> {
 }
 
 /// The completed checkpoints of a job directory, oldest first.
-fn completed(job: &Path) -> Vec<u64> {
+pub(crate) fn completed(job: &Path) -> Vec<u64> {
     let mut out: Vec<u64> = std::fs::read_dir(job)
         .unwrap()
         .filter_map(|e| {
@@ -494,7 +494,11 @@ fn flink_gc_on_object_storage_deletes_the_unreferenced_objects() {
 /// Lines of a running job until `completes` more checkpoints are complete: the ids, and
 /// each snapshot's record count. A "mismatch" line (a key's count not what its records make
 /// it: state lost or restored wrong) fails the test.
-fn run_until(job: &mut Job, completes: usize, snapshots: &mut BTreeMap<u64, u64>) -> Vec<u64> {
+pub(crate) fn run_until(
+    job: &mut Job,
+    completes: usize,
+    snapshots: &mut BTreeMap<u64, u64>,
+) -> Vec<u64> {
     let deadline = std::time::Instant::now() + Duration::from_secs(180);
     let mut done = Vec::new();
     while done.len() < completes {

@@ -71,7 +71,13 @@ fn a_flink_job_restores_from_the_mount_with_nothing_copied() {
     let m = Mounted::at(&store, &mnt, &[]);
     let cp = mnt.join("cp-1");
     names_only_the_mount(&cp);
-    restores_from(&classpath, &cp, dir.path());
+    // By Flink's own name: flink/<job>/chk-4 -> ../../cp-1.
+    let by_name = mnt.join(format!("flink/{JOB}/chk-4"));
+    assert_eq!(
+        std::fs::read_link(&by_name).unwrap(),
+        Path::new("../../cp-1")
+    );
+    restores_from(&classpath, &by_name, dir.path());
     // Flink wrote nothing into the mount, and the store is whole.
     assert!(!cp.join("shared").exists());
     assert!(m.status()["pins"].is_null());

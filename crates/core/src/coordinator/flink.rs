@@ -1,6 +1,9 @@
-//! Importing a Flink job's completed checkpoints (`ckptfs import-flink`, and a daemon that
-//! follows a job with `mount --flink`): each one newer than the newest the store holds from
-//! that job (for a follower also an older one that failed to import, while Flink has it),
+//! Importing the completed checkpoints of Flink jobs (`ckptfs import-flink`, and a daemon
+//! that follows a job directory or a checkpoint root with `mount --flink`: a job restarted
+//! from a checkpoint writes a new job directory beside the old one, which is followed
+//! without a restart). Job by job, in the order the jobs began, each checkpoint newer than
+//! the newest the store holds from *that* job (for a follower also an older one that failed
+//! to import, while Flink has it),
 //! and never one the store held and dropped ([`crate::catalog::StoreMeta::flink_dropped`]:
 //! a user's drop sticks), becomes one checkpoint, labelled with the job and checkpoint id, whose backends
 //! are the job's subtasks and its own files ([`crate::flink::import`]): nothing else is
@@ -19,7 +22,8 @@ use crate::names::BackendName;
 #[derive(Debug, Default)]
 pub struct Retries {
     failed: std::collections::BTreeSet<(String, u64)>,
-    /// The newest completed checkpoint the last look found (job directory's name, id).
+    /// The newest completed checkpoint the last look found (job directory's name, id): of
+    /// a root's jobs, the newest checkpoint of the job that began last.
     newest: Option<(String, u64)>,
 }
 
@@ -44,9 +48,10 @@ pub struct FlinkImport {
 }
 
 impl Engine {
-    /// Import every completed checkpoint of the Flink job under `src` that is newer than
-    /// the newest the store holds from that job and that the store did not hold and drop,
-    /// oldest first. Without `keep_going`, the first failure ends the import; with it
+    /// Import every completed checkpoint of the Flink jobs under `src` (one job's directory,
+    /// or a root of any number of jobs) that is newer than the newest the store holds from
+    /// its job and that the store did not hold and drop: job by job in the order they began,
+    /// each job's oldest first ([`flink::completed`]). Without `keep_going`, the first failure ends the import; with it
     /// ([`Engine::follow_flink`]), a source no job has written to yet holds nothing.
     pub fn import_flink(&self, src: &FlinkSource, keep_going: bool) -> Result<Vec<FlinkImport>> {
         self.import_flink_with(src, keep_going, &mut Retries::default())

@@ -195,9 +195,11 @@ pub fn is_job_id(name: &str) -> bool {
 }
 
 /// The completed checkpoints under `src`: one job's directory (`<dir>/<job-id>/`, or a copy
-/// of one under another name) or a checkpoint root holding one job (several are refused:
-/// their backends would mix in one store). Oldest first (by checkpoint id). A `chk-N`
-/// without `_metadata` is skipped (in flight or abandoned).
+/// of one under another name) or a checkpoint root (`execution.checkpointing.dir`) holding
+/// any number of jobs, such as a job and the ones restored from it, each in a directory of
+/// its own. Job by job, in the order the jobs began ([`completed_if_any`]), each job's
+/// oldest first (by checkpoint id). A `chk-N` without `_metadata` is skipped (in flight or
+/// abandoned).
 pub fn completed(src: &FlinkSource) -> Result<Vec<Completed>> {
     if let Some(found) = completed_if_any(src)? {
         return Ok(found);
@@ -206,7 +208,8 @@ pub fn completed(src: &FlinkSource) -> Result<Vec<Completed>> {
     Err(Error::Invalid(if holds_metadata {
         format!(
             "{} is one checkpoint's or savepoint's directory (it holds _metadata): give the \
-             job's checkpoint directory, which holds its chk-N/ (savepoints are not imported)",
+             job's checkpoint directory, which holds its chk-N/, or the checkpoint root \
+             holding the jobs' directories (savepoints are not imported)",
             src.describe()
         )
     } else {
@@ -220,20 +223,19 @@ pub fn completed(src: &FlinkSource) -> Result<Vec<Completed>> {
 
 /// [`completed`], or `None` where no job has written yet (a follower started before the
 /// job, which makes its directory with its first checkpoint).
+///
+/// A root's jobs come in the order they began: by the modification time of the
+/// `_metadata` of each one's oldest completed checkpoint, then by name (a job whose time
+/// the listing does not give comes after those whose time it gives, by name). A job
+/// restored from another one's checkpoint begins after it, so its checkpoints are imported
+/// after the older job's.
 pub fn completed_if_any(src: &FlinkSource) -> Result<Option<Vec<Completed>>> {
     let tree = src.tree.as_ref();
     let jobs = job_dirs(tree)?;
     if jobs.is_empty() {
         return Ok(None);
     }
-    if jobs.len() > 1 {
-        return Err(Error::Invalid(format!(
-            "{} holds checkpoints of {} jobs: import each job's directory into its own store",
-            src.describe(),
-            jobs.len()
-        )));
-    }
-    let mut out = Vec::new();
+    let mut by_job = Vec::new();
     for job_dir in jobs {
         // A copied job directory keeps its id in every path of its metadata.
         let name = if job_dir.is_empty() {
@@ -248,16 +250,26 @@ pub fn completed_if_any(src: &FlinkSource) -> Result<Option<Vec<Completed>>> {
         };
         let mut ids = checkpoints(tree, &job_dir)?;
         ids.sort_unstable();
-        for checkpoint in ids {
-            out.push(Completed {
+        let found: Vec<Completed> = ids
+            .into_iter()
+            .map(|checkpoint| Completed {
                 job: name.clone(),
                 checkpoint,
                 job_dir: job_dir.clone(),
                 source: src.clone(),
-            });
-        }
+            })
+            .collect();
+        let Some(oldest) = found.first() else {
+            continue;
+        };
+        // Only an order: a checkpoint Flink deleted meanwhile has no time.
+        let began = oldest.metadata_time().ok().flatten();
+        by_job.push(((began.is_none(), began, name), found));
     }
-    Ok(Some(out))
+    by_job.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(Some(
+        by_job.into_iter().flat_map(|(_, found)| found).collect(),
+    ))
 }
 
 /// `N` of a `chk-N` name.
@@ -727,8 +739,9 @@ fn resolve(completed: &Completed, uri: &str) -> Result<(Arc<dyn Tree>, String)> 
         format!(
             "Flink checkpoint {} of job {} names a file outside the source ({}), and no \
              file of its name is in the job's shared/: ckptfs reads only below the roots it \
-             is given (a job restored in CLAIM mode from another job's checkpoint: name that \
-             job's directory too, --source-root)",
+             is given (a job restored in CLAIM mode from another job's checkpoint: give the \
+             checkpoint root holding both jobs, or name that job's directory too, \
+             --source-root)",
             completed.checkpoint,
             completed.job,
             src.roots()
@@ -846,6 +859,130 @@ mod tests {
             .map(|f| f.path.clone())
             .collect();
         assert_eq!(held.len(), 1, "{held:?}");
+    }
+
+    /// `from` copied to `to` with `cp -a`.
+    fn cp_a(from: &Path, to: &Path) {
+        assert!(std::process::Command::new("cp")
+            .arg("-a")
+            .arg(from)
+            .arg(to)
+            .status()
+            .unwrap()
+            .success());
+    }
+
+    /// Set file `path`'s modification time to `secs` after the Unix epoch.
+    fn set_mtime(path: &Path, secs: u64) {
+        let file = std::fs::File::options().write(true).open(path).unwrap();
+        file.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
+            .unwrap();
+    }
+
+    /// `bytes` (a `_metadata`) with every uploaded file named as `file:<dir>/shared/<name>`.
+    fn naming_files_in(bytes: &[u8], dir: &Path) -> Vec<u8> {
+        let mut paths = Vec::new();
+        for op in metadata::parse(bytes).unwrap().operators {
+            for subtask in op.subtasks {
+                if let Some(KeyedHandle::Incremental(h)) = subtask.managed_keyed {
+                    for (_, stream) in h.shared.iter().chain(&h.private) {
+                        if let StreamHandle::File { at, path, .. } = stream {
+                            let name = path.rsplit('/').next().unwrap();
+                            paths.push((*at, format!("file:{}/shared/{name}", dir.display())));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(!paths.is_empty());
+        metadata::with_paths(bytes, paths).unwrap()
+    }
+
+    /// A checkpoint root holding two jobs: the fixture job A, and job B restored from it in
+    /// CLAIM mode (its checkpoints 2 and 7 name A's files, in A's directory). Both are
+    /// listed, job by job in the order they began (the `_metadata` time of each one's
+    /// oldest checkpoint, whatever the names), each job's by id; B's files in the sibling
+    /// directory are read; a file outside the root is still refused.
+    #[test]
+    fn a_root_of_two_jobs_lists_both_in_the_order_they_began() {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/flink/job1");
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("ck");
+        std::fs::create_dir(&root).unwrap();
+        let (a, b) = (
+            "a312c9034e3e0d2016dae60431b4c9dc",
+            "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b",
+        );
+        cp_a(&fixture, &root.join(a));
+        let bytes = std::fs::read(fixture.join("chk-6/_metadata")).unwrap();
+        let claimed = naming_files_in(&bytes, &root.join(a));
+        for n in [2, 7] {
+            let chk = root.join(b).join(format!("chk-{n}"));
+            std::fs::create_dir_all(&chk).unwrap();
+            std::fs::write(chk.join(METADATA), &claimed).unwrap();
+        }
+        std::fs::create_dir(root.join(b).join("shared")).unwrap();
+        let set = |job: &str, n: u64, secs: u64| {
+            set_mtime(&root.join(job).join(format!("chk-{n}/{METADATA}")), secs)
+        };
+        for n in [4, 5, 6] {
+            set(a, n, 1_000 + n);
+        }
+        set(b, 2, 2_000);
+        set(b, 7, 2_007);
+        let listed = |root: &Path| -> Vec<(String, u64)> {
+            completed(&FlinkSource::parse(root).unwrap())
+                .unwrap()
+                .into_iter()
+                .map(|c| (c.job, c.checkpoint))
+                .collect()
+        };
+        let pairs = |v: &[(&str, u64)]| -> Vec<(String, u64)> {
+            v.iter().map(|(j, n)| (j.to_string(), *n)).collect()
+        };
+        assert_eq!(
+            listed(&root),
+            pairs(&[(a, 4), (a, 5), (a, 6), (b, 2), (b, 7)])
+        );
+        // The order is the jobs' time, not their names.
+        set(b, 2, 500);
+        assert_eq!(
+            listed(&root),
+            pairs(&[(b, 2), (b, 7), (a, 4), (a, 5), (a, 6)])
+        );
+        // B's checkpoint names A's files: inside the root, read.
+        let found = completed(&FlinkSource::parse(&root).unwrap()).unwrap();
+        let staging = tempfile::tempdir().unwrap();
+        let listed_b = subtasks(&found[1], staging.path(), &|_, _, _, _| false).unwrap();
+        assert_eq!(listed_b.job, b);
+        assert!(listed_b
+            .backends
+            .iter()
+            .flat_map(|s| &s.files)
+            .any(|f| f.source_file().is_some()));
+        // One job's directory alone: the other job's files are outside it.
+        let alone = completed(&FlinkSource::parse(&root.join(b)).unwrap()).unwrap();
+        let staging = tempfile::tempdir().unwrap();
+        let e = subtasks(&alone[0], staging.path(), &|_, _, _, _| false)
+            .err()
+            .expect("outside the job's directory");
+        assert_eq!(e.errno(), libc::EACCES, "{e}");
+        // A copy of A's shared/ beside the root is outside it: refused.
+        let outside = dir.path().join("elsewhere");
+        cp_a(&fixture, &outside);
+        let escaping = naming_files_in(&bytes, &outside);
+        std::fs::write(root.join(b).join(format!("chk-7/{METADATA}")), &escaping).unwrap();
+        let found = completed(&FlinkSource::parse(&root).unwrap()).unwrap();
+        let staging = tempfile::tempdir().unwrap();
+        let e = subtasks(&found[1], staging.path(), &|_, _, _, _| false)
+            .err()
+            .expect("outside the root");
+        assert_eq!(e.errno(), libc::EACCES, "{e}");
+        assert!(e.to_string().contains("checkpoint root"), "{e}");
+        // A job directory that is a link is no job of the root.
+        std::os::unix::fs::symlink(&outside, root.join("0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c"))
+            .unwrap();
+        assert_eq!(listed(&root).len(), 5);
     }
 
     #[test]
