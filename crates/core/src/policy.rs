@@ -8,7 +8,7 @@
 //! checkpoint less than D older than the newest one. A pinned checkpoint is kept whatever
 //! the rules say (and still counts for them, as a tagged snapshot does for restic's).
 //!
-//! Times are each checkpoint's own ([`checkpoint_time_ms`]: Flink's checkpoint time for an
+//! Times are each checkpoint's own ([`Manifest::time_ms`](crate::catalog::Manifest::time_ms): Flink's checkpoint time for an
 //! imported one) in UTC, so every host that reads a store decides the same. "Newest" is the
 //! order of those times (the id breaks ties). Pure code: the clock is the checkpoints'
 //! times, never the machine's, so a decision can be tested and shown in advance
@@ -20,7 +20,6 @@ use std::time::Duration;
 use chrono::{DateTime, Datelike, Timelike, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::Manifest;
 use crate::error::{Error, Result};
 
 /// The calendar and age rules of a policy (all but `last`, which is the store's `retain`):
@@ -192,22 +191,12 @@ impl fmt::Display for Policy {
     }
 }
 
-/// A checkpoint's own time, in milliseconds since the Unix epoch: Flink's checkpoint time
-/// for one imported from Flink (when its `_metadata` was written), else when it began.
-pub fn checkpoint_time_ms(manifest: &Manifest) -> u64 {
-    manifest
-        .flink
-        .as_ref()
-        .and_then(|f| f.time_unix_ms)
-        .unwrap_or(manifest.started_unix_ms)
-}
-
 /// One retained checkpoint as a policy sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {
     /// Its id.
     pub id: u64,
-    /// Its time ([`checkpoint_time_ms`]).
+    /// Its time ([`Manifest::time_ms`](crate::catalog::Manifest::time_ms)).
     pub time_ms: u64,
     /// Names of the pins on it.
     pub pins: Vec<String>,
@@ -281,7 +270,7 @@ impl fmt::Display for Reason {
 pub struct Decision {
     /// The checkpoint.
     pub id: u64,
-    /// Its time ([`checkpoint_time_ms`]).
+    /// Its time ([`Manifest::time_ms`](crate::catalog::Manifest::time_ms)).
     pub time_ms: u64,
     /// Every rule that keeps it; empty: it is dropped.
     pub kept_by: Vec<Reason>,

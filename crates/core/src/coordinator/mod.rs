@@ -622,7 +622,7 @@ impl Engine {
             .values()
             .map(|m| Candidate {
                 id: m.id,
-                time_ms: crate::policy::checkpoint_time_ms(m),
+                time_ms: m.time_ms(),
                 pins: st.meta.pins_of(m.id),
                 restore: pending == Some(m.id),
             })
