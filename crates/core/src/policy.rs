@@ -144,20 +144,26 @@ impl Policy {
         policy.validate()
     }
 
-    /// The rules [`Policy::from_rules`] reads back as this policy (those that are on).
-    pub fn to_rules(&self) -> Vec<String> {
+    /// The calendar rules that are on, by name: `[("daily", 7)]`.
+    fn calendar_rules(&self) -> impl Iterator<Item = (&'static str, u32)> {
         let t = &self.by_time;
-        let mut out = vec![format!("last={}", self.last)];
-        for (name, n) in [
+        [
             ("hourly", t.hourly),
             ("daily", t.daily),
             ("weekly", t.weekly),
             ("monthly", t.monthly),
             ("yearly", t.yearly),
-        ] {
-            if n > 0 {
-                out.push(format!("{name}={n}"));
-            }
+        ]
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+    }
+
+    /// The rules [`Policy::from_rules`] reads back as this policy (those that are on).
+    pub fn to_rules(&self) -> Vec<String> {
+        let t = &self.by_time;
+        let mut out = vec![format!("last={}", self.last)];
+        for (name, n) in self.calendar_rules() {
+            out.push(format!("{name}={n}"));
         }
         if t.within_ms > 0 {
             let within = humantime::format_duration(Duration::from_millis(t.within_ms));
@@ -172,16 +178,8 @@ impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "--keep-last {}", self.last)?;
         let t = &self.by_time;
-        for (name, n) in [
-            ("hourly", t.hourly),
-            ("daily", t.daily),
-            ("weekly", t.weekly),
-            ("monthly", t.monthly),
-            ("yearly", t.yearly),
-        ] {
-            if n > 0 {
-                write!(f, " --keep-{name} {n}")?;
-            }
+        for (name, n) in self.calendar_rules() {
+            write!(f, " --keep-{name} {n}")?;
         }
         if t.within_ms > 0 {
             let within = humantime::format_duration(Duration::from_millis(t.within_ms));

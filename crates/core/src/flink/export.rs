@@ -108,21 +108,10 @@ pub fn export(
         })?;
     let bytes = std::fs::read(&original).ctx("read", &original)?;
     std::fs::remove_file(&original).ctx("remove", &original)?;
-    let parsed = metadata::parse(&bytes)?;
-    if parsed.checkpoint_id != checkpoint {
-        return Err(Error::Corrupt(format!(
-            "the stored _metadata is of Flink checkpoint {}, the checkpoint's label says \
-             {checkpoint}",
-            parsed.checkpoint_id
-        )));
-    }
+    let parsed = parse_for(&bytes, checkpoint)?;
     let layout = layout(&parsed)?;
     let job_backend = job_backend();
-    let homes = layout
-        .subtasks
-        .iter()
-        .flat_map(|(backend, files)| files.iter().map(move |(n, s)| (backend, n, *s)))
-        .chain(layout.job_files.iter().map(|(n, s)| (&job_backend, n, *s)));
+    let homes = homes(&layout, &job_backend);
     // Each destination once (one file may be named by several subtasks after a rescale).
     let mut copies: BTreeMap<PathBuf, (&BackendName, &String, &str)> = BTreeMap::new();
     let mut paths = Vec::new();
@@ -211,21 +200,10 @@ pub fn export(
 /// stays inline. Refused as [`export`] refuses: a `_metadata` of another Flink checkpoint
 /// than the label says, a layout ckptfs does not import.
 pub fn metadata_for_mount(bytes: &[u8], checkpoint: u64, cp_dir: &Path) -> Result<Vec<u8>> {
-    let parsed = metadata::parse(bytes)?;
-    if parsed.checkpoint_id != checkpoint {
-        return Err(Error::Corrupt(format!(
-            "the stored _metadata is of Flink checkpoint {}, the checkpoint's label says \
-             {checkpoint}",
-            parsed.checkpoint_id
-        )));
-    }
+    let parsed = parse_for(bytes, checkpoint)?;
     let layout = layout(&parsed)?;
     let job_backend = job_backend();
-    let homes = layout
-        .subtasks
-        .iter()
-        .flat_map(|(backend, files)| files.iter().map(move |(n, s)| (backend, n, *s)))
-        .chain(layout.job_files.iter().map(|(n, s)| (&job_backend, n, *s)));
+    let homes = homes(&layout, &job_backend);
     let mut paths = Vec::new();
     for (backend, name, stream) in homes {
         crate::catalog::validate_file_name(name)?;
@@ -244,6 +222,38 @@ pub fn metadata_for_mount(bytes: &[u8], checkpoint: u64, cp_dir: &Path) -> Resul
     paths.sort();
     paths.dedup_by_key(|(at, _)| *at);
     metadata::with_paths(bytes, paths)
+}
+
+/// The stored `_metadata` of Flink checkpoint `checkpoint`, parsed: refused if it is
+/// another checkpoint's than the label says.
+fn parse_for(bytes: &[u8], checkpoint: u64) -> Result<metadata::Metadata> {
+    let parsed = metadata::parse(bytes)?;
+    if parsed.checkpoint_id != checkpoint {
+        return Err(Error::Corrupt(format!(
+            "the stored _metadata is of Flink checkpoint {}, the checkpoint's label says \
+             {checkpoint}",
+            parsed.checkpoint_id
+        )));
+    }
+    Ok(parsed)
+}
+
+/// Where each file `_metadata` names is in the store: the backend, the name there, and
+/// the handle naming it (every subtask's, then the job's own files in `job_backend`).
+fn homes<'a>(
+    layout: &'a super::import::Layout<'a>,
+    job_backend: &'a BackendName,
+) -> impl Iterator<Item = (&'a BackendName, &'a String, &'a StreamHandle)> + 'a {
+    layout
+        .subtasks
+        .iter()
+        .flat_map(|(backend, files)| files.iter().map(move |(n, s)| (backend, n, *s)))
+        .chain(
+            layout
+                .job_files
+                .iter()
+                .map(move |(n, s)| (job_backend, n, *s)),
+        )
 }
 
 /// A directory held open: its files are reached through `/proc/self/fd/N`, whatever is at
