@@ -16,9 +16,15 @@ use crate::client;
 
 use super::show::when;
 
-/// Open the existing store at `target` to change it (never a new one: a mistyped path or
-/// an unmounted mountpoint must not become a store).
-fn open_store(target: &Path, state: Option<PathBuf>) -> Result<Engine, Error> {
+/// Open the existing store at `target` (never a new one: a mistyped path or an unmounted
+/// mountpoint must not become a store): to change it, or (`read_only`) as a view that
+/// takes no lock or lease and changes nothing, in a private cache directory unless
+/// `state` is given.
+fn open_store(
+    target: &Path,
+    state: Option<PathBuf>,
+    read_only: bool,
+) -> Result<(Engine, Option<tempfile::TempDir>), Error> {
     let location = client::parse_location(target)?;
     let exists = match &location {
         Location::Local(dir) => ckptfs_core::repo::check_is_store(dir).is_ok(),
@@ -34,9 +40,26 @@ fn open_store(target: &Path, state: Option<PathBuf>) -> Result<Engine, Error> {
         )));
     }
     let mut config = ckptfs_core::EngineConfig::new(location);
-    config.state = state;
     config.host_backends = false;
-    Engine::open(config)
+    if !read_only {
+        config.state = state;
+        return Ok((Engine::open(config)?, None));
+    }
+    let scratch = match state {
+        Some(dir) => {
+            config.state = Some(dir);
+            None
+        }
+        None => {
+            let dir = tempfile::Builder::new()
+                .prefix("ckptfs-forget-")
+                .tempdir()
+                .map_err(|e| Error::io("create a temporary directory", e))?;
+            config.state = Some(dir.path().to_path_buf());
+            Some(dir)
+        }
+    };
+    Ok((Engine::open_read_only(config)?, scratch))
 }
 
 pub fn forget(args: ForgetArgs) -> Result<ExitCode, Error> {
@@ -53,7 +76,8 @@ pub fn forget(args: ForgetArgs) -> Result<ExitCode, Error> {
         };
         client::request(&args.target, &request)?.into_plan()?
     } else {
-        let engine = open_store(&args.target, args.state.clone())?;
+        // A dry run reads the store as a view: no lock, no recovery, nothing dropped.
+        let (engine, _scratch) = open_store(&args.target, args.state.clone(), args.dry_run)?;
         let policy = given.unwrap_or_else(|| engine.policy());
         let decisions = if args.dry_run {
             engine.forget_plan(Some(&policy))
@@ -126,7 +150,7 @@ pub fn pin(
             },
         )?;
     } else {
-        open_store(target, state)?.pin(checkpoint, name)?;
+        open_store(target, state, false)?.0.pin(checkpoint, name)?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -136,7 +160,7 @@ pub fn unpin(target: &Path, name: &str, state: Option<PathBuf>) -> Result<ExitCo
     if client::is_mount(target) {
         client::request(target, &Request::Unpin(name.to_string()))?;
     } else {
-        open_store(target, state)?.unpin(name)?;
+        open_store(target, state, false)?.0.unpin(name)?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -178,8 +178,9 @@ impl Filesystem for FuseAdapter {
         reply.error(errno(&self.fs.refuse_change(parent.0)))
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        reply.error(errno(&self.fs.unlink(parent.0, &name.to_string_lossy())))
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let error = self.fs.unlink(parent.0, &name.to_string_lossy(), req.pid());
+        reply.error(errno(&error))
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {

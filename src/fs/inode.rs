@@ -491,18 +491,24 @@ impl CkptFs {
         Ok(())
     }
 
-    /// `unlink`, always refused. Below a checkpoint imported from Flink it is the sign of a
-    /// Flink job restored from the mount in CLAIM mode, whose checkpoints then name the
-    /// checkpoint's files (and which deletes it once it is subsumed; NO_CLAIM never
-    /// deletes anything): the checkpoint is pinned as `flink-claim-cp-N` (the job depends
-    /// on it), and the error recorded and logged, once per checkpoint.
-    pub fn unlink(&self, parent: u64, name: &str) -> Error {
+    /// `unlink`, always refused. From a JVM (process `pid` runs `java`), below a checkpoint
+    /// imported from Flink and of a file it holds, it is the sign of a Flink job restored
+    /// from the mount in CLAIM mode, whose checkpoints then name the checkpoint's files
+    /// (and which deletes it once it is subsumed; NO_CLAIM never deletes anything): the
+    /// checkpoint is pinned as `flink-claim-cp-N` (the job depends on it), and the error
+    /// recorded and logged, once per checkpoint. Anyone else's (`rm -r` of a checkpoint)
+    /// is only refused.
+    pub fn unlink(&self, parent: u64, name: &str, pid: u32) -> Error {
         if let Some((cp, index)) = split_ino(parent) {
             let flink = self
                 .checkpoints
                 .manifest(cp)
                 .is_some_and(|m| m.flink.is_some());
-            if flink && lock(&self.claimed).insert(cp) {
+            let exists = flink
+                && self
+                    .tree(cp)
+                    .is_ok_and(|tree| tree.child(index, name).is_some());
+            if exists && is_jvm(pid) && lock(&self.claimed).insert(cp) {
                 let path = match self.tree(cp) {
                     Ok(tree) => format!("{}/{name}", tree.path_of(index)),
                     Err(_) => format!("cp-{cp}/.../{name}"),
@@ -513,7 +519,7 @@ impl CkptFs {
         self.refuse_change(parent)
     }
 
-    /// The error for any other change (create, unlink, rename, mkdir, setattr...).
+    /// The error for any other change (create, rename, mkdir, setattr...).
     pub fn refuse_change(&self, parent_or_ino: u64) -> Error {
         if split_ino(parent_or_ino).is_some() {
             Error::ReadOnly("checkpoints are read-only".into())
@@ -521,4 +527,11 @@ impl CkptFs {
             Error::io("change", std::io::Error::from_raw_os_error(libc::EPERM))
         }
     }
+}
+
+/// Whether process (or thread) `pid` runs a Java virtual machine, as Flink's JobManager and
+/// TaskManagers do.
+fn is_jvm(pid: u32) -> bool {
+    std::fs::read_link(format!("/proc/{pid}/exe"))
+        .is_ok_and(|exe| exe.file_name().is_some_and(|n| n == "java"))
 }

@@ -293,11 +293,12 @@ impl CkptFs {
             inv.inode(ROOT);
             // Pins change without a checkpoint coming or going: each link the kernel was
             // shown is looked up again.
-            let pins = lock(&self.pin_names);
+            // Told with no lock held.
+            let pins = lock(&self.pin_names).clone();
             if !pins.is_empty() {
                 inv.inode(PINNED);
             }
-            for name in pins.iter() {
+            for name in &pins {
                 inv.entry(PINNED, name);
             }
         }
@@ -312,10 +313,17 @@ impl CkptFs {
             .manifest(cp)
             .ok_or(Error::NoSuchCheckpoint(cp))?;
         let mut tree = CheckpointTree::build(&manifest);
-        if let Some(bytes) = self.flink_metadata(&manifest) {
-            tree.add_generated(ckptfs_core::flink::import::METADATA, bytes);
+        let mut whole = true;
+        match self.flink_metadata(&manifest) {
+            Some(Ok(bytes)) => tree.add_generated(ckptfs_core::flink::import::METADATA, bytes),
+            // Not kept: the next look tries again (a store that failed once may not twice).
+            Some(Err(())) => whole = false,
+            None => {}
         }
         let tree = Arc::new(tree);
+        if !whole {
+            return Ok(tree);
+        }
         lock(&self.trees).insert(cp, tree.clone());
         lock(&self.shown).insert(cp);
         // Dropped while we built it? Then the change hook may have run before our insert.
@@ -327,10 +335,13 @@ impl CkptFs {
     }
 
     /// The `_metadata` shown at the top of `cp-N/` for a checkpoint imported from Flink
-    /// ([`ckptfs_core::flink::export::metadata_for_mount`]); `None` for any other, before the
-    /// mountpoint is known, or when Flink's `_metadata` cannot be read (logged and recorded:
-    /// the rest of the checkpoint is shown all the same).
-    fn flink_metadata(&self, manifest: &ckptfs_core::catalog::Manifest) -> Option<Vec<u8>> {
+    /// ([`ckptfs_core::flink::export::metadata_for_mount`]); `None` for any other or before
+    /// the mountpoint is known; `Some(Err)` when Flink's `_metadata` cannot be read or
+    /// rewritten (logged and recorded: the rest of the checkpoint is shown all the same).
+    fn flink_metadata(
+        &self,
+        manifest: &ckptfs_core::catalog::Manifest,
+    ) -> Option<std::result::Result<Vec<u8>, ()>> {
         use ckptfs_core::flink::import::{job_backend, METADATA};
         let label = manifest.flink.as_ref()?;
         let mountpoint = lock(&self.mountpoint).clone()?;
@@ -347,18 +358,14 @@ impl CkptFs {
             .and_then(|bytes| {
                 ckptfs_core::flink::export::metadata_for_mount(&bytes, label.checkpoint, &cp_dir)
             });
-        match made {
-            Ok(bytes) => Some(bytes),
-            Err(e) => {
-                let msg = format!(
-                    "cp-{}/_metadata (Flink's, naming the mount's files) is not shown: {e}",
-                    manifest.id
-                );
-                log::warn!("{msg}");
-                self.checkpoints.record_error(msg);
-                None
-            }
-        }
+        Some(made.map_err(|e| {
+            let msg = format!(
+                "cp-{}/_metadata (Flink's, naming the mount's files) is not shown: {e}",
+                manifest.id
+            );
+            log::warn!("{msg}");
+            self.checkpoints.record_error(msg);
+        }))
     }
 
     /// The checkpoint, node index and tree of an inode inside a checkpoint.

@@ -80,6 +80,12 @@ fn a_flink_job_restores_from_the_mount_with_nothing_copied() {
     restores_from(&classpath, &by_name, dir.path());
     // Flink wrote nothing into the mount, and the store is whole.
     assert!(!cp.join("shared").exists());
+    // Someone's `rm` (no JVM) is refused and nothing else: no pin.
+    assert_eq!(
+        crate::common::mounted::errno_of(std::fs::remove_file(cp.join("_metadata"))),
+        libc::EROFS
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
     assert!(m.status()["pins"].is_null());
 
     // In CLAIM mode the job's checkpoints name the mount's files, and once it has

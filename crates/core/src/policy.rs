@@ -245,6 +245,9 @@ pub enum Reason {
     },
     /// The target of an unfinished restore (kept until a restart finishes it).
     Restore,
+    /// The newest committed checkpoint (the highest id), which every policy keeps, whatever
+    /// the times say (a clock set back, a source's time in the future).
+    Newest,
 }
 
 impl fmt::Display for Reason {
@@ -259,6 +262,7 @@ impl fmt::Display for Reason {
             Reason::Within => write!(f, "within"),
             Reason::Pinned { name } => write!(f, "pinned {name}"),
             Reason::Restore => write!(f, "restore"),
+            Reason::Newest => write!(f, "newest"),
         }
     }
 }
@@ -399,6 +403,13 @@ pub fn apply(policy: &Policy, candidates: &[Candidate]) -> Vec<Decision> {
             kept_by,
         });
     }
+    // The last committed checkpoint stays, whatever its time: a checkpoint's own commit
+    // never drops it.
+    if let Some(newest) = out.iter_mut().max_by_key(|d| d.id) {
+        if newest.kept_by.is_empty() {
+            newest.kept_by.push(Reason::Newest);
+        }
+    }
     out
 }
 
@@ -459,6 +470,24 @@ mod tests {
         }
         let e = Policy::from_rules(["daily=1", "daily=2"]).unwrap_err();
         assert!(e.to_string().contains("twice"));
+    }
+
+    #[test]
+    fn the_last_committed_is_kept_whatever_its_time() {
+        // A clock set back: checkpoint 3 began "before" 1 and 2.
+        let c = candidates(&[50, 60, 10]);
+        let d = apply(&Policy::last(1), &c);
+        assert_eq!(kept(&Policy::last(1), &c), vec![2, 3]);
+        assert_eq!(
+            d.iter().find(|d| d.id == 3).unwrap().kept_by,
+            [Reason::Newest]
+        );
+        // Kept by a rule already: no second reason.
+        let c = candidates(&[10, 20]);
+        assert_eq!(
+            apply(&Policy::last(1), &c)[0].kept_by,
+            [Reason::Last { n: 1 }]
+        );
     }
 
     #[test]

@@ -349,13 +349,14 @@ pub fn validate_file_name(name: &str) -> Result<()> {
 
 impl Manifest {
     /// The checkpoint's own time, in milliseconds since the Unix epoch: Flink's checkpoint
-    /// time for one imported from Flink (when its `_metadata` was written), else when it
-    /// began. Retention policies go by it ([`crate::policy`]).
+    /// time for one imported from Flink (when its `_metadata` was written, as the source
+    /// said: never later than the import's commit), else when it began. Retention policies
+    /// go by it ([`crate::policy`]).
     pub fn time_ms(&self) -> u64 {
         self.flink
             .as_ref()
             .and_then(|f| f.time_unix_ms)
-            .unwrap_or(self.started_unix_ms)
+            .map_or(self.started_unix_ms, |t| t.min(self.completed_unix_ms))
     }
 
     /// Check everything a manifest read from disk claims before any of it is used: its

@@ -65,6 +65,10 @@ pub struct StoreMeta {
 /// Longest pin name.
 pub const MAX_PIN_NAME: usize = 64;
 
+/// Most pins a store holds (each is looked at by every retention decision and shown in
+/// the mount): a metadata file with more is damage.
+pub const MAX_PINS: usize = 10_000;
+
 /// Check a pin's name: 1 to [`MAX_PIN_NAME`] of `A-Z a-z 0-9 . _ -`, not starting with a
 /// dot (it is a file name in the mount's `pinned/`).
 pub fn valid_pin_name(name: &str) -> crate::error::Result<()> {

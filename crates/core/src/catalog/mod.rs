@@ -162,6 +162,13 @@ impl Catalog {
                 meta.retain, meta.next_checkpoint
             )));
         }
+        if meta.pins.len() > meta::MAX_PINS {
+            return Err(Error::Corrupt(format!(
+                "{path} is invalid ({} pins, at most {}); {advice}",
+                meta.pins.len(),
+                meta::MAX_PINS
+            )));
+        }
         if let Some(name) = meta.pins.keys().find(|n| meta::valid_pin_name(n).is_err()) {
             return Err(Error::Corrupt(format!(
                 "{path} is invalid (a pin named {name:?}); {advice}"

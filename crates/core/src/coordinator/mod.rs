@@ -617,13 +617,17 @@ impl Engine {
         let pending = self.restore_pending();
         let st = self.state();
         let own = st.meta.policy();
+        let mut pins: HashMap<u64, Vec<String>> = HashMap::new();
+        for (name, id) in &st.meta.pins {
+            pins.entry(*id).or_default().push(name.clone());
+        }
         let candidates: Vec<Candidate> = st
             .manifests
             .values()
             .map(|m| Candidate {
                 id: m.id,
                 time_ms: m.time_ms(),
-                pins: st.meta.pins_of(m.id),
+                pins: pins.remove(&m.id).unwrap_or_default(),
                 restore: pending == Some(m.id),
             })
             .collect();
@@ -640,6 +644,12 @@ impl Engine {
             return Err(Error::NoSuchCheckpoint(id));
         }
         self.change_meta(|meta| {
+            let max = crate::catalog::meta::MAX_PINS;
+            if meta.pins.len() >= max && !meta.pins.contains_key(name) {
+                return Err(Error::Invalid(format!(
+                    "the store holds {max} pins, the most it keeps: unpin one first"
+                )));
+            }
             meta.pins.insert(name.to_string(), id);
             Ok(())
         })?;
