@@ -35,17 +35,22 @@ fn flink_labels(target: &Path) -> BTreeMap<(String, u64), u64> {
         .collect()
 }
 
-/// Every link under `mnt/flink/`: (job, chk-N's N) -> the M of its `../../cp-M`.
+/// Every link under `mnt/flink/`: (job, chk-N's N) -> the M of its `../../cp-M`. A link
+/// (or a job's directory) that goes while it is read, its checkpoint dropped by the
+/// store's retention meanwhile, is left out.
 fn flink_links(mnt: &Path) -> BTreeMap<(String, u64), u64> {
     let mut out = BTreeMap::new();
     let Ok(jobs) = std::fs::read_dir(mnt.join("flink")) else {
         return out;
     };
     for job in jobs {
-        let job = job.unwrap();
+        let Ok(job) = job else { continue };
         let name = job.file_name().into_string().unwrap();
-        for link in std::fs::read_dir(job.path()).unwrap() {
-            let link = link.unwrap();
+        let Ok(links) = std::fs::read_dir(job.path()) else {
+            continue;
+        };
+        for link in links {
+            let Ok(link) = link else { continue };
             assert!(link.file_type().unwrap().is_symlink(), "{:?}", link.path());
             let n: u64 = link
                 .file_name()
@@ -55,7 +60,9 @@ fn flink_links(mnt: &Path) -> BTreeMap<(String, u64), u64> {
                 .unwrap()
                 .parse()
                 .unwrap();
-            let target = std::fs::read_link(link.path()).unwrap();
+            let Ok(target) = std::fs::read_link(link.path()) else {
+                continue;
+            };
             let cp: u64 = target
                 .to_str()
                 .unwrap()
