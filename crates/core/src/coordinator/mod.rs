@@ -737,6 +737,14 @@ impl Engine {
     /// Drop the checkpoints the store's policy does not keep (never a pinned one, nor the
     /// target of an unfinished restore).
     fn apply_retention(&self, writes: &CatalogWrites<'_>) -> Result<()> {
+        // No more checkpoints than the newest `last`: every one is kept, whatever the
+        // other rules and the times say (the check after most commits, with no plan made).
+        {
+            let st = self.state();
+            if st.manifests.len() <= st.meta.retain as usize {
+                return Ok(());
+            }
+        }
         self.apply_policy(writes).map(|_| ())
     }
 
