@@ -254,8 +254,10 @@ impl Registry {
         Some(garbage)
     }
 
-    /// Checkpoints beyond the newest `retain`, oldest first.
-    pub fn retention_victims(&self, retain: usize) -> Vec<u64> {
+    /// Checkpoints beyond the newest `retain`, oldest first (the tests' retention; the
+    /// engine's is [`crate::policy`]).
+    #[cfg(test)]
+    fn retention_victims(&self, retain: usize) -> Vec<u64> {
         let excess = self.checkpoints.len().saturating_sub(retain.max(1));
         self.checkpoints.keys().take(excess).copied().collect()
     }
