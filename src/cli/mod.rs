@@ -134,15 +134,18 @@ pub(crate) enum Command {
     /// Give checkpoint N, imported from Flink, back to Flink.
     ///
     /// Writes DEST/<job-id>/chk-<flink-checkpoint>/ with its _metadata (Flink's own, with
-    /// every file's path pointing into DEST) and the files (under DEST/<job-id>/shared/),
-    /// then prints that directory's path: give it to Flink as execution.state-recovery.path.
-    /// DEST must be missing or empty; a failed export leaves nothing. TARGET is a mountpoint
-    /// or a store (a directory or s3://BUCKET/PREFIX, read directly).
+    /// every file named relative to that directory: relocatable, it restores wherever it
+    /// is moved or copied) and the files (under DEST/<job-id>/shared/), then prints that
+    /// directory's path: give it to Flink as execution.state-recovery.path. DEST is a
+    /// directory, missing or empty, or s3://BUCKET/PREFIX holding no object (written to
+    /// $TMPDIR first, then uploaded, _metadata last). A failed export leaves nothing.
+    /// TARGET is a mountpoint or a store (a directory or s3://BUCKET/PREFIX, read
+    /// directly).
     ExportFlink {
         /// A mountpoint, or a store read directly.
         target: PathBuf,
         checkpoint: u64,
-        /// Destination directory; must be missing or empty.
+        /// Destination: a directory (missing or empty), or s3://BUCKET/PREFIX (no object).
         dest: PathBuf,
         /// Print what was written as JSON.
         #[arg(long)]

@@ -38,6 +38,7 @@ pub fn restore(
 /// `ckptfs export-flink`: from a mount, its `cp-N/` files and its label of N; from a store,
 /// read directly.
 pub fn export_flink(target: &Path, id: u64, dest: &Path, json: bool) -> Result<ExitCode, Error> {
+    let dest = ckptfs_core::store::Location::parse(&dest.to_string_lossy())?;
     let exported = match Target::of(target)? {
         Target::Mount(mountpoint) => {
             let row = read_checkpoints(&mountpoint)?
@@ -48,10 +49,15 @@ pub fn export_flink(target: &Path, id: u64, dest: &Path, json: bool) -> Result<E
                 })?;
             let label = row.flink.ok_or_else(|| export::not_flink(id))?;
             let files = export::MountedCheckpoint(mountpoint.join(format!("cp-{id}")));
-            export::export(&files, &label.job, label.checkpoint, dest)?
+            ckptfs_core::commands::export_flink::export_to(
+                &files,
+                &label.job,
+                label.checkpoint,
+                &dest,
+            )?
         }
         Target::Store(location) => {
-            ckptfs_core::commands::export_flink::export_from_store(&location, id, dest)?
+            ckptfs_core::commands::export_flink::export_from_store(&location, id, &dest)?
         }
     };
     if json {

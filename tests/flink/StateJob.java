@@ -29,9 +29,10 @@
 //                          snapshots, which Flink 2.3 writes in RocksDB's own format too, every file
 //                          of the database in chk-N/ each time)
 //   --file-merging BOOL    execution.checkpointing.file-merging.enabled (default false; true: every
-//                          state file a segment of a shared physical file, which ckptfs refuses)
+//                          state file a segment of a shared physical file, FLIP-306)
 //   --state-backend NAME   state.backend.type (default rocksdb; hashmap: the heap backend, whose
-//                          keyed snapshots are streams of key groups, not RocksDB files)
+//                          keyed snapshots are streams of key groups, not RocksDB files; forst:
+//                          Flink 2's ForSt, a RocksDB fork, whose snapshots are RocksDB files too)
 //   --restore PATH         execution.state-recovery.path: start from the checkpoint (or savepoint)
 //                          directory PATH (the one holding _metadata); the source goes on from
 //                          the number of records it had emitted, each key's state from what it
@@ -387,7 +388,7 @@ public final class StateJob {
                 || !(after.equals("idle") || after.equals("finish"))
                 || !List.of("true", "false").contains(opts.getOrDefault("--incremental", "true"))
                 || !List.of("true", "false").contains(opts.getOrDefault("--file-merging", "false"))
-                || !List.of("rocksdb", "hashmap").contains(opts.getOrDefault("--state-backend", "rocksdb"))) {
+                || !List.of("rocksdb", "hashmap", "forst").contains(opts.getOrDefault("--state-backend", "rocksdb"))) {
             fail("bad option value\n" + USAGE);
         }
 

@@ -278,7 +278,7 @@ pub(crate) fn file_handles(bytes: &[u8]) -> Vec<(usize, String, u64)> {
         for subtask in op.subtasks {
             if let Some(KeyedHandle::Incremental(h)) = subtask.managed_keyed {
                 for (_, stream) in h.shared.into_iter().chain(h.private) {
-                    if let StreamHandle::File { path, at, size } = stream {
+                    if let StreamHandle::File { path, at, size, .. } = stream {
                         out.push((at, path, size));
                     }
                 }
@@ -654,7 +654,8 @@ fn an_exported_checkpoint_restores_a_flink_job_with_its_state() {
 /// `ckptfs import-flink SRC MOUNTPOINT`: the daemon imports (a bad checkpoint refused with
 /// nothing imported, twice imports nothing new), and `export-flink` from the store read
 /// directly writes a checkpoint directory whose `_metadata` names only files it holds, with
-/// their sizes; what cannot be exported is refused with nothing written.
+/// their sizes, relative to its own directory; what cannot be exported is refused with
+/// nothing written.
 #[test]
 fn import_flink_through_a_mount_and_export_from_the_store() {
     use ckptfs_core::flink::metadata::{self, KeyedHandle, StreamHandle};
@@ -718,11 +719,16 @@ fn import_flink_through_a_mount_and_export_from_the_store() {
                 continue;
             };
             for (_, stream) in h.shared.iter().chain(&h.private) {
-                if let StreamHandle::File { path, size, .. } = stream {
-                    let local = path.strip_prefix("file:").unwrap();
-                    assert!(local.starts_with(dest.to_str().unwrap()), "{path}");
-                    assert_eq!(std::fs::metadata(local).unwrap().len(), *size, "{path}");
-                    named += 1;
+                // Relocatable: Flink's shared files named relative to chk-5/.
+                match stream {
+                    StreamHandle::Relative { path, size, .. } => {
+                        let rest = path.strip_prefix("../shared/").unwrap();
+                        let local = chk.parent().unwrap().join("shared").join(rest);
+                        assert_eq!(std::fs::metadata(local).unwrap().len(), *size, "{path}");
+                        named += 1;
+                    }
+                    StreamHandle::Inline(_) => {}
+                    other => panic!("not relocatable: {other:?}"),
                 }
             }
         }
@@ -883,11 +889,10 @@ fn a_flink_job_on_object_storage_is_imported_fetching_each_file_once() {
 /// Full (not incremental) checkpoints: Flink 2.3's RocksDB backend writes them in RocksDB's
 /// own format too (every file of the database, beside `_metadata` in chk-N/, each time):
 /// they import like incremental ones and read back with the job's state. The heap state
-/// backend's keyed snapshots are streams of key groups, not RocksDB files, and file merging
-/// makes every file a segment of a shared one: both refused, naming the checkpoint and the
-/// reason, with nothing changed.
+/// backend's keyed snapshots are streams of key groups, not RocksDB files: refused, naming
+/// the checkpoint and the reason, with nothing changed.
 #[test]
-fn full_snapshots_import_when_rocksdb_and_are_refused_when_heap_or_merged() {
+fn full_snapshots_import_when_rocksdb_and_are_refused_when_heap() {
     let dir = tempfile::tempdir().unwrap();
     let classpath =
         crate::common::java::compile_java("tests/flink/StateJob.java", &dir.path().join("classes"));
@@ -926,25 +931,6 @@ fn full_snapshots_import_when_rocksdb_and_are_refused_when_heap_or_merged() {
             && e.contains("state.backend.type: rocksdb")
             && e.contains("nothing was imported")
             && e.contains("Flink checkpoint "),
-        "{e}"
-    );
-    assert!(!store.exists());
-
-    // File merging (FLIP-306): every state file a segment of a shared physical file.
-    let merged = dir.path().join("merged");
-    let mut job = Job::start(&classpath, &merged, 100, &["--file-merging", "true"]);
-    job.checkpoint_with(100);
-    job.kill();
-    let store = dir.path().join("store-merged");
-    let out = ckptfs(&[
-        "import-flink",
-        merged.to_str().unwrap(),
-        store.to_str().unwrap(),
-    ]);
-    assert!(!out.status.success());
-    let e = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        e.contains("file merging") && e.contains("nothing was imported"),
         "{e}"
     );
     assert!(!store.exists());

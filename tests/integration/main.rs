@@ -17,6 +17,7 @@ mod diff;
 mod du;
 mod fencing;
 mod flink;
+mod flink_export;
 mod flink_gc;
 mod flink_mount;
 mod flink_roots;

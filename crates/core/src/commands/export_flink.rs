@@ -1,4 +1,4 @@
-//! `ckptfs export-flink` of a store read without a daemon: the checkpoint's files read
+//! `ckptfs export-flink` to a directory or to object storage, and of a store read without a daemon: the checkpoint's files read
 //! straight from the store (verified) and written out by [`crate::flink::export`], which
 //! also serves a mount's `cp-N/`. Only opening the store and finding the files is here;
 //! the Flink checkpoint directory and its `_metadata` are Flink's side.
@@ -6,8 +6,9 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::flink::export::{export, not_flink, CheckpointFiles, Exported};
+use crate::flink::export::{export, export_to_s3, not_flink, CheckpointFiles, Exported};
 use crate::names::BackendName;
+use crate::store::Location;
 
 /// The files of one checkpoint in a store, read directly (verified).
 struct StoredCheckpoint<'a> {
@@ -32,8 +33,27 @@ impl CheckpointFiles for StoredCheckpoint<'_> {
     }
 }
 
-/// [`export`] checkpoint `id` of a store (a directory or a URL, read without a daemon).
-pub fn export_from_store(store: &crate::store::Location, id: u64, dest: &Path) -> Result<Exported> {
+/// [`export`] to `dest`: a directory ([`export`]) or `s3://BUCKET/PREFIX`
+/// ([`export_to_s3`], configured from the standard AWS environment variables, as a store
+/// on S3 is).
+pub fn export_to(
+    stored: &dyn CheckpointFiles,
+    job: &str,
+    checkpoint: u64,
+    dest: &Location,
+) -> Result<Exported> {
+    match dest {
+        Location::Local(path) => export(stored, job, checkpoint, path),
+        Location::S3 { bucket, prefix } => {
+            let remote = crate::store::s3::Remote::connect(bucket, "")?;
+            remote.check_bucket()?;
+            export_to_s3(stored, job, checkpoint, &remote, prefix)
+        }
+    }
+}
+
+/// [`export_to`] checkpoint `id` of a store (a directory or a URL, read without a daemon).
+pub fn export_from_store(store: &Location, id: u64, dest: &Location) -> Result<Exported> {
     let repo = crate::repo::Repo::reader(store)?;
     let manifest = repo.catalog.load(id)?;
     let label = manifest.flink.clone().ok_or_else(|| not_flink(id))?;
@@ -41,5 +61,5 @@ pub fn export_from_store(store: &crate::store::Location, id: u64, dest: &Path) -
         objects: repo.objects.as_ref(),
         manifest: &manifest,
     };
-    export(&stored, &label.job, label.checkpoint, dest)
+    export_to(&stored, &label.job, label.checkpoint, dest)
 }

@@ -1,9 +1,14 @@
 //! A checkpoint imported from Flink, given back to Flink (`ckptfs export-flink`): a Flink
 //! checkpoint directory, `DEST/<job-id>/chk-<N>/`, whose `_metadata` is the one Flink wrote
-//! with every file's path pointing into DEST, and those files:
+//! with every file named relative to `chk-<N>/` (relocatable: the directory restores
+//! wherever it is moved or copied, another disk or a bucket), and those files:
 //!
 //! - a file Flink named by absolute path (`shared/<uuid>`, the RocksDB files and whatever
-//!   else it uploaded) goes to `DEST/<job-id>/shared/<last part of its path>`;
+//!   else it uploaded) goes to `DEST/<job-id>/shared/<last part of its path>`, named
+//!   `../shared/<file>`;
+//! - a segment of a file-merging checkpoint (FLIP-306) becomes a file of its own there,
+//!   `shared/<physical file>-<start>-<size>`, and its handle a plain file's (the exported
+//!   checkpoint restores with file merging on or off);
 //! - a file named relative to its checkpoint's directory goes there, `chk-<N>/<path>`;
 //! - files Flink inlined into `_metadata` stay there.
 //!
@@ -113,35 +118,27 @@ pub fn export(
     let job_backend = job_backend();
     let homes = homes(&layout, &job_backend);
     // Each destination once (one file may be named by several subtasks after a rescale).
-    let mut copies: BTreeMap<PathBuf, (&BackendName, &String, &str)> = BTreeMap::new();
-    let mut paths = Vec::new();
+    let mut copies: BTreeMap<PathBuf, (&BackendName, &String, String)> = BTreeMap::new();
+    let mut edits = metadata::file_merging_undone(&parsed);
     for (backend, name, stream) in homes {
-        let (rel, at, path) = match stream {
-            StreamHandle::File { path, at, .. } => {
-                let file = path.rsplit('/').next().unwrap_or(path);
-                crate::catalog::validate_file_name(file)?;
-                (Path::new("shared").join(file), Some(*at), path)
-            }
-            StreamHandle::Relative { path, .. } => {
-                crate::catalog::validate_file_name(path)?;
-                (Path::new(&chk).join(path), None, path)
-            }
-            // Inline: in _metadata; file merging was refused by the layout.
-            _ => continue,
+        let Some((rel, whole, handle)) = exported_as(stream, &chk)? else {
+            continue;
         };
-        if let Some(at) = at {
-            paths.push((at, format!("file:{}", job_dir.join(&rel).display())));
+        if let Some((span, handle)) = handle {
+            if !edits.iter().any(|(s, _)| *s == span) {
+                edits.push((span, handle));
+            }
         }
         match copies.get(&rel) {
-            Some((_, _, known)) if *known != path.as_str() => {
+            Some((_, _, known)) if *known != whole => {
                 return Err(Error::Invalid(format!(
-                    "{path} and {known} would both be exported as {}",
+                    "{whole} and {known} would both be exported as {}",
                     rel.display()
                 )))
             }
             Some(_) => {}
             None => {
-                copies.insert(rel, (backend, name, path));
+                copies.insert(rel, (backend, name, whole));
             }
         }
     }
@@ -153,10 +150,14 @@ pub fn export(
         bytes: 0,
     };
     for (rel, (backend, name, _)) in &copies {
-        out.bytes += stored.copy(backend, name, &tmp_job.join(rel))?;
+        let to = tmp_job.join(rel);
+        if let Some(dir) = to.parent() {
+            std::fs::create_dir_all(dir).ctx("create", dir)?;
+        }
+        out.bytes += stored.copy(backend, name, &to)?;
         out.files += 1;
     }
-    let rewritten = metadata::with_paths(&bytes, paths)?;
+    let rewritten = metadata::rewrite(&bytes, edits)?;
     crate::fsutil::write_atomic(&tmp_job.join(&chk).join(METADATA), &rewritten)?;
     out.files += 1;
     out.bytes += rewritten.len() as u64;
@@ -190,6 +191,84 @@ pub fn export(
     Ok(out)
 }
 
+/// Objects an export to object storage uploads at once.
+const UPLOADS_AT_ONCE: usize = 8;
+
+/// [`export`] to object storage: the same relocatable directory, as objects under
+/// `s3://BUCKET/PREFIX/<job-id>/...` (`prefix` without its slashes, "" for the whole
+/// bucket), which must hold none. It is written to a private temporary directory first,
+/// then uploaded, `_metadata` last: until it is there Flink sees no checkpoint, and a
+/// failed export removes what it uploaded.
+pub fn export_to_s3(
+    stored: &dyn CheckpointFiles,
+    job: &str,
+    checkpoint: u64,
+    remote: &crate::store::s3::Remote,
+    prefix: &str,
+) -> Result<Exported> {
+    let prefix = prefix.trim_matches('/');
+    let under = |rel: &str| -> String {
+        if prefix.is_empty() {
+            rel.to_string()
+        } else {
+            format!("{prefix}/{rel}")
+        }
+    };
+    let url = |rel: &str| format!("s3://{}/{}", remote.bucket(), under(rel));
+    if !remote.list_keys(&under(""), false)?.is_empty() {
+        return Err(Error::NotEmpty(PathBuf::from(url(""))));
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("ckptfs-export-")
+        .tempdir()
+        .ctx("create a temporary directory in", &std::env::temp_dir())?;
+    let local = tmp.path().join("export");
+    let written = export(stored, job, checkpoint, &local)?;
+    let mut files = Vec::new();
+    list_files(&local, "", &mut files)?;
+    let metadata_rel = format!("{job}/chk-{checkpoint}/{METADATA}");
+    files.retain(|rel| *rel != metadata_rel);
+    let upload = |rel: &String| remote.upload_file(&under(rel), &local.join(rel));
+    let mut failed = crate::fsutil::parallel_map(&files, UPLOADS_AT_ONCE, upload)
+        .into_iter()
+        .find_map(|r| r.err());
+    if failed.is_none() {
+        failed = upload(&metadata_rel).err();
+    }
+    if let Some(e) = failed {
+        for rel in files.iter().chain(std::iter::once(&metadata_rel)) {
+            let _ = remote.delete_key(&under(rel));
+        }
+        return Err(Error::Context {
+            context: format!("export to {}", url("")),
+            source: Box::new(e),
+        });
+    }
+    Ok(Exported {
+        path: PathBuf::from(url(&format!("{job}/chk-{checkpoint}"))),
+        ..written
+    })
+}
+
+/// Every file below `dir` (written by an export: no links), by its `/`-separated path.
+fn list_files(dir: &Path, rel: &str, out: &mut Vec<String>) -> Result<()> {
+    for entry in std::fs::read_dir(dir.join(rel)).ctx("read directory", dir)? {
+        let entry = entry.ctx("read directory", dir)?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = if rel.is_empty() {
+            name
+        } else {
+            format!("{rel}/{name}")
+        };
+        if entry.file_type().ctx("stat", &entry.path())?.is_dir() {
+            list_files(dir, &path, out)?;
+        } else {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
 /// The `_metadata` a mount shows at the top of checkpoint `checkpoint`'s directory
 /// `cp_dir` (`MOUNTPOINT/cp-M`, absolute): Flink's own (`bytes`, as the import stored it)
 /// with every file it names pointing at the mount's copy, so that Flink restores from the
@@ -204,24 +283,77 @@ pub fn metadata_for_mount(bytes: &[u8], checkpoint: u64, cp_dir: &Path) -> Resul
     let layout = layout(&parsed)?;
     let job_backend = job_backend();
     let homes = homes(&layout, &job_backend);
-    let mut paths = Vec::new();
+    let mut edits = metadata::file_merging_undone(&parsed);
     for (backend, name, stream) in homes {
         crate::catalog::validate_file_name(name)?;
         let rel = backend.rel_path().join(name);
-        match stream {
-            StreamHandle::File { at, .. } => {
-                paths.push((*at, format!("file:{}", cp_dir.join(&rel).display())));
+        let absolute = || format!("file:{}", cp_dir.join(&rel).display());
+        let edit = match stream {
+            StreamHandle::File { span, size, .. } | StreamHandle::Segment { span, size, .. } => {
+                (span.clone(), metadata::file_handle(&absolute(), *size)?)
             }
-            StreamHandle::Relative { at, .. } => {
-                paths.push((*at, rel.display().to_string()));
-            }
-            _ => {}
+            StreamHandle::Relative { span, size, .. } => (
+                span.clone(),
+                metadata::relative_handle(&rel.display().to_string(), *size)?,
+            ),
+            _ => continue,
+        };
+        // A file named by several subtasks (after a rescale) is one handle, rewritten once.
+        if !edits.iter().any(|(s, _)| *s == edit.0) {
+            edits.push(edit);
         }
     }
-    // A file named by several subtasks (after a rescale) is one path, rewritten once each.
-    paths.sort();
-    paths.dedup_by_key(|(at, _)| *at);
-    metadata::with_paths(bytes, paths)
+    metadata::rewrite(bytes, edits)
+}
+
+/// Where an export puts the file a handle names, below the job's directory; what it is in
+/// full (to tell two files that would be exported under one name); and the handle the
+/// exported `_metadata` names it by, if it is not Flink's own. `None` for state
+/// `_metadata` holds itself (inline, an empty segment).
+///
+/// The layout is relocatable: every file is named relative to the checkpoint's directory
+/// (the one holding `_metadata`), so that the job's directory restores wherever it is
+/// moved or copied. Files Flink named by absolute path (its `shared/` ones), and segments
+/// of a file-merging checkpoint (each its own file now), go to `shared/` beside `chk-N/`,
+/// named `../shared/<file>`; Flink resolves that against the checkpoint's directory. A
+/// relative file stays where Flink put it.
+#[allow(clippy::type_complexity)]
+fn exported_as(
+    stream: &StreamHandle,
+    chk: &str,
+) -> Result<Option<(PathBuf, String, Option<(metadata::Span, Vec<u8>)>)>> {
+    let shared = |file: String, size: u64, span: &metadata::Span| -> Result<_> {
+        crate::catalog::validate_file_name(&file)?;
+        let handle = metadata::relative_handle(&format!("../shared/{file}"), size)?;
+        Ok(Path::new("shared").join(file)).map(|rel| (rel, Some((span.clone(), handle))))
+    };
+    Ok(Some(match stream {
+        StreamHandle::File {
+            path, size, span, ..
+        } => {
+            let file = path.rsplit('/').next().unwrap_or(path).to_string();
+            let (rel, handle) = shared(file, *size, span)?;
+            (rel, path.clone(), handle)
+        }
+        StreamHandle::Segment { span, size, .. } => {
+            let (file, whole) =
+                super::import::job_file_name(stream).expect("a segment names a file");
+            let (rel, handle) = shared(file, *size, span)?;
+            (rel, whole, handle)
+        }
+        StreamHandle::Relative { path, .. } => {
+            // Flink's own (a plain name in chk-N/), or an earlier export's `../shared/<file>`.
+            let rel = match path.strip_prefix("../") {
+                Some(rest) => PathBuf::from(rest),
+                None => Path::new(chk).join(path),
+            };
+            for part in rel.iter() {
+                crate::catalog::validate_file_name(&part.to_string_lossy())?;
+            }
+            (rel, path.clone(), None)
+        }
+        StreamHandle::Inline(_) | StreamHandle::EmptySegment => return Ok(None),
+    }))
 }
 
 /// The stored `_metadata` of Flink checkpoint `checkpoint`, parsed: refused if it is

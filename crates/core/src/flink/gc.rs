@@ -41,7 +41,7 @@ use serde::Serialize;
 use super::import::{chk_number, job_dirs, FlinkSource, METADATA};
 use super::metadata::{self, KeyedHandle, StreamHandle};
 use crate::error::{Error, Result};
-use crate::source::{checked_relative, join, EntryKind, Tree, Walked, MAX_METADATA_BYTES};
+use crate::source::{join, EntryKind, Tree, Walked, MAX_METADATA_BYTES};
 
 /// Flink's default `execution.checkpointing.timeout`.
 pub const DEFAULT_CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(600);
@@ -612,8 +612,8 @@ fn read_named(
             }
         }
         StreamHandle::Relative { path, .. } => {
-            if checked_relative(&path, path).is_ok() {
-                files.insert(join(dir, path));
+            if let Ok(rel) = super::import::relative_in(dir, path) {
+                files.insert(rel);
             }
         }
         StreamHandle::Inline(_) | StreamHandle::EmptySegment => {}

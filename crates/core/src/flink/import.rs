@@ -410,7 +410,9 @@ pub struct Layout<'a> {
 }
 
 /// The [`Layout`] of a parsed checkpoint; what ckptfs does not import is refused with the
-/// reason (full keyed snapshots, file merging).
+/// reason (keyed state as key groups: the heap backend's snapshots, canonical savepoints).
+/// With file merging, each file is a segment of a shared physical file: the subtasks'
+/// under their RocksDB names as always, the job's under [`job_file_name`].
 pub fn layout(metadata: &metadata::Metadata) -> Result<Layout<'_>> {
     let mut subtasks = Vec::new();
     let mut job_files: Vec<(String, &StreamHandle)> = Vec::new();
@@ -476,43 +478,33 @@ pub fn layout(metadata: &metadata::Metadata) -> Result<Layout<'_>> {
                     "backend {backend} has no CURRENT file"
                 )));
             }
-            if files.iter().any(|(_, s)| is_merged(s)) {
-                return Err(file_merging(&backend.to_string()));
-            }
             subtasks.push((backend, files));
         }
     }
     for stream in others {
-        let path = match stream {
-            StreamHandle::Inline(_) => continue,
-            StreamHandle::File { path, .. } | StreamHandle::Relative { path, .. } => path,
-            StreamHandle::Segment { .. } | StreamHandle::EmptySegment => {
-                return Err(file_merging("the job's operator state"))
-            }
+        let Some((name, whole)) = job_file_name(stream) else {
+            continue;
         };
-        let name = path.rsplit('/').next().unwrap_or(path);
-        crate::catalog::validate_file_name(name)
+        crate::catalog::validate_file_name(&name)
             .ok()
             .filter(|()| name != METADATA)
             .ok_or_else(|| {
                 Error::Invalid(format!(
-                    "operator state in {path}: not a file name ckptfs keeps"
+                    "operator state in {whole}: not a file name ckptfs keeps"
                 ))
             })?;
         // One file may be named by several handles (the subtasks of a union list state):
         // each is listed (an export rewrites every path), the file kept once.
-        if let Some((_, known)) = job_files.iter().find(|(n, _)| n == name) {
-            let known_path = match known {
-                StreamHandle::File { path, .. } | StreamHandle::Relative { path, .. } => path,
-                _ => unreachable!("only files are listed"),
-            };
-            if known_path != path {
+        if let Some((_, known)) = job_files.iter().find(|(n, _)| *n == name) {
+            let known = job_file_name(known).map(|(_, whole)| whole);
+            if known.as_deref() != Some(whole.as_str()) {
                 return Err(Error::Invalid(format!(
-                    "two files of operator state named {name}: {known_path} and {path}"
+                    "two files of operator state named {name}: {} and {whole}",
+                    known.unwrap_or_default()
                 )));
             }
         }
-        job_files.push((name.to_string(), stream));
+        job_files.push((name, stream));
     }
     job_files.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(Layout {
@@ -522,18 +514,38 @@ pub fn layout(metadata: &metadata::Metadata) -> Result<Layout<'_>> {
     })
 }
 
-fn is_merged(stream: &StreamHandle) -> bool {
-    matches!(
-        stream,
-        StreamHandle::Segment { .. } | StreamHandle::EmptySegment
-    )
+/// The name a file of the job's own state (not a subtask's RocksDB file) is kept under
+/// in [`job_backend`], and what it is in full (its path, or its file and range): the last
+/// part of its path, or for a segment of a file-merging checkpoint
+/// `<last part>-<start>-<size>`. `None` for what `_metadata` holds itself (inline state,
+/// an empty segment).
+pub fn job_file_name(stream: &StreamHandle) -> Option<(String, String)> {
+    let last = |path: &str| path.rsplit('/').next().unwrap_or(path).to_string();
+    match stream {
+        StreamHandle::Inline(_) | StreamHandle::EmptySegment => None,
+        StreamHandle::File { path, .. } | StreamHandle::Relative { path, .. } => {
+            Some((last(path), path.clone()))
+        }
+        StreamHandle::Segment {
+            path, start, size, ..
+        } => Some((
+            format!("{}-{start}-{size}", last(path)),
+            format!("{path} bytes {start}..{}", start.saturating_add(*size)),
+        )),
+    }
 }
 
-fn file_merging(what: &str) -> Error {
-    Error::Invalid(format!(
-        "{what} uses file merging (execution.checkpointing.file-merging.enabled), which \
-         ckptfs does not import"
-    ))
+/// Where the file a relative handle names is, below the source's root: Flink resolves
+/// its path against the checkpoint's directory `chk_dir`; a path that begins with `../`
+/// (an export's relocatable layout: `../shared/<file>`) is in the directory above, the
+/// job's. Refused (`EACCES`) if it climbs further or is no plain path.
+pub fn relative_in(chk_dir: &str, path: &str) -> Result<String> {
+    let rel = match path.strip_prefix("../") {
+        Some(rest) => join(chk_dir.rsplit_once('/').map_or("", |(up, _)| up), rest),
+        None => join(chk_dir, path),
+    };
+    crate::source::checked_relative(&path, &rel)?;
+    Ok(rel)
 }
 
 /// The backends of one completed checkpoint, each listed like an imported directory (the
@@ -648,15 +660,21 @@ fn file(
         }
         StreamHandle::File { path, size, .. } => (resolve(completed, path)?, *size),
         StreamHandle::Relative { path, size, .. } => {
-            let rel = join(
-                &completed.job_dir,
-                &format!("chk-{}/{path}", completed.checkpoint),
-            );
-            crate::source::checked_relative(&path, &rel)?;
+            let chk = join(&completed.job_dir, &format!("chk-{}", completed.checkpoint));
+            let rel = relative_in(&chk, path)?;
             ((completed.source.tree.clone(), rel), *size)
         }
-        StreamHandle::Segment { .. } | StreamHandle::EmptySegment => {
-            return Err(file_merging(&format!("file {name}")))
+        StreamHandle::Segment {
+            path, start, size, ..
+        } => {
+            let (tree, rel) = resolve(completed, path)?;
+            return segment(to, name, &tree, &rel, *start, *size);
+        }
+        StreamHandle::EmptySegment => {
+            crate::fsutil::create_private_dir_all(&to.dir)?;
+            let path = to.dir.join(name);
+            std::fs::write(&path, b"").ctx("write", &path)?;
+            return ScannedFile::staged(name, path, Some("inline:empty".into()));
         }
     };
     let immutable = tree.immutable_name(&rel);
@@ -697,6 +715,110 @@ fn file(
         )));
     }
     Ok(found)
+}
+
+/// The logical file `name` that is bytes `[start, start + size)` of file `rel` (a segment
+/// of a file-merging checkpoint): an SST the store holds (its identity, read from the
+/// range's end, or an object's name and range) is re-referenced unread; anything else is
+/// copied out of the range into the staging directory, and its identity kept for the
+/// next import.
+fn segment(
+    to: &Staging<'_>,
+    name: &str,
+    tree: &Arc<dyn Tree>,
+    rel: &str,
+    start: u64,
+    size: u64,
+) -> Result<ScannedFile> {
+    let immutable = tree
+        .immutable_name(rel)
+        .map(|uri| format!("{uri}#{start}+{size}"));
+    if let Some(source) = &immutable {
+        if (to.known)(to.backend, name, source, size) {
+            return Ok(ScannedFile::stored(name, source.clone(), size));
+        }
+    }
+    let key = (Arc::as_ptr(tree) as *const () as usize, rel.to_string());
+    let cached = to.opened.borrow().get(&key).cloned();
+    let fetched = match cached {
+        Some(file) => Fetched::Open(file),
+        None => match tree.fetch_segment(rel, start, size, &to.dir, name)? {
+            Fetched::Open(file) => {
+                to.opened.borrow_mut().insert(key, file.clone());
+                Fetched::Open(file)
+            }
+            downloaded => downloaded,
+        },
+    };
+    let found = match fetched {
+        Fetched::Downloaded(path) => ScannedFile::staged(name, path, immutable)?,
+        Fetched::Open(file) => {
+            if start
+                .checked_add(size)
+                .is_none_or(|end| end > file.stamp.size)
+            {
+                return Err(Error::Invalid(format!(
+                    "{}: the checkpoint's metadata names bytes {start}..{} of it, which has {}",
+                    file.path.display(),
+                    start.saturating_add(size),
+                    file.stamp.size
+                )));
+            }
+            let identity = if name.ends_with(".sst") {
+                crate::source::sst::properties_in(&file, start, size)?
+                    .identity
+                    .map(|i| i.to_string())
+            } else {
+                None
+            };
+            if let Some(source) = &identity {
+                if (to.known)(to.backend, name, source, size) {
+                    return Ok(ScannedFile::stored(name, source.clone(), size));
+                }
+            }
+            let path = copy_range(&file, start, size, &to.dir, name)?;
+            ScannedFile::staged(name, path, identity)?
+        }
+    };
+    if found.size != size {
+        return Err(Error::Invalid(format!(
+            "{} has {} bytes, the checkpoint's metadata says {size}",
+            found.shown(),
+            found.size
+        )));
+    }
+    Ok(found)
+}
+
+/// Bytes `[start, start + size)` of a file held open, copied to `dir/name` (a new file).
+fn copy_range(
+    file: &crate::source::SourceFile,
+    start: u64,
+    size: u64,
+    dir: &Path,
+    name: &str,
+) -> Result<PathBuf> {
+    use std::io::Write;
+    const PIECE: u64 = 1 << 20;
+    crate::fsutil::create_private_dir_all(dir)?;
+    let path = dir.join(name);
+    let mut out = crate::fsutil::create_new_private()
+        .open(&path)
+        .ctx("create", &path)?;
+    let mut done = 0;
+    while done < size {
+        let want = (size - done).min(PIECE) as usize;
+        let piece = file.read_at(start + done, want)?;
+        if piece.len() != want {
+            return Err(Error::Invalid(format!(
+                "{} ended while its segment was read",
+                file.path.display()
+            )));
+        }
+        out.write_all(&piece).ctx("write", &path)?;
+        done += want as u64;
+    }
+    Ok(path)
 }
 
 /// The file an absolute URI of a checkpoint's metadata names, below one of the source's

@@ -119,8 +119,11 @@ pub enum StreamHandle {
         size: u64,
         /// The offset in `_metadata` of the path's length prefix.
         at: usize,
+        /// The whole handle's bytes in `_metadata`, its type byte first.
+        span: Span,
     },
-    /// A file in the checkpoint's own directory (the one holding `_metadata`).
+    /// A file in the checkpoint's own directory (the one holding `_metadata`): Flink
+    /// resolves the path against that directory (an export names `../shared/<file>`).
     Relative {
         /// The file's path relative to that directory.
         path: String,
@@ -128,8 +131,11 @@ pub enum StreamHandle {
         size: u64,
         /// The offset in `_metadata` of the path's length prefix.
         at: usize,
+        /// The whole handle's bytes in `_metadata`, its type byte first.
+        span: Span,
     },
-    /// A range of a file shared by several (file merging).
+    /// A range of a file shared by several (file merging, FLIP-306: one physical file
+    /// holds the logical files of several handles, one after the other).
     Segment {
         /// The absolute URI of the file that holds the range.
         path: String,
@@ -137,6 +143,8 @@ pub enum StreamHandle {
         start: u64,
         /// The range's length in bytes.
         size: u64,
+        /// The whole handle's bytes in `_metadata`, its type byte first.
+        span: Span,
     },
     /// A segment of no bytes (file merging): nothing to read.
     EmptySegment,
@@ -155,11 +163,18 @@ impl StreamHandle {
     }
 }
 
+/// Where a handle's bytes are in `_metadata`: `[start, end)`.
+pub type Span = std::ops::Range<usize>;
+
 /// Operator (non-keyed) state of a subtask: the handle that holds it, with its offsets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OperatorStateHandle {
     /// The handle's type byte: 4, or 17 for a file-merging segment.
     pub type_byte: u8,
+    /// For type 17: where its type byte is in `_metadata`, and the span of what type 4
+    /// lacks (the task-owned and shared directories, and whether it is empty), so that
+    /// it can be given back as type 4 naming a plain file ([`file_merging_undone`]).
+    pub merged: Option<(usize, Span)>,
     /// Each named state: its name, its distribution mode (0 split, 1 union, 2 broadcast)
     /// and the offsets of its partitions in `handle`'s stream.
     pub states: Vec<(String, u8, Vec<u64>)>,
@@ -353,6 +368,7 @@ fn subtask(r: &mut Reader<'_>, version: u32, index: u32, operator: &str) -> Resu
 }
 
 fn stream(r: &mut Reader<'_>) -> Result<Option<StreamHandle>> {
+    let begin = r.at;
     let type_byte = r.u8()?;
     Ok(Some(match type_byte {
         0 => return Ok(None),
@@ -364,24 +380,37 @@ fn stream(r: &mut Reader<'_>) -> Result<Option<StreamHandle>> {
         2 => {
             let size = r.size("file size")?;
             let at = r.at;
+            let path = r.utf()?;
             StreamHandle::File {
-                path: r.utf()?,
+                path,
                 size,
                 at,
+                span: begin..r.at,
             }
         }
-        6 => StreamHandle::Relative {
-            at: r.at,
-            path: r.utf()?,
-            size: r.size("file size")?,
-        },
+        6 => {
+            let at = r.at;
+            let path = r.utf()?;
+            let size = r.size("file size")?;
+            StreamHandle::Relative {
+                at,
+                path,
+                size,
+                span: begin..r.at,
+            }
+        }
         15 => {
             let start = r.size("segment offset")?;
             let size = r.size("segment size")?;
             r.i32()?; // scope
             let path = r.utf()?;
             r.utf()?; // logical file id
-            StreamHandle::Segment { path, start, size }
+            StreamHandle::Segment {
+                path,
+                start,
+                size,
+                span: begin..r.at,
+            }
         }
         16 => StreamHandle::EmptySegment,
         other => {
@@ -394,6 +423,7 @@ fn stream(r: &mut Reader<'_>) -> Result<Option<StreamHandle>> {
 
 /// Operator state handles (types 4 and 17): names, distribution modes and offsets.
 fn operator_state(r: &mut Reader<'_>) -> Result<Option<OperatorStateHandle>> {
+    let type_at = r.at;
     let type_byte = r.u8()?;
     if type_byte == 0 {
         return Ok(None);
@@ -412,15 +442,31 @@ fn operator_state(r: &mut Reader<'_>) -> Result<Option<OperatorStateHandle>> {
             .collect::<Result<Vec<_>>>()?;
         states.push((name, mode, offsets));
     }
+    let mut merged = None;
     if type_byte == 17 {
+        let from = r.at;
         r.utf()?; // task-owned directory
         r.utf()?; // shared directory
         r.u8()?; // empty
+        merged = Some((type_at, from..r.at));
+    }
+    let handle = stream(r)?;
+    if merged.is_some()
+        && !matches!(
+            handle,
+            Some(StreamHandle::Segment { .. } | StreamHandle::EmptySegment)
+        )
+    {
+        // Flink's own reader checks the same.
+        return Err(bad(
+            "file-merging operator state whose stream is not a segment",
+        ));
     }
     Ok(Some(OperatorStateHandle {
         type_byte,
+        merged,
         states,
-        handle: stream(r)?,
+        handle,
     }))
 }
 
@@ -522,6 +568,83 @@ pub fn with_paths(bytes: &[u8], mut paths: Vec<(usize, String)>) -> Result<Vec<u
     Ok(out)
 }
 
+/// `bytes` (a `_metadata` file) with each span replaced by its bytes: spans are those
+/// [`parse`] found (whole handles, or a path's length prefix and bytes), none overlapping.
+/// Handles carry no lengths of what they hold, so a longer or shorter handle moves the
+/// rest unharmed.
+pub fn rewrite(bytes: &[u8], mut edits: Vec<(Span, Vec<u8>)>) -> Result<Vec<u8>> {
+    edits.sort_by_key(|(span, _)| (span.start, span.end));
+    let grown: usize = edits.iter().map(|(_, b)| b.len()).sum();
+    let mut out = Vec::with_capacity(bytes.len() + grown);
+    let mut from = 0;
+    for (span, with) in edits {
+        if span.start < from || span.end < span.start || span.end > bytes.len() {
+            return Err(bad(format!(
+                "no handle at bytes {}..{} to replace",
+                span.start, span.end
+            )));
+        }
+        out.extend_from_slice(&bytes[from..span.start]);
+        out.extend_from_slice(&with);
+        from = span.end;
+    }
+    out.extend_from_slice(&bytes[from..]);
+    Ok(out)
+}
+
+fn utf(out: &mut Vec<u8>, s: &str) -> Result<()> {
+    let encoded = cesu8::to_java_cesu8(s);
+    let len = u16::try_from(encoded.len())
+        .map_err(|_| bad(format!("path {s} is longer than 65535 bytes")))?;
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(&encoded);
+    Ok(())
+}
+
+/// A stream handle of type 2 (a file by absolute URI) as Flink writes it.
+pub fn file_handle(uri: &str, size: u64) -> Result<Vec<u8>> {
+    let mut out = vec![2u8];
+    out.extend_from_slice(&(size as i64).to_be_bytes());
+    utf(&mut out, uri)?;
+    Ok(out)
+}
+
+/// A stream handle of type 6 (a file by its path relative to the directory holding
+/// `_metadata`) as Flink writes it.
+pub fn relative_handle(path: &str, size: u64) -> Result<Vec<u8>> {
+    let mut out = vec![6u8];
+    utf(&mut out, path)?;
+    out.extend_from_slice(&(size as i64).to_be_bytes());
+    Ok(out)
+}
+
+/// The edits that turn every file-merging operator state handle (type 17) of `metadata`
+/// that names a segment into a plain one (type 4): its type byte and the directories only type 17 has. Its
+/// stream, a segment, must be replaced by a file handle in the same rewrite (Flink's
+/// reader of type 4 takes any stream, of type 17 only a segment).
+pub fn file_merging_undone(metadata: &Metadata) -> Vec<(Span, Vec<u8>)> {
+    let mut edits = Vec::new();
+    for op in &metadata.operators {
+        for subtask in &op.subtasks {
+            for state in [&subtask.managed_operator_state, &subtask.raw_operator_state]
+                .into_iter()
+                .flatten()
+            {
+                // An empty one names no file (Flink skips it at restore; as type 4 it would
+                // have a stream to read): left as it is.
+                if matches!(state.handle, Some(StreamHandle::EmptySegment)) {
+                    continue;
+                }
+                if let Some((type_at, dirs)) = &state.merged {
+                    edits.push((*type_at..type_at + 1, vec![4u8]));
+                    edits.push((dirs.clone(), Vec::new()));
+                }
+            }
+        }
+    }
+    edits
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -610,10 +733,11 @@ mod tests {
         let mut before = parse(&bytes).unwrap();
         let mut paths = Vec::new();
         for f in keyed_files(&mut before) {
-            if let StreamHandle::File { path, at, .. } | StreamHandle::Relative { path, at, .. } = f
+            if let StreamHandle::File { path, at, span, .. }
+            | StreamHandle::Relative { path, at, span, .. } = f
             {
                 paths.push((*at, format!("{PREFIX}{path}")));
-                *at = 0;
+                (*at, *span) = (0, 0..0);
             }
         }
         assert!(paths.len() > 4, "the fixture names files");
@@ -621,11 +745,12 @@ mod tests {
         let mut after = parse(&with_paths(&bytes, paths).unwrap()).unwrap();
         let mut seen = Vec::new();
         for f in keyed_files(&mut after) {
-            if let StreamHandle::File { path, at, .. } | StreamHandle::Relative { path, at, .. } = f
+            if let StreamHandle::File { path, at, span, .. }
+            | StreamHandle::Relative { path, at, span, .. } = f
             {
                 seen.push(path.clone());
                 *path = path.trim_start_matches(PREFIX).to_string();
-                *at = 0;
+                (*at, *span) = (0, 0..0);
             }
         }
         assert_eq!(seen, expected);
@@ -633,6 +758,57 @@ mod tests {
         // No paths: the same bytes, the trailer (Java-serialized properties) included.
         assert_eq!(with_paths(&bytes, Vec::new()).unwrap(), bytes);
         assert!(with_paths(&bytes, vec![(bytes.len() - 1, "x".into())]).is_err());
+    }
+
+    /// Whole handles replaced: every file handle becomes a relative one of the same size,
+    /// read back as such, and everything else stays as it was.
+    #[test]
+    fn handles_are_replaced_whole() {
+        let bytes = fixture(6);
+        let mut before = parse(&bytes).unwrap();
+        let mut edits = Vec::new();
+        for f in keyed_files(&mut before) {
+            if let StreamHandle::File {
+                path, size, span, ..
+            } = f
+            {
+                let name = path.rsplit('/').next().unwrap();
+                let rel = format!("../shared/{name}");
+                edits.push((span.clone(), relative_handle(&rel, *size).unwrap()));
+                *f = StreamHandle::Relative {
+                    path: rel,
+                    size: *size,
+                    at: 0,
+                    span: 0..0,
+                };
+            }
+        }
+        assert!(edits.len() > 4, "the fixture names files");
+        let mut after = parse(&rewrite(&bytes, edits).unwrap()).unwrap();
+        for f in keyed_files(&mut after) {
+            match f {
+                StreamHandle::Relative { at, span, .. } => (*at, *span) = (0, 0..0),
+                StreamHandle::Inline(_) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(after, before);
+        assert_eq!(rewrite(&bytes, Vec::new()).unwrap(), bytes);
+        // Back to an absolute file handle: the same bytes as Flink's.
+        let mut first = parse(&bytes).unwrap();
+        let (path, size, span) = keyed_files(&mut first)
+            .into_iter()
+            .find_map(|f| match f {
+                StreamHandle::File {
+                    path, size, span, ..
+                } => Some((path.clone(), *size, span.clone())),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(file_handle(&path, size).unwrap(), bytes[span].to_vec());
+        // Overlapping spans.
+        assert!(rewrite(&bytes, vec![(2..6, Vec::new()), (4..8, Vec::new())]).is_err());
+        assert!(rewrite(&bytes, vec![(0..bytes.len() + 1, Vec::new())]).is_err());
     }
 
     #[test]

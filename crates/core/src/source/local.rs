@@ -424,6 +424,18 @@ impl Tree for LocalTree {
             .ok_or_else(|| os_error("open", &shown, nix::errno::Errno::ENOENT))
     }
 
+    fn fetch_segment(
+        &self,
+        rel: &str,
+        _start: u64,
+        _size: u64,
+        staging: &Path,
+        name: &str,
+    ) -> Result<Fetched> {
+        // Held open whole, unread: the caller reads the range it needs through it.
+        self.fetch(rel, staging, name, u64::MAX)
+    }
+
     fn locate(&self, uri: &str) -> Option<String> {
         let path = uri
             .strip_prefix("file://")

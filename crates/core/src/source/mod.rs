@@ -143,6 +143,17 @@ pub trait Tree: Send + Sync {
     /// directory of ckptfs's own) under `name`, refused past `limit` bytes (what its handle
     /// declares: a larger file is refused by its caller anyway).
     fn fetch(&self, rel: &str, staging: &Path, name: &str, limit: u64) -> Result<Fetched>;
+    /// Bytes `[start, start + size)` of file `rel` (a segment of a file-merging
+    /// checkpoint) made readable: the file held open where it is (the caller reads the
+    /// range), or the range alone downloaded into `staging` under `name`.
+    fn fetch_segment(
+        &self,
+        rel: &str,
+        start: u64,
+        size: u64,
+        staging: &Path,
+        name: &str,
+    ) -> Result<Fetched>;
     /// Where the file an absolute URI of this kind of tree names (`file:/...`,
     /// `s3://bucket/key`) is below the root, `None` if it is outside it (or another kind).
     fn locate(&self, uri: &str) -> Option<String>;

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::{checked_relative, join, refused, Entry, EntryKind, Fetched, Tree, Walked};
-use crate::error::Result;
+use crate::error::{IoContext, Result};
 use crate::store::s3::Remote;
 
 /// The keys below one prefix of a bucket, as a [`Tree`]: `/` separates the levels.
@@ -122,6 +122,40 @@ impl Tree for S3Tree {
             None => Err(super::refused(
                 format!("s3://{}/{key}", self.remote.bucket()),
                 format!("more than the {limit} bytes its handle says"),
+                libc::EINVAL,
+            )),
+        }
+    }
+
+    fn fetch_segment(
+        &self,
+        rel: &str,
+        start: u64,
+        size: u64,
+        staging: &Path,
+        name: &str,
+    ) -> Result<Fetched> {
+        let key = self.key(rel)?;
+        crate::fsutil::create_private_dir_all(staging)?;
+        let path = staging.join(name);
+        if size == 0 {
+            // No byte to ask for (a ranged GET of none is refused).
+            crate::fsutil::create_new_private()
+                .open(&path)
+                .ctx("create", &path)?;
+            return Ok(Fetched::Downloaded(path));
+        }
+        let end = start.checked_add(size).ok_or_else(|| {
+            super::refused(self.show(rel), "a segment past 2^64 bytes", libc::EINVAL)
+        })?;
+        match self
+            .remote
+            .download_range(&key, &path, Some(start..end), size)?
+        {
+            Some(_) => Ok(Fetched::Downloaded(path)),
+            None => Err(super::refused(
+                format!("s3://{}/{key}", self.remote.bucket()),
+                format!("more than the {size} bytes of its segment"),
                 libc::EINVAL,
             )),
         }

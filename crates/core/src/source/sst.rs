@@ -77,6 +77,16 @@ pub fn properties(file: &SourceFile) -> Result<Properties> {
     parse(file.stamp.size, &|offset, len| file.read_at(offset, len))
 }
 
+/// The [`Properties`] of an SST that is bytes `[start, start + size)` of a file held open
+/// (a segment of a file-merging Flink checkpoint): three small reads at the range's end,
+/// none outside it.
+pub fn properties_in(file: &SourceFile, start: u64, size: u64) -> Result<Properties> {
+    parse(size, &|offset, len| {
+        let len = len.min(size.saturating_sub(offset) as usize);
+        file.read_at(start + offset, len)
+    })
+}
+
 /// The [`Properties`] of a file ckptfs wrote itself at `path` (inlined or downloaded).
 pub fn properties_at(path: &std::path::Path) -> Result<Properties> {
     use crate::error::IoContext;

@@ -313,15 +313,79 @@ impl Remote {
         })
     }
 
+    /// File `from` uploaded as object `key` (a key below the bucket, not the store's
+    /// prefix): one PUT when small, else a multipart upload of [`PART_SIZE`] parts, a few
+    /// in flight; a failed one is aborted (nothing left under `key`).
+    pub fn upload_file(&self, key: &str, from: &Path) -> Result<()> {
+        use std::io::Read;
+        let what = format!("upload s3://{}/{key}", self.bucket);
+        let mut file = fs::File::open(from).ctx("open", from)?;
+        let size = file.metadata().ctx("stat", from)?.len();
+        let key = Key::from(key);
+        if size <= PART_SIZE as u64 {
+            let mut bytes = Vec::with_capacity(size as usize);
+            file.read_to_end(&mut bytes).ctx("read", from)?;
+            return self
+                .block_on(self.client.put(&key, PutPayload::from(bytes)))
+                .map(|_| ())
+                .map_err(|e| remote_error(&what, e));
+        }
+        self.block_on(async {
+            let upload = self
+                .client
+                .put_multipart(&key)
+                .await
+                .map_err(|e| remote_error(&what, e))?;
+            let mut writer = object_store::WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
+            let mut piece = vec![0u8; PART_SIZE];
+            loop {
+                let n = match file.read(&mut piece) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) => {
+                        let _ = writer.abort().await;
+                        return Err(Error::io(format!("read {}", from.display()), e));
+                    }
+                };
+                if let Err(e) = writer.wait_for_capacity(4).await {
+                    let _ = writer.abort().await;
+                    return Err(remote_error(&what, e));
+                }
+                writer.write(&piece[..n]);
+            }
+            writer
+                .finish()
+                .await
+                .map(|_| ())
+                .map_err(|e| remote_error(&what, e))
+        })
+    }
+
     /// Object `key` written to `to` (a new file), durably; its length, or `None` for one
     /// larger than `limit` bytes, given up once that many are in (and `to` removed).
     pub fn download(&self, key: &str, to: &Path, limit: u64) -> Result<Option<u64>> {
+        self.download_range(key, to, None, limit)
+    }
+
+    /// Bytes `range` of object `key` (all of it for `None`) written to `to` as
+    /// [`Remote::download`] writes it (a ranged GET: nothing else of the object is read).
+    pub fn download_range(
+        &self,
+        key: &str,
+        to: &Path,
+        range: Option<std::ops::Range<u64>>,
+        limit: u64,
+    ) -> Result<Option<u64>> {
         let what = format!("read s3://{}/{key}", self.bucket);
         let mut out = create_new_private().open(to).ctx("create", to)?;
+        let options = object_store::GetOptions {
+            range: range.map(object_store::GetRange::Bounded),
+            ..Default::default()
+        };
         let total: Result<Option<u64>> = self.block_on(async {
             let got = self
                 .client
-                .get(&Key::from(key))
+                .get_opts(&Key::from(key), options)
                 .await
                 .map_err(|e| remote_error(&what, e))?;
             let mut stream = got.into_stream();

@@ -1,0 +1,208 @@
+//! Every Flink 2.3 checkpoint layout in and out: a job with file merging (FLIP-306: every
+//! state file a segment of a shared physical file) and a job on the ForSt backend are
+//! imported, read back with Debian's ldb, exported, moved and restored into Flink; an
+//! export to object storage (moto_server) restores once its objects are copied anywhere.
+
+use std::path::{Path, PathBuf};
+
+use crate::common::mounted::{ckptfs, ok, Mounted};
+use crate::flink::{check_tree, fixture, imported_from, Job};
+use ckptfs_core::flink::metadata::{self, KeyedHandle, StreamHandle};
+
+/// Every stream handle a `_metadata` names: keyed state's files and meta data, and
+/// operator state.
+fn handles(bytes: &[u8]) -> Vec<StreamHandle> {
+    let mut out = Vec::new();
+    for op in metadata::parse(bytes).unwrap().operators {
+        out.extend(op.coordinator_state);
+        for subtask in op.subtasks {
+            for state in [subtask.managed_operator_state, subtask.raw_operator_state]
+                .into_iter()
+                .flatten()
+            {
+                out.extend(state.handle);
+            }
+            if let Some(KeyedHandle::Incremental(h)) = subtask.managed_keyed {
+                out.push(h.meta);
+                out.extend(h.shared.into_iter().chain(h.private).map(|(_, s)| s));
+            }
+        }
+    }
+    out
+}
+
+/// An exported `_metadata` is relocatable: every file named relative to its directory,
+/// each there (below the job's directory `job_dir`) with the size it says; no segment.
+fn assert_relocatable(job_dir: &Path, chk: &str) {
+    let bytes = std::fs::read(job_dir.join(chk).join("_metadata")).unwrap();
+    let mut files = 0;
+    for handle in handles(&bytes) {
+        match handle {
+            StreamHandle::Relative { path, size, .. } => {
+                let at = match path.strip_prefix("../") {
+                    Some(rest) => job_dir.join(rest),
+                    None => job_dir.join(chk).join(&path),
+                };
+                assert_eq!(std::fs::metadata(&at).unwrap().len(), size, "{path}");
+                files += 1;
+            }
+            StreamHandle::Inline(_) | StreamHandle::EmptySegment => {}
+            other => panic!("not relocatable: {other:?}"),
+        }
+    }
+    assert!(files > 0);
+}
+
+/// A real job with `extra` options (its state backend or file merging) checkpoints 600
+/// records; its checkpoints are imported (a later one re-referencing what an earlier one
+/// stored), read back through the mount with ldb, exported, the export moved elsewhere,
+/// and a job restored from the moved copy goes on from 600 records with every key's state
+/// (StateJob checks each key's count itself). Returns the source `_metadata` imported.
+fn import_export_restore(extra: &[&str]) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let classpath =
+        crate::common::java::compile_java("tests/flink/StateJob.java", &dir.path().join("classes"));
+    let ck = dir.path().join("ck");
+    let mut job = Job::start(&classpath, &ck, 600, extra);
+    let idle = job.checkpoint_with(600);
+    // One more checkpoint of the same state: its files re-referenced by the import.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let job_dir = crate::flink::job_dir_in(&ck);
+    while !job_dir
+        .join(format!("chk-{}/_metadata", idle + 1))
+        .is_file()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint after {idle}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    job.kill();
+    let source = std::fs::read(job_dir.join(format!("chk-{idle}/_metadata"))).unwrap();
+
+    let store = dir.path().join("store");
+    let answers: Vec<serde_json::Value> = ok(ckptfs(&[
+        "import-flink",
+        ck.to_str().unwrap(),
+        store.to_str().unwrap(),
+        "--json",
+    ]))
+    .lines()
+    .map(|l| serde_json::from_str(l).unwrap())
+    .collect();
+    assert!(answers.len() >= 2, "{answers:?}");
+    let last = answers.last().unwrap();
+    assert!(
+        last["bytes_uploaded"].as_u64().unwrap() * 2 < last["bytes"].as_u64().unwrap(),
+        "the same state stored again: {last}"
+    );
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let m = Mounted::at(&store, &mnt, &[]);
+    let cp = imported_from(&mnt, idle, None);
+    check_tree(&classpath, &mnt.join(format!("cp-{cp}")), 600, dir.path());
+    let dest = dir.path().join("exported");
+    let printed = ok(ckptfs(&[
+        "export-flink",
+        mnt.to_str().unwrap(),
+        &cp.to_string(),
+        dest.to_str().unwrap(),
+    ]));
+    m.umount();
+    let chk = PathBuf::from(printed.trim());
+    let (job_id, chk_name) = (
+        chk.parent().unwrap().file_name().unwrap().to_owned(),
+        chk.file_name().unwrap().to_str().unwrap().to_string(),
+    );
+    assert_relocatable(&dest.join(&job_id), &chk_name);
+    // Moved elsewhere: the export names nothing by where it was written.
+    let moved = dir.path().join("elsewhere/copy");
+    std::fs::create_dir_all(moved.parent().unwrap()).unwrap();
+    std::fs::rename(&dest, &moved).unwrap();
+    let chk = moved.join(&job_id).join(&chk_name);
+    let mut args = vec!["--restore", chk.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let mut job = Job::start(&classpath, &dir.path().join("ck2"), 900, &args);
+    job.checkpoint_with(900);
+    assert_eq!(job.restored, Some(600), "the source starts where it was");
+    job.kill();
+    source
+}
+
+/// File merging (FLIP-306): every file of the job's checkpoints is a segment of a shared
+/// physical file; each subtask's RocksDB files are taken out of their segments.
+#[test]
+fn a_file_merging_jobs_checkpoints_import_export_and_restore() {
+    let source = import_export_restore(&["--file-merging", "true"]);
+    let segments = handles(&source)
+        .iter()
+        .filter(|h| matches!(h, StreamHandle::Segment { .. }))
+        .count();
+    assert!(
+        segments > 10,
+        "the job merged no files: {segments} segments"
+    );
+}
+
+/// The ForSt backend (Flink 2's disaggregated state, a RocksDB fork): its checkpoints are
+/// RocksDB files too.
+#[test]
+fn a_forst_jobs_checkpoints_import_export_and_restore() {
+    let source = import_export_restore(&["--state-backend", "forst"]);
+    assert!(!handles(&source).is_empty());
+}
+
+/// `export-flink` to `s3://`: the fixture's checkpoint 4 exported to moto_server as a
+/// relocatable job directory; its objects copied to a local directory restore a real job
+/// (933 records, as the checkpoint held). An export into a prefix that holds anything is
+/// refused, nothing written.
+#[test]
+fn an_export_to_object_storage_restores_once_copied() {
+    let moto = crate::common::moto::moto();
+    let bucket = moto.bucket();
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    ok(ckptfs(&[
+        "import-flink",
+        fixture().to_str().unwrap(),
+        store.to_str().unwrap(),
+    ]));
+    let url = format!("s3://{bucket}/exports/one");
+    let printed = ok(ckptfs(&[
+        "export-flink",
+        store.to_str().unwrap(),
+        "1",
+        &url,
+    ]));
+    let job = "a312c9034e3e0d2016dae60431b4c9dc";
+    assert_eq!(printed.trim(), format!("{url}/{job}/chk-4"));
+    let again = ckptfs(&["export-flink", store.to_str().unwrap(), "1", &url]);
+    assert!(!again.status.success());
+    let e = String::from_utf8_lossy(&again.stderr);
+    assert!(e.contains("not empty") || e.contains("empty"), "{e}");
+
+    let remote = ckptfs_core::store::s3::Remote::connect(&bucket, "").unwrap();
+    let keys = remote.list_keys("exports/one/", false).unwrap();
+    assert!(keys.iter().any(|(k, _, _)| k.ends_with("/chk-4/_metadata")));
+    let copy = dir.path().join("copy");
+    for (key, _, _) in &keys {
+        let to = copy.join(key.strip_prefix("exports/one/").unwrap());
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        remote.download(key, &to, u64::MAX).unwrap().unwrap();
+    }
+    assert_relocatable(&copy.join(job), "chk-4");
+    let classpath =
+        crate::common::java::compile_java("tests/flink/StateJob.java", &dir.path().join("classes"));
+    let chk = copy.join(job).join("chk-4");
+    let mut flink = Job::start(
+        &classpath,
+        &dir.path().join("ck"),
+        1000,
+        &["--restore", chk.to_str().unwrap()],
+    );
+    flink.checkpoint_with(1000);
+    assert_eq!(flink.restored, Some(933));
+    flink.kill();
+}
