@@ -1,6 +1,7 @@
 //! Every Flink 2.3 checkpoint layout in and out: a job with file merging (FLIP-306: every
 //! state file a segment of a shared physical file) and a job on the ForSt backend are
-//! imported, read back with Debian's ldb, exported, moved and restored into Flink; an
+//! imported (the file-merging one from object storage too), read back with Debian's ldb,
+//! exported, moved and restored into Flink; an
 //! export to object storage (moto_server) restores once its objects are copied anywhere.
 
 use std::path::{Path, PathBuf};
@@ -57,8 +58,11 @@ fn assert_relocatable(job_dir: &Path, chk: &str) {
 /// records; its checkpoints are imported (a later one re-referencing what an earlier one
 /// stored), read back through the mount with ldb, exported, the export moved elsewhere,
 /// and a job restored from the moved copy goes on from 600 records with every key's state
-/// (StateJob checks each key's count itself). Returns the source `_metadata` imported.
-fn import_export_restore(extra: &[&str]) -> Vec<u8> {
+/// (StateJob checks each key's count itself). With `also_s3`, the job's directory is also
+/// copied to moto_server as it is (its `_metadata` naming the local paths: a moved job) and
+/// imported from there, each segment a ranged GET, and read back the same. Returns the
+/// source `_metadata` imported.
+fn import_export_restore(extra: &[&str], also_s3: bool) -> Vec<u8> {
     let dir = tempfile::tempdir().unwrap();
     let classpath =
         crate::common::java::compile_java("tests/flink/StateJob.java", &dir.path().join("classes"));
@@ -81,6 +85,33 @@ fn import_export_restore(extra: &[&str]) -> Vec<u8> {
     std::thread::sleep(std::time::Duration::from_millis(200));
     job.kill();
     let source = std::fs::read(job_dir.join(format!("chk-{idle}/_metadata"))).unwrap();
+    if also_s3 {
+        let moto = crate::common::moto::moto();
+        let bucket = moto.bucket();
+        let job_id = job_dir.file_name().unwrap().to_str().unwrap();
+        put_tree(moto.port, &bucket, &format!("ck/{job_id}"), &job_dir);
+        let store = dir.path().join("store-s3");
+        let src = format!("s3://{bucket}/ck/{job_id}");
+        ok(ckptfs(&["import-flink", &src, store.to_str().unwrap()]));
+        let mnt = dir.path().join("mnt-s3");
+        std::fs::create_dir(&mnt).unwrap();
+        let m = Mounted::at(&store, &mnt, &[]);
+        let cp = imported_from(&mnt, idle, None);
+        check_tree(&classpath, &mnt.join(format!("cp-{cp}")), 600, dir.path());
+        m.umount();
+        for entry in std::fs::read_dir(dir.path()).unwrap() {
+            let path = entry.unwrap().path();
+            if path
+                .file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("out-")
+            {
+                std::fs::remove_dir_all(path).unwrap();
+            }
+        }
+    }
 
     let store = dir.path().join("store");
     let answers: Vec<serde_json::Value> = ok(ckptfs(&[
@@ -135,7 +166,7 @@ fn import_export_restore(extra: &[&str]) -> Vec<u8> {
 /// physical file; each subtask's RocksDB files are taken out of their segments.
 #[test]
 fn a_file_merging_jobs_checkpoints_import_export_and_restore() {
-    let source = import_export_restore(&["--file-merging", "true"]);
+    let source = import_export_restore(&["--file-merging", "true"], true);
     let segments = handles(&source)
         .iter()
         .filter(|h| matches!(h, StreamHandle::Segment { .. }))
@@ -150,8 +181,23 @@ fn a_file_merging_jobs_checkpoints_import_export_and_restore() {
 /// RocksDB files too.
 #[test]
 fn a_forst_jobs_checkpoints_import_export_and_restore() {
-    let source = import_export_restore(&["--state-backend", "forst"]);
+    let source = import_export_restore(&["--state-backend", "forst"], false);
     assert!(!handles(&source).is_empty());
+}
+
+/// Every file below `dir` put under `prefix` of `bucket`, as another program would.
+fn put_tree(port: u16, bucket: &str, prefix: &str, dir: &Path) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        let key = format!("{prefix}/{name}");
+        if entry.file_type().unwrap().is_dir() {
+            put_tree(port, bucket, &key, &entry.path());
+        } else {
+            let bytes = std::fs::read(entry.path()).unwrap();
+            crate::common::moto::put_object(port, bucket, &key, &bytes);
+        }
+    }
 }
 
 /// `export-flink` to `s3://`: the fixture's checkpoint 4 exported to moto_server as a

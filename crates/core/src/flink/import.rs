@@ -823,7 +823,8 @@ fn copy_range(
 
 /// The file an absolute URI of a checkpoint's metadata names, below one of the source's
 /// roots: where it says, or else (a job directory moved or copied elsewhere) the part after
-/// `/shared/` (or `/taskowned/`), one plain name, under the job's directory. A URI outside
+/// `/shared/` (or `/taskowned/`), one plain name (or, with file merging, a `job_...`
+/// directory of Flink's and one plain name), under the job's directory. A URI outside
 /// every root is refused (`EACCES`) and never looked at.
 fn resolve(completed: &Completed, uri: &str) -> Result<(Arc<dyn Tree>, String)> {
     let src = &completed.source;
@@ -840,7 +841,10 @@ fn resolve(completed: &Completed, uri: &str) -> Result<(Arc<dyn Tree>, String)> 
         let Some((_, rest)) = uri.rsplit_once(&format!("/{dir}/")) else {
             continue;
         };
-        if rest.contains('/') || crate::source::checked_relative(&rest, rest).is_err() {
+        // One plain name, or with file merging `job_<job>_op_...` (or `_tm_...`) and one.
+        let parts: Vec<&str> = rest.split('/').collect();
+        let merged = parts.len() == 2 && parts[0].starts_with("job_");
+        if (parts.len() != 1 && !merged) || crate::source::checked_relative(&rest, rest).is_err() {
             continue;
         }
         let rel = join(&completed.job_dir, &format!("{dir}/{rest}"));
