@@ -26,6 +26,15 @@ fn main() -> ExitCode {
         cli::Command::Mount(_) => "info",
         _ => "warn",
     };
+    if !matches!(cli.command, cli::Command::Mount(_)) {
+        // `ckptfs diff ... | head`: a reader that is gone ends the command quietly, as it
+        // ends `cat` (Rust ignores SIGPIPE, and printing would panic). Not for the daemon,
+        // whose sockets and pipes must not kill it.
+        // SAFETY: setting a signal's disposition to its default, before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default_level))
         .init();
     match commands::run(cli.command, &args) {

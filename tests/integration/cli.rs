@@ -39,3 +39,33 @@ fn the_man_page_documents_every_subcommand_and_option() {
         }
     }
 }
+
+/// A command whose reader is gone (`ckptfs ls STORE | head -0`) ends as `cat` does, by
+/// SIGPIPE, not with a panic's message and exit 101.
+#[test]
+fn a_closed_pipe_ends_a_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    crate::common::mounted::ok(ckptfs(&[
+        "import-flink",
+        crate::flink::fixture().to_str().unwrap(),
+        store.to_str().unwrap(),
+    ]));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ckptfs"))
+        .args(["ls", store.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?} {stderr}",
+        out.status
+    );
+}
