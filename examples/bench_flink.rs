@@ -27,8 +27,8 @@
 //! - import time per checkpoint (`completed_unix_ms - started_unix_ms` of the checkpoint,
 //!   `started_unix_ms` from the store's `checkpoints/N.json` when the row has none) p50/p99,
 //!   and the lag: `completed_unix_ms` minus the mtime of Flink's `_metadata`, p50/p99/max;
-//!   the lag splits into the follower noticing (`started_unix_ms` minus the mtime: it looks
-//!   every 2 s) and the import;
+//!   the lag splits into the follower noticing (`started_unix_ms` minus the mtime: inotify
+//!   wakes it, or with `CKPTFS_FLINK_POLL_ONLY=1` its poll every second) and the import;
 //! - the biggest subtask directory of the newest checkpoint: `cp -r` out of the mount (its
 //!   first read through the mount; the page cache is not dropped: the store's objects and
 //!   Flink's files were both written moments before) against one `cp -t DIR FILES` of the

@@ -430,8 +430,8 @@ pub(crate) struct MountArgs {
     /// directory (the job's <execution.checkpointing.dir>/<job-id>/, or the checkpoint root,
     /// where a job restarted from a checkpoint writes its new job directory beside the old
     /// one, followed as well without a restart; a path, a file:// URL or s3://BUCKET/PREFIX)
-    /// within seconds of its _metadata appearing, keeping them as the policy (--keep-*)
-    /// says. The daemon then hosts no RocksDB of its own.
+    /// as its _metadata appears (inotify on a local directory, a poll every second as the
+    /// fallback; every 2 s on object storage), keeping them as the policy (--keep-*) says. The daemon then hosts no RocksDB of its own.
     #[arg(long, value_name = "SRC", conflicts_with_all = ["backends", "restore", "interval", "read_only"])]
     pub(crate) flink: Option<PathBuf>,
     /// Also read the files below DIR that the checkpoints of the job followed with --flink

@@ -16,6 +16,7 @@ use ckptfs_core::error::{Error, IoContext, Result};
 use tasks::Tasks;
 
 pub mod tasks;
+mod watch;
 
 /// What `ckptfs mount` serves, from its options (`crate`'s `cli::MountArgs`).
 #[derive(Debug, Clone)]
@@ -47,7 +48,8 @@ pub struct MountConfig {
 }
 
 /// How often a daemon following a Flink job looks for its new checkpoints: in a directory
-/// (a few stat calls), and on object storage (a few LIST and HEAD requests each time).
+/// (a few stat calls; inotify wakes it sooner, [`watch`]), and on object storage (a few
+/// LIST and HEAD requests each time). `CKPTFS_FLINK_POLL_MS` sets another period.
 pub const FLINK_POLL: Duration = Duration::from_secs(1);
 /// [`FLINK_POLL`] for a job on object storage.
 pub const FLINK_POLL_S3: Duration = Duration::from_secs(2);
@@ -240,7 +242,11 @@ pub fn serve(
         }
         if let Some(src) = &config.flink {
             let on_s3 = src.to_string_lossy().starts_with("s3://");
-            let poll = if on_s3 { FLINK_POLL_S3 } else { FLINK_POLL };
+            let poll = std::env::var("CKPTFS_FLINK_POLL_MS")
+                .ok()
+                .and_then(|ms| ms.parse().ok())
+                .map(Duration::from_millis)
+                .unwrap_or(if on_s3 { FLINK_POLL_S3 } else { FLINK_POLL });
             let view = follower.clone().unwrap_or_default();
             tasks.flink_follow(src.clone(), config.flink_roots.clone(), poll, view)?;
         }

@@ -131,7 +131,8 @@ impl Tasks {
         let source = OnceLock::new();
         // Failed checkpoints, tried again at every look while Flink has them.
         let retries = Mutex::new(Retries::default());
-        self.every(period, None, "ckptfs-flink", move |this| {
+        let due = self.flink_watch(&src)?;
+        self.every(period, due, "ckptfs-flink", move |this| {
             // Connected here, in the daemon (an S3 client's threads do not survive a fork).
             let source = match source.get() {
                 Some(s) => s,
@@ -183,6 +184,32 @@ impl Tasks {
 
     /// Run `tick` every `period` (and as soon as `due` is set, which the tick clears) on a
     /// thread of its own until the controller stops.
+    /// Where `src` is a local directory (and `CKPTFS_FLINK_POLL_ONLY` is not set): an
+    /// inotify watcher of it ([`super::watch`]) on a thread of its own, and the flag it
+    /// sets when the follower should look now.
+    fn flink_watch(&mut self, src: &std::path::Path) -> Result<Option<Arc<AtomicBool>>> {
+        if src.to_string_lossy().starts_with("s3://")
+            || std::env::var_os("CKPTFS_FLINK_POLL_ONLY").is_some()
+        {
+            return Ok(None);
+        }
+        let due = Arc::new(AtomicBool::new(false));
+        let watcher = match super::watch::Watcher::new(src, due.clone()) {
+            Ok(w) => w,
+            Err(e) => {
+                log::warn!("inotify: {e}; the poll alone follows {}", src.display());
+                return Ok(None);
+            }
+        };
+        let this = self.controller.clone();
+        let handle = std::thread::Builder::new()
+            .name("ckptfs-flink-watch".into())
+            .spawn(move || watcher.run(|| this.stopping()))
+            .map_err(|e| Error::io("start the Flink watcher", e))?;
+        self.running.push(handle);
+        Ok(Some(due))
+    }
+
     fn every(
         &mut self,
         period: Duration,
@@ -200,7 +227,9 @@ impl Tasks {
                         .as_ref()
                         .is_some_and(|d| d.swap(false, Ordering::SeqCst));
                     if Instant::now() < next && !now_due {
-                        std::thread::sleep(Duration::from_millis(50).min(period));
+                        // A task others can make due looks at its flag more often.
+                        let nap = if due.is_some() { 10 } else { 50 };
+                        std::thread::sleep(Duration::from_millis(nap).min(period));
                         continue;
                     }
                     next += period;

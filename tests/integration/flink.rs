@@ -341,6 +341,52 @@ pub(crate) fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Following a local directory, the daemon looks when inotify says a `_metadata` was
+/// written or moved into place, not only at its poll: with the poll an hour apart
+/// (`CKPTFS_FLINK_POLL_MS`), checkpoints written into a root the way Flink writes them (the
+/// job's directory made, its files, then each `_metadata`, one copied, one renamed into
+/// place) are imported as they complete; a daemon with the poll alone
+/// (`CKPTFS_FLINK_POLL_ONLY`) has imported nothing meanwhile.
+#[test]
+fn a_local_flink_root_is_followed_by_inotify_between_polls() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("checkpoints");
+    std::fs::create_dir(&root).unwrap();
+    let args = ["--flink", root.to_str().unwrap()];
+    let hour = ("CKPTFS_FLINK_POLL_MS", "3600000");
+    let watched = Mounted::with_env(&args, &[hour]);
+    let polled = Mounted::with_env(&args, &[hour, ("CKPTFS_FLINK_POLL_ONLY", "1")]);
+    let job = root.join("a312c9034e3e0d2016dae60431b4c9dc");
+    std::fs::create_dir(&job).unwrap();
+    cp_a(&fixture().join("shared"), &job);
+    for n in [4, 5, 6] {
+        let (from, to) = (
+            fixture().join(format!("chk-{n}")),
+            job.join(format!("chk-{n}")),
+        );
+        std::fs::create_dir(&to).unwrap();
+        for entry in std::fs::read_dir(&from).unwrap() {
+            let name = entry.unwrap().file_name();
+            if name != "_metadata" {
+                std::fs::copy(from.join(&name), to.join(&name)).unwrap();
+            }
+        }
+        if n == 5 {
+            std::fs::copy(from.join("_metadata"), to.join("_metadata.inprogress")).unwrap();
+            std::fs::rename(to.join("_metadata.inprogress"), to.join("_metadata")).unwrap();
+        } else {
+            std::fs::copy(from.join("_metadata"), to.join("_metadata")).unwrap();
+        }
+        wait_for(&format!("checkpoint {n} through inotify"), || {
+            labels(&watched).contains(&n)
+        });
+    }
+    assert_eq!(labels(&watched), [4, 5, 6]);
+    assert_eq!(labels(&polled), Vec::<u64>::new());
+    watched.umount();
+    polled.umount();
+}
+
 /// `mount --flink SRC` follows a job: each checkpoint that completes (its _metadata
 /// appears) is imported within seconds; one that cannot be read is reported in status and
 /// does not hold back the next.

@@ -684,18 +684,7 @@ fn file(
             return Ok(ScannedFile::stored(name, source.clone(), size));
         }
     }
-    let key = (Arc::as_ptr(&tree) as *const () as usize, rel.clone());
-    let cached = to.opened.borrow().get(&key).cloned();
-    let fetched = match cached {
-        Some(file) => Fetched::Open(file),
-        None => match tree.fetch(&rel, &to.dir, name, size)? {
-            Fetched::Open(file) => {
-                to.opened.borrow_mut().insert(key, file.clone());
-                Fetched::Open(file)
-            }
-            downloaded => downloaded,
-        },
-    };
+    let fetched = opened(to, &tree, &rel, || tree.fetch(&rel, &to.dir, name, size))?;
     let found = match fetched {
         Fetched::Open(file) => {
             let origins = crate::import::source_of(name, &file)?;
@@ -707,6 +696,11 @@ fn file(
         }
         Fetched::Downloaded(path) => ScannedFile::staged(name, path, immutable)?,
     };
+    of_size(found, size)
+}
+
+/// `found`, refused unless it has the `size` its handle declares.
+fn of_size(found: ScannedFile, size: u64) -> Result<ScannedFile> {
     if found.size != size {
         return Err(Error::Invalid(format!(
             "{} has {} bytes, the checkpoint's metadata says {size}",
@@ -715,6 +709,28 @@ fn file(
         )));
     }
     Ok(found)
+}
+
+/// File `rel` of `tree` as `fetch` makes it readable, a local file held open once per
+/// checkpoint however many handles name it.
+fn opened(
+    to: &Staging<'_>,
+    tree: &Arc<dyn Tree>,
+    rel: &str,
+    fetch: impl FnOnce() -> Result<Fetched>,
+) -> Result<Fetched> {
+    let key = (Arc::as_ptr(tree) as *const () as usize, rel.to_string());
+    let cached = to.opened.borrow().get(&key).cloned();
+    Ok(match cached {
+        Some(file) => Fetched::Open(file),
+        None => match fetch()? {
+            Fetched::Open(file) => {
+                to.opened.borrow_mut().insert(key, file.clone());
+                Fetched::Open(file)
+            }
+            downloaded => downloaded,
+        },
+    })
 }
 
 /// The logical file `name` that is bytes `[start, start + size)` of file `rel` (a segment
@@ -738,18 +754,9 @@ fn segment(
             return Ok(ScannedFile::stored(name, source.clone(), size));
         }
     }
-    let key = (Arc::as_ptr(tree) as *const () as usize, rel.to_string());
-    let cached = to.opened.borrow().get(&key).cloned();
-    let fetched = match cached {
-        Some(file) => Fetched::Open(file),
-        None => match tree.fetch_segment(rel, start, size, &to.dir, name)? {
-            Fetched::Open(file) => {
-                to.opened.borrow_mut().insert(key, file.clone());
-                Fetched::Open(file)
-            }
-            downloaded => downloaded,
-        },
-    };
+    let fetched = opened(to, tree, rel, || {
+        tree.fetch_segment(rel, start, size, &to.dir, name)
+    })?;
     let found = match fetched {
         Fetched::Downloaded(path) => ScannedFile::staged(name, path, immutable)?,
         Fetched::Open(file) => {
@@ -780,14 +787,7 @@ fn segment(
             ScannedFile::staged(name, path, identity)?
         }
     };
-    if found.size != size {
-        return Err(Error::Invalid(format!(
-            "{} has {} bytes, the checkpoint's metadata says {size}",
-            found.shown(),
-            found.size
-        )));
-    }
-    Ok(found)
+    of_size(found, size)
 }
 
 /// Bytes `[start, start + size)` of a file held open, copied to `dir/name` (a new file).
