@@ -193,8 +193,14 @@ impl Tasks {
         {
             return Ok(None);
         }
+        // `--flink` takes a path or a file:// URL.
+        let shown = src.to_string_lossy();
+        let path = shown
+            .strip_prefix("file://")
+            .or_else(|| shown.strip_prefix("file:"))
+            .map_or_else(|| src.to_path_buf(), std::path::PathBuf::from);
         let due = Arc::new(AtomicBool::new(false));
-        let watcher = match super::watch::Watcher::new(src, due.clone()) {
+        let watcher = match super::watch::Watcher::new(&path, due.clone()) {
             Ok(w) => w,
             Err(e) => {
                 log::warn!("inotify: {e}; the poll alone follows {}", src.display());

@@ -352,7 +352,9 @@ fn a_local_flink_root_is_followed_by_inotify_between_polls() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("checkpoints");
     std::fs::create_dir(&root).unwrap();
-    let args = ["--flink", root.to_str().unwrap()];
+    // Named by URL, as fstab lines often do.
+    let url = format!("file://{}", root.display());
+    let args = ["--flink", url.as_str()];
     let hour = ("CKPTFS_FLINK_POLL_MS", "3600000");
     let watched = Mounted::with_env(&args, &[hour]);
     let polled = Mounted::with_env(&args, &[hour, ("CKPTFS_FLINK_POLL_ONLY", "1")]);
