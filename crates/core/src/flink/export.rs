@@ -120,12 +120,14 @@ pub fn export(
     // Each destination once (one file may be named by several subtasks after a rescale).
     let mut copies: BTreeMap<PathBuf, (&BackendName, &String, String)> = BTreeMap::new();
     let mut edits = metadata::file_merging_undone(&parsed);
+    let mut edited: std::collections::HashSet<metadata::Span> =
+        edits.iter().map(|(s, _)| s.clone()).collect();
     for (backend, name, stream) in homes {
         let Some((rel, whole, handle)) = exported_as(stream, &chk)? else {
             continue;
         };
         if let Some((span, handle)) = handle {
-            if !edits.iter().any(|(s, _)| *s == span) {
+            if edited.insert(span.clone()) {
                 edits.push((span, handle));
             }
         }
@@ -284,6 +286,8 @@ pub fn metadata_for_mount(bytes: &[u8], checkpoint: u64, cp_dir: &Path) -> Resul
     let job_backend = job_backend();
     let homes = homes(&layout, &job_backend);
     let mut edits = metadata::file_merging_undone(&parsed);
+    let mut edited: std::collections::HashSet<metadata::Span> =
+        edits.iter().map(|(s, _)| s.clone()).collect();
     for (backend, name, stream) in homes {
         crate::catalog::validate_file_name(name)?;
         let rel = backend.rel_path().join(name);
@@ -299,7 +303,7 @@ pub fn metadata_for_mount(bytes: &[u8], checkpoint: u64, cp_dir: &Path) -> Resul
             _ => continue,
         };
         // A file named by several subtasks (after a rescale) is one handle, rewritten once.
-        if !edits.iter().any(|(s, _)| *s == edit.0) {
+        if edited.insert(edit.0.clone()) {
             edits.push(edit);
         }
     }

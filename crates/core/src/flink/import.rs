@@ -417,6 +417,7 @@ pub fn layout(metadata: &metadata::Metadata) -> Result<Layout<'_>> {
     let mut subtasks = Vec::new();
     let mut job_files: Vec<(String, &StreamHandle)> = Vec::new();
     let mut others: Vec<&StreamHandle> = Vec::new();
+    let mut job_whole: std::collections::HashMap<String, String> = Default::default();
     let mut names = std::collections::BTreeMap::new();
     for op in &metadata.operators {
         others.extend(&op.coordinator_state);
@@ -495,23 +496,63 @@ pub fn layout(metadata: &metadata::Metadata) -> Result<Layout<'_>> {
             })?;
         // One file may be named by several handles (the subtasks of a union list state):
         // each is listed (an export rewrites every path), the file kept once.
-        if let Some((_, known)) = job_files.iter().find(|(n, _)| *n == name) {
-            let known = job_file_name(known).map(|(_, whole)| whole);
-            if known.as_deref() != Some(whole.as_str()) {
+        match job_whole.entry(name.clone()) {
+            std::collections::hash_map::Entry::Occupied(known) if *known.get() != whole => {
                 return Err(Error::Invalid(format!(
                     "two files of operator state named {name}: {} and {whole}",
-                    known.unwrap_or_default()
+                    known.get()
                 )));
+            }
+            std::collections::hash_map::Entry::Occupied(_) => {}
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(whole);
             }
         }
         job_files.push((name, stream));
     }
     job_files.sort_by(|a, b| a.0.cmp(&b.0));
+    refuse_overlapping_segments(
+        subtasks
+            .iter()
+            .flat_map(|(_, files)| files.iter().map(|(_, s)| *s))
+            .chain(job_files.iter().map(|(_, s)| *s)),
+    )?;
     Ok(Layout {
         subtasks,
         job_files,
         names,
     })
+}
+
+/// Refuse segments of one physical file that overlap (one range named twice, by several
+/// handles, is one segment). Flink's file merging writes each segment once, after the
+/// previous one; a crafted `_metadata` naming overlapping ranges would have every one of
+/// them copied, many times the file's bytes. So what an import copies out of a physical
+/// file is at most that file.
+fn refuse_overlapping_segments<'a>(streams: impl Iterator<Item = &'a StreamHandle>) -> Result<()> {
+    let mut ranges: Vec<(&str, u64, u64)> = streams
+        .filter_map(|s| match s {
+            StreamHandle::Segment {
+                path, start, size, ..
+            } if *size > 0 => Some((path.as_str(), *start, *size)),
+            _ => None,
+        })
+        .collect();
+    ranges.sort_unstable();
+    ranges.dedup();
+    for w in ranges.windows(2) {
+        let ((path, start, size), (next_path, next_start, next_size)) = (w[0], w[1]);
+        if path == next_path && u128::from(start) + u128::from(size) > u128::from(next_start) {
+            return Err(Error::Invalid(format!(
+                "the checkpoint's metadata names overlapping ranges of {path}: bytes \
+                 {start}..{} and {next_start}..{}; Flink's file merging writes each range \
+                 once",
+                start.saturating_add(size),
+                next_start.saturating_add(next_size)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The name a file of the job's own state (not a subtask's RocksDB file) is kept under
@@ -921,6 +962,40 @@ mod tests {
         }
         let exactly = "x".repeat(LONG_NAME);
         assert_eq!(operator_dir_name(&op(Some(&exactly))), exactly);
+    }
+
+    #[test]
+    fn overlapping_segments_of_one_file_are_refused() {
+        let seg = |path: &str, start: u64, size: u64| StreamHandle::Segment {
+            path: path.to_string(),
+            start,
+            size,
+            span: 0..0,
+        };
+        let check = |handles: &[StreamHandle]| refuse_overlapping_segments(handles.iter());
+        // Flink's own: ranges one after another, one range named by several handles, the
+        // same offsets in another file, an empty range anywhere.
+        check(&[
+            seg("file:/f/a", 0, 100),
+            seg("file:/f/a", 100, 50),
+            seg("file:/f/a", 0, 100),
+            seg("file:/f/b", 0, 100),
+            seg("file:/f/a", 20, 0),
+        ])
+        .unwrap();
+        // A crafted one: a range that begins inside another, which every copy would
+        // copy again (here 1 GiB a handle).
+        let e = check(&[seg("file:/f/a", 0, 1 << 30), seg("file:/f/a", 1, 1 << 30)])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("overlapping ranges of file:/f/a"), "{e}");
+        assert!(e.contains("bytes 0..1073741824 and 1..1073741825"), "{e}");
+        // Ends past 2^64 overlap what follows them too.
+        check(&[
+            seg("file:/f/a", u64::MAX - 1, 10),
+            seg("file:/f/a", u64::MAX, 1),
+        ])
+        .unwrap_err();
     }
 
     #[test]

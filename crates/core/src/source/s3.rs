@@ -152,7 +152,20 @@ impl Tree for S3Tree {
             .remote
             .download_range(&key, &path, Some(start..end), size)?
         {
-            Some(_) => Ok(Fetched::Downloaded(path)),
+            Some(n) if n == size => Ok(Fetched::Downloaded(path)),
+            // The object ends before the segment does (a ranged GET past the end gives
+            // what there is): refused here, by what is wrong.
+            Some(n) => {
+                let _ = std::fs::remove_file(&path);
+                Err(super::refused(
+                    format!("s3://{}/{key}", self.remote.bucket()),
+                    format!(
+                        "it ends before bytes {start}..{end} of the checkpoint's metadata \
+                         ({n} of them read)"
+                    ),
+                    libc::EINVAL,
+                ))
+            }
             None => Err(super::refused(
                 format!("s3://{}/{key}", self.remote.bucket()),
                 format!("more than the {size} bytes of its segment"),
