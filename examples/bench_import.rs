@@ -11,12 +11,13 @@
 //!    removed (the application keeps only its newest checkpoint directory);
 //! 4. BackupEngine `create_new_backup(&db)` + `purge_old_backups(RETAIN)`, timed together.
 //!
-//! Bytes read from the source: for ckptfs, the child's `rchar` (run under `sh -c`, which
-//! prints its own /proc/PID/io after reaping ckptfs: Linux adds a reaped child's I/O to its
-//! parent's), next to ckptfs's own `bytes_read` figure when its JSON has one; for
-//! BackupEngine (in this process), the change of `rchar` around the call, summed over this
-//! process's threads except RocksDB's background pool (`rocksdb:*`: compactions and flushes
-//! of the live database running meanwhile), with the whole process's change next to it.
+//! Bytes read from the source: for ckptfs, the child's `rchar` (its /proc/PID/io, read once
+//! it has exited and before it is reaped: `waitid` with `WNOWAIT`; the time taken ends
+//! there, so it is the child's alone, from spawn to exit), next to ckptfs's own
+//! `bytes_read` figure when its JSON has one; for BackupEngine (in this process), the
+//! change of `rchar` around the call, summed over this process's threads except RocksDB's
+//! background pool (`rocksdb:*`: compactions and flushes of the live database running
+//! meanwhile), with the whole process's change next to it.
 //! Both are compared with the bytes of the SSTs that are new in DIR_i (names absent from
 //! DIR_{i-1}).
 //!
@@ -293,15 +294,14 @@ fn check_import(bin: &Path, retain: usize) -> Result<Vec<String>> {
     }
 }
 
-/// The floor under every import's time: `sh -c 'ckptfs --version'` (p50 of 5 runs).
+/// The floor under every import's time: `ckptfs --version` as a child process, from spawn
+/// to exit (p50 of 5 runs).
 fn process_start_seconds(bin: &Path) -> f64 {
     let mut times: Vec<f64> = (0..5)
         .map(|_| {
             let t = Instant::now();
-            let _ = Command::new("sh")
-                .arg("-c")
-                .arg(r#""$0" --version"#)
-                .arg(bin)
+            let _ = Command::new(bin)
+                .arg("--version")
                 .stdout(Stdio::null())
                 .status();
             t.elapsed().as_secs_f64()
@@ -309,6 +309,30 @@ fn process_start_seconds(bin: &Path) -> f64 {
         .collect();
     times.sort_by(f64::total_cmp);
     percentile(&times, 50.0)
+}
+
+/// Wait for `child` to exit without reaping it, read its `rchar` (a zombie's /proc/PID/io
+/// still holds its totals), then reap it: its stdout, stderr and status. Returns the
+/// instant it was seen exited, so that the time taken is the child's alone.
+fn wait_reading_rchar(
+    child: std::process::Child,
+) -> Result<(std::process::Output, Option<u64>, Instant)> {
+    use nix::sys::wait::{waitid, Id, WaitPidFlag};
+    let pid = child.id();
+    // The pipes hold its few lines of output until it is reaped.
+    waitid(
+        Id::Pid(nix::unistd::Pid::from_raw(pid as i32)),
+        WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
+    )
+    .map_err(|e| format!("waitid({pid}): {e}"))?;
+    let exited = Instant::now();
+    let rchar = std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()
+        .and_then(|io| parse_rchar(&io));
+    let out = child
+        .wait_with_output()
+        .ctx(format!("reap ckptfs (pid {pid})"))?;
+    Ok((out, rchar, exited))
 }
 
 /// One `ckptfs import`: its JSON report, the bytes the child read (its `rchar`) and, through
@@ -333,20 +357,19 @@ fn import(
     source.push(dir);
     let daemon_before = daemon.and_then(|m| m.proc_field("io", "rchar:"));
     let t = Instant::now();
-    // The shell reaps ckptfs, so its own rchar then includes ckptfs's (and its few own reads).
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(r#""$0" "$@"; s=$?; cat /proc/$$/io; exit $s"#)
-        .arg(bin)
+    let child = Command::new(bin)
         .arg("import")
         .arg(target)
         .arg(source)
         .arg("--json")
         .args(extra)
         .stdin(Stdio::null())
-        .output()
-        .ctx(format!("run sh -c {} import", bin.display()))?;
-    let seconds = t.elapsed().as_secs_f64();
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .ctx(format!("run {} import", bin.display()))?;
+    let (out, rchar, exited) = wait_reading_rchar(child)?;
+    let seconds = exited.duration_since(t).as_secs_f64();
     let daemon_rchar = daemon
         .and_then(|m| m.proc_field("io", "rchar:"))
         .zip(daemon_before)
@@ -370,7 +393,7 @@ fn import(
         .ok_or_else(|| format!("`ckptfs import --json` printed no JSON object:\n{stdout}"))?;
     Ok(Import {
         report,
-        rchar: parse_rchar(&stdout),
+        rchar,
         daemon_rchar,
         seconds,
     })
@@ -940,7 +963,7 @@ fn run(args: &Args) -> Result<()> {
     }
     if args.ckptfs {
         println!(
-            "ckptfs process start (sh -c 'ckptfs --version', p50), included in every import's \
+            "ckptfs process start (`ckptfs --version` spawned to exit, p50), included in every import's \
              time: {start_s:.3} s ({})",
             bin.display()
         );

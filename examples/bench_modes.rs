@@ -1,5 +1,7 @@
 //! Benchmark of the checkpoint modes: `flush`, `wal` and RocksDB's BackupEngine on the same
-//! workload, one after the other in one run.
+//! workload, side by side in one run: every system loads its state, then the rounds
+//! alternate (round 1 of each system, round 2 of each, ...), so that what the machine does
+//! meanwhile falls on every system alike.
 //!
 //! Each system loads about TOTAL_MIB of incompressible state into BACKENDS RocksDB instances
 //! (RocksDB's default options, as ckptfs sets them: SST format 5, a 64 KiB MANIFEST), takes a
@@ -281,44 +283,80 @@ fn churn_set(keys: u64, count: u64, round: u64, backend: usize) -> Vec<u64> {
         .collect()
 }
 
-fn run(system: System, args: &Args) -> Run {
-    let work = tempfile::Builder::new()
-        .prefix("ckptfs-bench-modes-")
-        .tempdir()
-        .unwrap();
-    let clock = Instant::now();
-    let target = Arc::new(Mutex::new(open_target(system, work.path(), args.backends)));
-    let keys = args.total_mib * MIB / args.backends as u64 / (KEY_SIZE + VALUE_SIZE) as u64;
-    let churn = ((keys as f64 * args.churn_percent / 100.0).round() as u64).max(1);
-    eprintln!(
-        "{}: loading {} keys into each of {} backends",
-        system.name(),
-        keys,
-        args.backends
-    );
-    let all: Vec<u64> = (0..keys).collect();
-    for chunk in all.chunks(BATCH) {
-        let t = target.lock().unwrap();
-        for b in 0..args.backends {
-            t.write(
-                b,
-                chunk
-                    .iter()
-                    .map(|&i| WriteOp::Put(key(i), value(b as u32, i, 0)))
-                    .collect(),
-            );
-        }
-    }
-    let first_upload = target.lock().unwrap().checkpoint().0;
-    let latencies = Arc::new(Mutex::new(Vec::new()));
-    let mut samples = Vec::new();
-    let mut writer_bytes = 0u64;
-    let mut writer_key = 0u64;
-    for round in 1..=args.checkpoints {
-        let mut written = std::mem::take(&mut writer_bytes);
-        {
+/// One system's run, a round at a time: the systems' rounds alternate (round 1 of each,
+/// then round 2 of each, ...), so that whatever the machine does meanwhile falls on all of
+/// them alike.
+struct Runner {
+    system: System,
+    work: tempfile::TempDir,
+    clock: Instant,
+    target: Arc<Mutex<Box<dyn Target>>>,
+    keys: u64,
+    churn: u64,
+    backends: usize,
+    checkpoints: u64,
+    first_upload: u64,
+    latencies: Arc<Mutex<Vec<u64>>>,
+    samples: Vec<Sample>,
+    writer_bytes: u64,
+    writer_key: u64,
+}
+
+impl Runner {
+    /// Open the system and load the state, then take the first, full checkpoint.
+    fn start(system: System, args: &Args) -> Runner {
+        let work = tempfile::Builder::new()
+            .prefix("ckptfs-bench-modes-")
+            .tempdir()
+            .unwrap();
+        let clock = Instant::now();
+        let target = Arc::new(Mutex::new(open_target(system, work.path(), args.backends)));
+        let keys = args.total_mib * MIB / args.backends as u64 / (KEY_SIZE + VALUE_SIZE) as u64;
+        let churn = ((keys as f64 * args.churn_percent / 100.0).round() as u64).max(1);
+        eprintln!(
+            "{}: loading {} keys into each of {} backends",
+            system.name(),
+            keys,
+            args.backends
+        );
+        let all: Vec<u64> = (0..keys).collect();
+        for chunk in all.chunks(BATCH) {
             let t = target.lock().unwrap();
             for b in 0..args.backends {
+                t.write(
+                    b,
+                    chunk
+                        .iter()
+                        .map(|&i| WriteOp::Put(key(i), value(b as u32, i, 0)))
+                        .collect(),
+                );
+            }
+        }
+        let first_upload = target.lock().unwrap().checkpoint().0;
+        Runner {
+            system,
+            work,
+            clock,
+            target,
+            keys,
+            churn,
+            backends: args.backends,
+            checkpoints: args.checkpoints,
+            first_upload,
+            latencies: Arc::new(Mutex::new(Vec::new())),
+            samples: Vec::new(),
+            writer_bytes: 0,
+            writer_key: 0,
+        }
+    }
+
+    /// Round `round`: rewrite the churn set, then checkpoint while a writer puts.
+    fn round(&mut self, round: u64) {
+        let (keys, churn) = (self.keys, self.churn);
+        let mut written = std::mem::take(&mut self.writer_bytes);
+        {
+            let t = self.target.lock().unwrap();
+            for b in 0..self.backends {
                 let set = churn_set(keys, churn, round, b);
                 for chunk in set.chunks(BATCH) {
                     t.write(
@@ -335,9 +373,9 @@ fn run(system: System, args: &Args) -> Run {
         // The concurrent writer: its puts go through a second handle on the same databases.
         let stop = Arc::new(AtomicBool::new(false));
         let writer = {
-            let (stop, latencies) = (stop.clone(), latencies.clone());
-            let writer_handle = writer_handle(&target);
-            let start_key = writer_key;
+            let (stop, latencies) = (stop.clone(), self.latencies.clone());
+            let writer_handle = writer_handle(&self.target);
+            let start_key = self.writer_key;
             std::thread::spawn(move || {
                 let mut k = start_key;
                 let mut mine = Vec::new();
@@ -353,13 +391,13 @@ fn run(system: System, args: &Args) -> Run {
             })
         };
         let t = Instant::now();
-        let (uploaded, sync_us, materialized) = target.lock().unwrap().checkpoint();
+        let (uploaded, sync_us, materialized) = self.target.lock().unwrap().checkpoint();
         let total_us = t.elapsed().as_micros() as u64;
         stop.store(true, Ordering::Relaxed);
         let next = writer.join().unwrap();
-        writer_bytes += (next - writer_key) * (WRITER_VALUE + 9) as u64;
-        writer_key = next;
-        samples.push(Sample {
+        self.writer_bytes += (next - self.writer_key) * (WRITER_VALUE + 9) as u64;
+        self.writer_key = next;
+        self.samples.push(Sample {
             uploaded,
             written,
             sync_us,
@@ -369,45 +407,49 @@ fn run(system: System, args: &Args) -> Run {
         if round % 20 == 0 {
             eprintln!(
                 "{}: checkpoint {round}/{}: {:.2} MiB uploaded",
-                system.name(),
-                args.checkpoints,
+                self.system.name(),
+                self.checkpoints,
                 uploaded as f64 / MIB as f64
             );
         }
     }
-    let store_bytes = target.lock().unwrap().store_bytes();
-    // Restore the newest checkpoint, then open each backend (replaying its WAL) and check one
-    // key of the last round.
-    let dest = work.path().join("restored");
-    let t = Instant::now();
-    let dirs = target.lock().unwrap().restore(&dest);
-    let restore_ms = t.elapsed().as_secs_f64() * 1000.0;
-    let t = Instant::now();
-    for (b, dir) in dirs.iter().enumerate() {
-        let mut opts = rocksdb::Options::default();
-        opts.create_if_missing(false);
-        let db = rocksdb::DB::open(&opts, dir).unwrap();
-        let i = churn_set(keys, churn, args.checkpoints, b)[0];
-        let got = db.get(key(i)).unwrap();
-        assert_eq!(
-            got,
-            Some(value(b as u32, i, args.checkpoints)),
-            "{}: restored backend {b} lacks the last round",
-            system.name()
-        );
-    }
-    let open_ms = t.elapsed().as_secs_f64() * 1000.0;
-    let put_latency_us = std::mem::take(&mut *latencies.lock().unwrap());
-    drop(target);
-    Run {
-        system,
-        first_upload,
-        samples,
-        put_latency_us,
-        store_bytes,
-        restore_ms,
-        open_ms,
-        seconds: clock.elapsed().as_secs_f64(),
+
+    /// Restore the newest checkpoint, then open each backend (replaying its WAL) and check
+    /// one key of the last round.
+    fn finish(self) -> Run {
+        let store_bytes = self.target.lock().unwrap().store_bytes();
+        let dest = self.work.path().join("restored");
+        let t = Instant::now();
+        let dirs = self.target.lock().unwrap().restore(&dest);
+        let restore_ms = t.elapsed().as_secs_f64() * 1000.0;
+        let t = Instant::now();
+        for (b, dir) in dirs.iter().enumerate() {
+            let mut opts = rocksdb::Options::default();
+            opts.create_if_missing(false);
+            let db = rocksdb::DB::open(&opts, dir).unwrap();
+            let i = churn_set(self.keys, self.churn, self.checkpoints, b)[0];
+            let got = db.get(key(i)).unwrap();
+            assert_eq!(
+                got,
+                Some(value(b as u32, i, self.checkpoints)),
+                "{}: restored backend {b} lacks the last round",
+                self.system.name()
+            );
+        }
+        let open_ms = t.elapsed().as_secs_f64() * 1000.0;
+        let put_latency_us = std::mem::take(&mut *self.latencies.lock().unwrap());
+        let seconds = self.clock.elapsed().as_secs_f64();
+        drop(self.target);
+        Run {
+            system: self.system,
+            first_upload: self.first_upload,
+            samples: self.samples,
+            put_latency_us,
+            store_bytes,
+            restore_ms,
+            open_ms,
+            seconds,
+        }
     }
 }
 
@@ -569,7 +611,13 @@ fn main() {
         .collect();
     let keys = args.total_mib * MIB / args.backends as u64 / (KEY_SIZE + VALUE_SIZE) as u64;
     let state = keys * args.backends as u64 * (KEY_SIZE + VALUE_SIZE) as u64;
-    let runs: Vec<Run> = systems.iter().map(|s| run(*s, &args)).collect();
+    let mut runners: Vec<Runner> = systems.iter().map(|s| Runner::start(*s, &args)).collect();
+    for round in 1..=args.checkpoints {
+        for runner in &mut runners {
+            runner.round(round);
+        }
+    }
+    let runs: Vec<Run> = runners.into_iter().map(Runner::finish).collect();
     println!(
         "\n{} MiB in {} backends, {} checkpoints, {}% of the keys rewritten before each\n",
         args.total_mib, args.backends, args.checkpoints, args.churn_percent

@@ -315,8 +315,10 @@ fn checkpoint_requests_never_pile_up() {
         .output()
         .unwrap();
     let threads: usize = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    // The one checkpoint in flight may run its own thread, its backend's staging beside
+    // the reservation, and four copies at once: never a thread per request.
     assert!(
-        threads <= baseline + 2,
+        threads <= baseline + 7,
         "{threads} threads after 50 requests (baseline {baseline})"
     );
     let started = Instant::now();

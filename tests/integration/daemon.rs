@@ -463,6 +463,61 @@ fn a_full_store_fails_the_checkpoint_cleanly_and_recovers() {
     );
 }
 
+/// The store's filesystem is full before a checkpoint begins: the write that reserves its
+/// id fails while its backend is staged beside it. The checkpoint fails with the error, its
+/// staging is removed, nothing is stored, and with room again the next checkpoint takes
+/// the id (none was reserved) and completes.
+#[test]
+fn a_reservation_that_fails_beside_the_staging_fails_the_checkpoint_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = SmallFs::new(dir.path().join("small"), "8m");
+    let store = small.path.join("store");
+    let state = dir.path().join("state");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let m = Mounted::at(
+        &store,
+        &mnt,
+        &["--backend", "A/0", "--state", state.to_str().unwrap()],
+    );
+    load(&m, "A/0", 0..500, 100).unwrap();
+    let first = m.checkpoint();
+    let objects_before = store_files(&store, "objects");
+    load(&m, "A/0", 500..1000, 100).unwrap();
+    // Fill the store's filesystem to the last block.
+    let filler = small.path.join("filler");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let block = vec![0u8; 4096];
+        while f.write_all(&block).is_ok() {}
+        let _ = f.sync_all();
+    }
+    let out = ckptfs(&["checkpoint", m.mnt(), "--wait", "0"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("No space left on device"), "{stderr}");
+    assert_eq!(store_files(&store, "objects"), objects_before);
+    assert_eq!(m.checkpoint_ids(), vec![first]);
+    let staging = state.join("staging");
+    let left: Vec<_> = std::fs::read_dir(&staging)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "staging left behind: {left:?}");
+
+    std::fs::remove_file(&filler).unwrap();
+    let second = m.checkpoint();
+    assert_eq!(second, first + 1, "the failed reservation took no id");
+    assert_eq!(scan(&m.mnt.join(format!("cp-{second}/A/0"))).len(), 1000);
+    m.umount();
+    let report = ckptfs(&["fsck", store.to_str().unwrap()]);
+    assert!(
+        report.status.success(),
+        "{}",
+        String::from_utf8_lossy(&report.stdout)
+    );
+}
+
 /// The state directory fills: RocksDB's write fails and the put is answered with the
 /// error; the daemon keeps serving its checkpoints; after a remount with room the
 /// backend works again and every completed checkpoint is intact.

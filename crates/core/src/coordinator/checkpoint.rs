@@ -9,9 +9,9 @@ use std::time::Instant;
 
 use super::ingest::{Ingest, PendingBackend};
 use super::materialize::StagedBackend;
-use super::{base_of, Base, Engine, State};
+use super::{base_of, Base, CatalogWrites, Engine, State};
 use crate::backend::StagedFile;
-use crate::catalog::{BackendSnapshot, CheckpointStats, Manifest, FORMAT};
+use crate::catalog::{BackendSnapshot, CheckpointStats, Manifest, StoreMeta, FORMAT};
 use crate::error::{Error, Result};
 use crate::fsutil::{create_private_dir_all, now_unix_ms, remove_tree};
 use crate::import::{Scanned, ScannedFile};
@@ -63,7 +63,8 @@ impl Engine {
         let (imports, carry) = plan.into_parts();
         self.check_imports(&imports)?;
         let started_unix_ms = now_unix_ms();
-        let (id, bases) = self.take_slot(&imports)?;
+        let slot = self.take_slot(&imports)?;
+        let (id, bases) = (slot.id, slot.bases.clone());
         let clock = Instant::now();
         let mut pending = PendingCheckpoint {
             engine: self.clone(),
@@ -86,8 +87,26 @@ impl Engine {
             finished: false,
             keep_objects: false,
         };
+        // The id's reservation is written while the hosted backends are staged (a wait on
+        // the disk beside RocksDB's flush): nothing staged is durable, and nothing names the
+        // id durably before its manifest, which follows the reservation.
+        let (reserved, staged) = if self.inner.backends.is_empty() {
+            (self.reserve(slot), Ok(()))
+        } else {
+            std::thread::scope(|scope| {
+                let staging = scope.spawn(|| self.stage_hosted(&mut pending, &bases, clock));
+                let reserved = self.reserve(slot);
+                (
+                    reserved,
+                    staging.join().expect("a sync phase thread panicked"),
+                )
+            })
+        };
+        if let Err(e) = reserved {
+            pending.fail(&e);
+            return Err(e);
+        }
         // The first failure fails the checkpoint; what every part pinned is released then.
-        let staged = self.stage_hosted(&mut pending, &bases, clock);
         let held = self.hold_imports(&mut pending, imports, carry);
         pending.sync_micros = clock.elapsed().as_micros() as u64;
         match staged.and(held) {
@@ -119,13 +138,14 @@ impl Engine {
         Ok(())
     }
 
-    /// Take a slot for a checkpoint and reserve its id durably, before anything of it is
-    /// stored; its id and the bases of the hosted backends. A checkpoint that imports
-    /// waits for no other: it is refused while others are in flight, and takes the import
-    /// slot, which refuses every other checkpoint until it leaves flight.
-    fn take_slot(&self, imports: &[Scanned]) -> Result<(u64, HashMap<BackendName, Base>)> {
-        let _writes = self.catalog_writes();
-        let (id, meta) = {
+    /// Take a slot for a checkpoint: its id and the bases of the hosted backends, and the
+    /// metadata that reserves the id ([`Engine::reserve`] writes it, before anything of
+    /// the checkpoint is stored). A checkpoint that imports waits for no other: it is
+    /// refused while others are in flight, and takes the import slot, which refuses every
+    /// other checkpoint until it leaves flight.
+    fn take_slot(&self, imports: &[Scanned]) -> Result<Slot<'_>> {
+        let writes = self.catalog_writes();
+        let (id, meta, bases) = {
             let mut st = self.state();
             if st.restoring {
                 return Err(Error::Busy("a restore is in progress".into()));
@@ -176,19 +196,24 @@ impl Engine {
             if !imports.is_empty() {
                 st.importing = Some(id);
             }
-            (id, meta)
+            (id, meta, st.bases.clone())
         };
-        // The state lock is not held while the metadata is written: the slot is taken
-        // already.
-        let saved = self.inner.catalog.save_meta(&meta);
-        let mut st = self.state();
-        if let Err(e) = saved {
-            self.leave_flight(&mut st, id);
-            self.inner.counters.checkpoint_failed();
-            return Err(e);
-        }
-        st.meta = meta;
-        Ok((id, st.bases.clone()))
+        Ok(Slot {
+            id,
+            meta,
+            bases,
+            _writes: writes,
+        })
+    }
+
+    /// Write the metadata that reserves a slot's id (durably), then adopt it. The state
+    /// lock is not held meanwhile: the slot is taken already; the catalog's writes are
+    /// (by the slot), so no other write of the metadata comes in between. On failure the
+    /// checkpoint fails (its pending checkpoint releases the slot).
+    fn reserve(&self, slot: Slot<'_>) -> Result<()> {
+        self.inner.catalog.save_meta(&slot.meta)?;
+        self.state().meta = slot.meta;
+        Ok(())
     }
 
     /// A checkpoint leaves flight (committed, failed, or its id never reserved): its slot,
@@ -450,6 +475,15 @@ fn import_part(
     (part, import.files)
 }
 
+/// A checkpoint's slot, taken: its id, the bases of the hosted backends, and the metadata
+/// that reserves the id, with the catalog's writes held until it is written.
+struct Slot<'a> {
+    id: u64,
+    meta: StoreMeta,
+    bases: HashMap<BackendName, Base>,
+    _writes: CatalogWrites<'a>,
+}
+
 /// A checkpoint between its synchronous phase and its completion. Completing it runs the
 /// asynchronous phase; dropping it without completing aborts it and leaves nothing behind.
 pub struct PendingCheckpoint {
@@ -622,6 +656,9 @@ impl PendingCheckpoint {
         let inner = &engine.inner;
         // The catalog's requests run without the state lock (see Inner::catalog_writes).
         let writes = engine.catalog_writes();
+        // Every object the manifest names is durable before it is: this checkpoint's
+        // (published unsynced, see `Ingest::publish`) and any it re-references.
+        inner.store.sync_published()?;
         crate::failpoint!("checkpoint::before-commit");
         if inner.catalog.commits_in_meta() {
             // Object storage: the manifest, then the metadata that confirms it (the commit

@@ -178,7 +178,8 @@ impl<'a> Ingest<'a> {
         if st.can_share(&id) {
             self.store.discard(staged);
         } else {
-            self.store.publish(staged)?;
+            // Durable with the others before the manifest names it (see `commit`).
+            self.store.publish_unsynced(staged)?;
             self.stats.bytes_uploaded += size;
             match piece {
                 Piece::WalChunk => self.stats.bytes_uploaded_wal += size,

@@ -28,7 +28,11 @@ impl Engine {
     /// an interrupted restore found ([`restore_to_finish`]) and the backends started
     /// ([`start_backends`]).
     pub fn open(config: EngineConfig) -> Result<Engine> {
-        config.backend_options.validate()?;
+        // Options matter only to the backends this engine opens (an import opens none,
+        // and creating RocksDB's options costs a process per import milliseconds).
+        if config.host_backends {
+            config.backend_options.validate()?;
+        }
         let opened = Repo::writer(
             &config.store,
             WriterOptions {
@@ -41,6 +45,7 @@ impl Engine {
         )?;
         let (repo, state_dir) = (&opened.repo, opened.state.path.as_path());
         let mut loaded = load(&repo.catalog, &repo.location, opened.had_objects)?;
+        let as_loaded = loaded.meta.clone();
         let mut meta = settle_meta(
             loaded.meta.take(),
             &loaded.manifests,
@@ -49,7 +54,7 @@ impl Engine {
         )?;
         refuse_bad_start(&config, &meta, &loaded, state_dir, &repo.location)?;
         let unreadable_ids = loaded.unreadable_ids.clone();
-        let catalog = recover_catalog(repo, &mut meta, loaded)?;
+        let catalog = recover_catalog(repo, &mut meta, as_loaded.as_ref(), loaded)?;
         let swept = sweep_store(repo.objects.as_ref(), &config, catalog)?;
         remove_tree(&state_dir.join(layout::STAGING))?;
         let restore_from =
@@ -354,9 +359,15 @@ struct RecoveredCatalog {
 
 /// Recover the catalog: remove leftovers of interrupted writes, migrate manifests of
 /// formats 1 and 2, and write the metadata this start settled (the current format, ids
-/// past every manifest's, on object storage the void ids compacted), then remove void
-/// manifests.
-fn recover_catalog(repo: &Repo, meta: &mut StoreMeta, loaded: Loaded) -> Result<RecoveredCatalog> {
+/// past every manifest's, on object storage the void ids compacted) unless it is the
+/// metadata as loaded (`as_loaded`: nothing to write, and a store opened for one import
+/// saves a write and two fsyncs), then remove void manifests.
+fn recover_catalog(
+    repo: &Repo,
+    meta: &mut StoreMeta,
+    as_loaded: Option<&StoreMeta>,
+    loaded: Loaded,
+) -> Result<RecoveredCatalog> {
     let (store, catalog) = (repo.objects.as_ref(), &repo.catalog);
     let Loaded {
         manifests,
@@ -411,7 +422,9 @@ fn recover_catalog(repo: &Repo, meta: &mut StoreMeta, loaded: Loaded) -> Result<
                 .chain(unreadable_ids.iter().copied()),
         );
     }
-    catalog.save_meta(meta)?;
+    if as_loaded != Some(&*meta) {
+        catalog.save_meta(meta)?;
+    }
     if catalog.commits_in_meta() {
         remove_void_manifests(catalog)?;
     }

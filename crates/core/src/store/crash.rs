@@ -49,6 +49,14 @@ impl ObjectStore for CrashAfter<'_> {
         self.inner.publish(staged)
     }
 
+    fn publish_unsynced(&self, staged: Staged) -> Result<()> {
+        self.inner.publish_unsynced(staged)
+    }
+
+    fn sync_published(&self) -> Result<()> {
+        self.inner.sync_published()
+    }
+
     fn discard(&self, staged: Staged) {
         self.inner.discard(staged)
     }

@@ -10,11 +10,20 @@ use super::{hash_copy, ObjectId, ObjectStore, Staged};
 use crate::error::{Error, IoContext, Result};
 use crate::fsutil::{create_new_private, ensure_real_dir, fsync_dir, is_real_dir};
 
+/// How many files a checkpoint copies into a local store at once.
+const LOCAL_STAGES: usize = 4;
+
 /// The objects of a local store: `objects/` and `tmp/` under its root.
 pub struct LocalStore {
     objects: PathBuf,
     tmp: PathBuf,
     next_tmp: AtomicU64,
+    /// Directories holding objects published unsynced: fsync'd (all at once) by
+    /// [`ObjectStore::sync_published`].
+    unsynced: std::sync::Mutex<std::collections::BTreeSet<PathBuf>>,
+    /// Held through a sync: a sync that returns has waited for one running meanwhile
+    /// (another checkpoint's, whose objects its caller may re-reference).
+    syncing: std::sync::Mutex<()>,
 }
 
 impl LocalStore {
@@ -42,6 +51,8 @@ impl LocalStore {
             objects,
             tmp,
             next_tmp: AtomicU64::new(0),
+            unsynced: Default::default(),
+            syncing: Default::default(),
         })
     }
 
@@ -97,16 +108,49 @@ impl ObjectStore for LocalStore {
     }
 
     fn publish(&self, staged: Staged) -> Result<()> {
+        self.publish_unsynced(staged)?;
+        self.sync_published()
+    }
+
+    fn publish_unsynced(&self, staged: Staged) -> Result<()> {
         let dest = self.path_of(&staged.id);
         let dir = dest.parent().expect("object paths have a parent");
+        let mut unsynced = crate::fsutil::lock(&self.unsynced);
         if !is_real_dir(dir) {
             ensure_real_dir(dir)?;
-            fsync_dir(&self.objects)?;
+            unsynced.insert(self.objects.clone());
         }
         crate::failpoint!("store::before-publish");
         fs::rename(&staged.tmp, &dest).ctx("publish object", &dest)?;
+        unsynced.insert(dir.to_path_buf());
         crate::failpoint!("store::after-publish");
-        fsync_dir(dir)
+        Ok(())
+    }
+
+    fn sync_published(&self) -> Result<()> {
+        let _syncing = crate::fsutil::lock(&self.syncing);
+        // Taken out while they are synced (in parallel: each is a wait on the disk);
+        // those that fail go back, for the next sync to try again.
+        let dirs: Vec<PathBuf> = std::mem::take(&mut *crate::fsutil::lock(&self.unsynced))
+            .into_iter()
+            .collect();
+        let synced = crate::fsutil::parallel_map(&dirs, dirs.len().min(8), |d| fsync_dir(d));
+        let mut first = None;
+        let mut unsynced = crate::fsutil::lock(&self.unsynced);
+        for (dir, result) in dirs.into_iter().zip(synced) {
+            if let Err(e) = result {
+                // A directory gone meanwhile took its objects along: this sync fails (its
+                // caller must not name them), later ones need not.
+                if dir.exists() {
+                    unsynced.insert(dir);
+                }
+                first.get_or_insert(e);
+            }
+        }
+        match first {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     fn discard(&self, staged: Staged) {
@@ -192,6 +236,12 @@ impl ObjectStore for LocalStore {
         Some(self.path_of(id))
     }
 
+    /// Several copies at once: each ends in an fsync, a wait on the disk that others
+    /// overlap (a compaction's new SSTs, a checkpoint's SST and MANIFEST).
+    fn upload_concurrency(&self) -> usize {
+        LOCAL_STAGES
+    }
+
     fn has_objects(&self) -> Result<bool> {
         let shards = match fs::read_dir(&self.objects) {
             Ok(shards) => shards,
@@ -222,5 +272,52 @@ impl ObjectStore for LocalStore {
             removed += 1;
         }
         Ok(removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unsynced(store: &LocalStore) -> Vec<PathBuf> {
+        crate::fsutil::lock(&store.unsynced)
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    #[test]
+    fn unsynced_objects_are_visible_at_once_and_durable_after_one_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(dir.path()).unwrap();
+        let a = store.stage_bytes(b"a").unwrap();
+        let (a_id, a_dir) = (a.id, store.path_of(&a.id).parent().unwrap().to_path_buf());
+        store.publish_unsynced(a).unwrap();
+        // Readable before it is durable: a concurrent checkpoint may re-reference it.
+        assert!(store.list().unwrap().contains(&a_id));
+        std::io::Read::read_to_end(&mut store.open(&a_id).unwrap(), &mut Vec::new()).unwrap();
+        // Its new shard's entry in objects/ waits too.
+        assert_eq!(unsynced(&store), vec![store.objects.clone(), a_dir.clone()]);
+        store.sync_published().unwrap();
+        assert!(unsynced(&store).is_empty());
+        // `publish` is durable when it returns.
+        let b = store.stage_bytes(b"b").unwrap();
+        store.publish(b).unwrap();
+        assert!(unsynced(&store).is_empty());
+    }
+
+    #[test]
+    fn a_failed_sync_fails_and_is_retried_unless_its_directory_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(dir.path()).unwrap();
+        let a = store.stage_bytes(b"a").unwrap();
+        let a_dir = store.path_of(&a.id).parent().unwrap().to_path_buf();
+        store.publish_unsynced(a).unwrap();
+        // Gone (by hand) before the sync: the sync fails, so no manifest names the object;
+        // the next one has nothing left to fail on.
+        std::fs::remove_dir_all(&a_dir).unwrap();
+        assert!(store.sync_published().is_err());
+        assert!(!unsynced(&store).contains(&a_dir));
+        store.sync_published().unwrap();
     }
 }

@@ -280,6 +280,17 @@ pub trait ObjectStore: Send + Sync {
     fn stage_bytes(&self, bytes: &[u8]) -> Result<Staged>;
     /// Make a staged object visible under its id (durably).
     fn publish(&self, staged: Staged) -> Result<()>;
+    /// Make a staged object visible under its id, durable once [`ObjectStore::sync_published`]
+    /// returns (a local store defers the fsync of its directory so that a checkpoint's
+    /// objects are made durable together, just before their manifest; object storage has
+    /// nothing to defer). Whoever commits a reference to it calls `sync_published` first.
+    fn publish_unsynced(&self, staged: Staged) -> Result<()> {
+        self.publish(staged)
+    }
+    /// Make every object published so far durable (see [`ObjectStore::publish_unsynced`]).
+    fn sync_published(&self) -> Result<()> {
+        Ok(())
+    }
     /// Throw a staged object away (a duplicate, or an aborted checkpoint's).
     fn discard(&self, staged: Staged);
     /// Delete a published object. Deleting a missing object is not an error.
@@ -300,7 +311,7 @@ pub trait ObjectStore: Send + Sync {
     fn list(&self) -> Result<Vec<ObjectId>>;
     /// Open an object for reading (not verified; see [`ObjectStore::copy_verified`]).
     fn open(&self, id: &ObjectId) -> Result<std::fs::File>;
-    /// How many stages (uploads) gain from running at once: 1 for a local disk.
+    /// How many stages (uploads, copies) gain from running at once.
     fn upload_concurrency(&self) -> usize {
         1
     }
