@@ -4,7 +4,7 @@
 //! the state directory, and a soak of writers, checkpoints, readers and drops.
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -393,29 +393,27 @@ fn the_store_is_private_and_the_daemon_is_a_proper_daemon() {
     assert!(status.contains("Umask:\t0077"), "{status}");
 }
 
+/// A daemon hosting backend A/0 whose store is on a filesystem of 8 MiB (its state
+/// directory, `DIR/state`, is not): the filesystem, the store and the mount.
+fn mounted_on_small_store(dir: &Path, extra: &[&str]) -> (SmallFs, PathBuf, Mounted) {
+    let small = SmallFs::new(dir.join("small"), "8m");
+    let store = small.path.join("store");
+    let state = dir.join("state");
+    let mnt = dir.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mut args = vec!["--backend", "A/0", "--state", state.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let m = Mounted::at(&store, &mnt, &args);
+    (small, store, m)
+}
+
 /// The store's filesystem fills during an upload: the checkpoint fails with a clear answer
 /// and status, leaves no partial object or manifest, earlier checkpoints stay intact, the
 /// daemon keeps serving, and once there is room again the next checkpoint succeeds.
 #[test]
 fn a_full_store_fails_the_checkpoint_cleanly_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
-    let small = SmallFs::new(dir.path().join("small"), "8m");
-    let store = small.path.join("store");
-    let state = dir.path().join("state");
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let m = Mounted::at(
-        &store,
-        &mnt,
-        &[
-            "--backend",
-            "A/0",
-            "--state",
-            state.to_str().unwrap(),
-            "--retain",
-            "10",
-        ],
-    );
+    let (small, store, m) = mounted_on_small_store(dir.path(), &["--retain", "10"]);
     load(&m, "A/0", 0..2000, 1000).unwrap();
     let first = m.checkpoint();
     let first_copy = scan(&m.mnt.join(format!("cp-{first}/A/0")));
@@ -470,16 +468,8 @@ fn a_full_store_fails_the_checkpoint_cleanly_and_recovers() {
 #[test]
 fn a_reservation_that_fails_beside_the_staging_fails_the_checkpoint_cleanly() {
     let dir = tempfile::tempdir().unwrap();
-    let small = SmallFs::new(dir.path().join("small"), "8m");
-    let store = small.path.join("store");
+    let (small, store, m) = mounted_on_small_store(dir.path(), &[]);
     let state = dir.path().join("state");
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let m = Mounted::at(
-        &store,
-        &mnt,
-        &["--backend", "A/0", "--state", state.to_str().unwrap()],
-    );
     load(&m, "A/0", 0..500, 100).unwrap();
     let first = m.checkpoint();
     let objects_before = store_files(&store, "objects");

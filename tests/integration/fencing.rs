@@ -497,6 +497,48 @@ fn a_manifest_that_lands_after_a_takeover_never_counts() {
     ok(ckptfs_with_env(&["fsck", &url], &[]));
 }
 
+/// Object storage refuses the write that reserves a checkpoint's id (written while the
+/// backend is staged): that checkpoint fails, and the id it would have taken is not voided,
+/// so the next checkpoint takes it and counts, for the writer and for any reader.
+#[test]
+fn a_refused_reservation_voids_no_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let Proxied {
+        proxy,
+        env,
+        writer: a,
+        url,
+        ..
+    } = Proxied::start(dir.path());
+    let first: u64 = ok(ckptfs_with_env(&["checkpoint", a.m()], &env))
+        .trim()
+        .parse()
+        .unwrap();
+    ok(ckptfs_with_env(&["put", a.m(), "Op/0", "k2", "v2"], &env));
+    let seen = proxy.seen("PUT", "ckptfs.json");
+    // The first try and the client's five retries (store/s3.rs), every one refused.
+    proxy.unavailable("PUT", "ckptfs.json", 6);
+    let refused = ckptfs_with_env(&["checkpoint", a.m(), "--wait", "0"], &env);
+    assert!(!refused.status.success(), "the refused reservation passed");
+    assert_eq!(proxy.seen("PUT", "ckptfs.json"), seen + 6);
+    let second: u64 = ok(ckptfs_with_env(&["checkpoint", a.m()], &env))
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(second, first + 1, "the refused reservation took an id");
+    let listed = ok(ckptfs_with_env(&["ls", &url], &[]));
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some(&second.to_string())),
+        "checkpoint {second} does not count:\n{listed}"
+    );
+    assert_eq!(restored(&url, second).len(), 1);
+    assert_whole(&url);
+    drop(a);
+    ok(ckptfs_with_env(&["fsck", &url], &[]));
+}
+
 /// The status of a writer's mount answers while a request of a checkpoint's commit is held
 /// in the network: the catalog's requests run without the engine's state lock.
 #[test]

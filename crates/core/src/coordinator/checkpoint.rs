@@ -86,6 +86,7 @@ impl Engine {
             list_bytes: 0,
             finished: false,
             keep_objects: false,
+            reserved: false,
         };
         // The id's reservation is written while the hosted backends are staged (a wait on
         // the disk beside RocksDB's flush): nothing staged is durable, and nothing names the
@@ -106,6 +107,7 @@ impl Engine {
             pending.fail(&e);
             return Err(e);
         }
+        pending.reserved = true;
         // The first failure fails the checkpoint; what every part pinned is released then.
         let held = self.hold_imports(&mut pending, imports, carry);
         pending.sync_micros = clock.elapsed().as_micros() as u64;
@@ -511,6 +513,9 @@ pub struct PendingCheckpoint {
     /// The manifest may exist on disk after a failed commit: delete nothing, let the next
     /// start decide from what is durable.
     keep_objects: bool,
+    /// The id's reservation was written: a failure from here on voids the id (object
+    /// storage). One that was not must not: the next checkpoint takes the same id.
+    reserved: bool,
 }
 
 impl PendingCheckpoint {
@@ -807,7 +812,7 @@ impl PendingCheckpoint {
             st.kept.extend(self.pins.iter().copied());
         }
         engine.release_pins(&mut st, self.pins.drain(..));
-        if engine.inner.catalog.commits_in_meta() {
+        if engine.inner.catalog.commits_in_meta() && self.reserved {
             // Its reservation ends: void from the next write of the metadata on.
             st.meta.make_void(self.id);
         }
