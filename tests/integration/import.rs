@@ -90,6 +90,73 @@ fn refused(target: &Path, imports: &[(&str, &Path)]) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// The first import into a new store reads each file once (it copies while it hashes:
+/// nothing can be stored yet), and a second import of the same directory reads nothing of
+/// what it re-references. Bytes read are the import's `rchar` (read by its shell, which
+/// reaps it: Linux adds a reaped child's I/O to its parent's).
+#[test]
+fn a_first_import_reads_each_file_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("db");
+    let mut options = rocksdb::Options::default();
+    options.create_if_missing(true);
+    let db = rocksdb::DB::open(&options, &src).unwrap();
+    let mut x = 0x2545_f491_4f6c_dd1d_u64;
+    for i in 0..8192u32 {
+        // 1 KiB of incompressible bytes a key: 8 MiB of SSTs.
+        let value: Vec<u8> = (0..128)
+            .flat_map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x.to_le_bytes()
+            })
+            .collect();
+        db.put(format!("k{i:06}"), value).unwrap();
+    }
+    db.flush().unwrap();
+    let cp = dir.path().join("cp");
+    rocksdb::checkpoint::Checkpoint::new(&db)
+        .unwrap()
+        .create_checkpoint(&cp)
+        .unwrap();
+    drop(db);
+    let bytes: u64 = std::fs::read_dir(&cp)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert!(bytes > 8 << 20, "{bytes}");
+    let store = dir.path().join("store");
+    let rchar_of_import = || -> u64 {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(r#""$0" import "$1" "app/0=$2" >/dev/null && cat /proc/$$/io"#)
+            .arg(BIN)
+            .arg(&store)
+            .arg(&cp)
+            .output()
+            .unwrap();
+        let io = ok(out);
+        io.lines()
+            .find_map(|l| l.strip_prefix("rchar:"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let first = rchar_of_import();
+    assert!(
+        first < bytes + bytes / 4,
+        "the first import read {first} bytes of a {bytes}-byte directory"
+    );
+    let again = rchar_of_import();
+    assert!(
+        again < bytes / 4,
+        "importing it again read {again} bytes of a {bytes}-byte directory"
+    );
+    assert_eq!(checkpoint_count(&store), 2);
+}
+
 fn checkpoint_count(target: &Path) -> usize {
     let out = ok(ckptfs(&["ls", target.to_str().unwrap(), "--json"]));
     serde_json::from_str::<Vec<serde_json::Value>>(&out)

@@ -127,6 +127,11 @@ impl Registry {
         self.find(id).is_some()
     }
 
+    /// True if no object is alive (referenced or pinned): nothing can be shared.
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
     /// How many retained checkpoints reference `id` (0 for an unknown object).
     pub fn count(&self, id: &ObjectId) -> u32 {
         self.slot(id).map_or(0, |e| e.count)

@@ -510,7 +510,9 @@ fn stage_file(
     file: &StagedFile,
     copy_at_once: bool,
 ) -> Result<StageOutcome> {
-    if copy_at_once {
+    // With nothing alive in the store (the first checkpoint of a new store, a first
+    // import), no content can be shared: copy while hashing, reading the file once.
+    if copy_at_once || engine.state().registry.is_empty() {
         return Ok(StageOutcome::Staged(store.stage(&file.path)?, None));
     }
     let (id, size) = hash_file(&file.path)?;
