@@ -16,13 +16,17 @@
 //! checkpoint; checkpoints above 10% of the state (in `wal` mode: outside materializations);
 //! the total uploaded, the store size at the end and the amplification (uploaded /
 //! written); the synchronous phase p50/p99 and the concurrent writer's put latency p99; the
-//! time to restore the newest checkpoint and to open it (which replays its WAL). Writes an
+//! time to restore the newest checkpoint and to open it (which replays its WAL), and their
+//! sum. Writes an
 //! SVG plot of bytes uploaded per checkpoint (BENCH_SVG, default docs/bench-modes.svg) and
 //! one JSON line.
 //!
 //! Usage: `cargo run --example bench_modes -- [TOTAL_MIB [BACKENDS [CHECKPOINTS
 //! [CHURN_PERCENT]]]]` (defaults 256, 4, 200, 1). BENCH_SYSTEMS=flush,wal,backup chooses
-//! the systems; BENCH_MATERIALIZE_WAL_MIB sets `wal` mode's `--materialize-wal-mib`.
+//! the systems (`wal:MIB`: `wal` mode with `--materialize-wal-mib MIB`; a run may hold
+//! several); BENCH_RESTORES=N restores (and opens) the newest checkpoint of each system N
+//! times, alternating, and reports the medians (default 1); BENCH_KEEP=1 keeps each
+//! system's directory (its store in `store/`) and prints where.
 //! A benchmark, not a test: targets are reported, never asserted.
 
 mod common;
@@ -49,16 +53,18 @@ const WRITER_PAUSE: Duration = Duration::from_micros(500);
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum System {
     Flush,
-    Wal,
+    /// `wal` mode, with its `--materialize-wal-mib` if not the default.
+    Wal(Option<u64>),
     Backup,
 }
 
 impl System {
-    fn name(self) -> &'static str {
+    fn name(self) -> String {
         match self {
-            System::Flush => "flush",
-            System::Wal => "wal",
-            System::Backup => "BackupEngine",
+            System::Flush => "flush".into(),
+            System::Wal(None) => "wal".into(),
+            System::Wal(Some(mib)) => format!("wal, --materialize-wal-mib {mib}"),
+            System::Backup => "BackupEngine".into(),
         }
     }
 }
@@ -77,8 +83,8 @@ struct Run {
     samples: Vec<Sample>,
     put_latency_us: Vec<u64>,
     store_bytes: u64,
-    restore_ms: f64,
-    open_ms: f64,
+    /// Each restore of the newest checkpoint: (restore ms, open ms).
+    restores: Vec<(f64, f64)>,
     seconds: f64,
 }
 
@@ -224,22 +230,19 @@ fn open_target(system: System, work: &Path, backends: usize) -> Box<dyn Target> 
         .map(|i| format!("Bench/{i}").parse().unwrap())
         .collect();
     match system {
-        System::Flush | System::Wal => {
+        System::Flush | System::Wal(_) => {
             let store = work.join("store");
             let mut config = EngineConfig::new(&store);
             config.backends = names.clone();
             config.retain = Some(RETAIN);
-            config.backend_options.checkpoint_mode = if system == System::Wal {
+            config.backend_options.checkpoint_mode = if let System::Wal(mib) = system {
+                if let Some(mib) = mib {
+                    config.materialize.wal_bytes = mib << 20;
+                }
                 CheckpointMode::Wal
             } else {
                 CheckpointMode::Flush
             };
-            if let Some(mib) = std::env::var("BENCH_MATERIALIZE_WAL_MIB")
-                .ok()
-                .and_then(|v| v.parse::<u64>().ok())
-            {
-                config.materialize.wal_bytes = mib << 20;
-            }
             let engine = Engine::open(config).unwrap();
             Box::new(Ckptfs {
                 engine,
@@ -300,6 +303,7 @@ struct Runner {
     samples: Vec<Sample>,
     writer_bytes: u64,
     writer_key: u64,
+    restores: Vec<(f64, f64)>,
 }
 
 impl Runner {
@@ -347,6 +351,7 @@ impl Runner {
             samples: Vec::new(),
             writer_bytes: 0,
             writer_key: 0,
+            restores: Vec::new(),
         }
     }
 
@@ -414,11 +419,14 @@ impl Runner {
         }
     }
 
-    /// Restore the newest checkpoint, then open each backend (replaying its WAL) and check
-    /// one key of the last round.
-    fn finish(self) -> Run {
-        let store_bytes = self.target.lock().unwrap().store_bytes();
-        let dest = self.work.path().join("restored");
+    /// Restore the newest checkpoint into a new directory, then open each backend
+    /// (replaying its WAL) and check one key of the last round; the directory is removed
+    /// again.
+    fn restore_once(&mut self) {
+        let dest = self
+            .work
+            .path()
+            .join(format!("restored-{}", self.restores.len()));
         let t = Instant::now();
         let dirs = self.target.lock().unwrap().restore(&dest);
         let restore_ms = t.elapsed().as_secs_f64() * 1000.0;
@@ -437,17 +445,29 @@ impl Runner {
             );
         }
         let open_ms = t.elapsed().as_secs_f64() * 1000.0;
+        self.restores.push((restore_ms, open_ms));
+        std::fs::remove_dir_all(&dest).unwrap();
+    }
+
+    fn finish(self) -> Run {
+        let store_bytes = self.target.lock().unwrap().store_bytes();
         let put_latency_us = std::mem::take(&mut *self.latencies.lock().unwrap());
         let seconds = self.clock.elapsed().as_secs_f64();
         drop(self.target);
+        if std::env::var_os("BENCH_KEEP").is_some() {
+            eprintln!(
+                "{}: kept {}",
+                self.system.name(),
+                self.work.keep().display()
+            );
+        }
         Run {
             system: self.system,
             first_upload: self.first_upload,
             samples: self.samples,
             put_latency_us,
             store_bytes,
-            restore_ms,
-            open_ms,
+            restores: self.restores,
             seconds,
         }
     }
@@ -514,8 +534,10 @@ fn stats_line(run: &Run, state: u64) -> serde_json::Value {
             "p99": percentile(&total, 99.0) as f64 / 1000.0},
         "put_p99_ms": percentile(&lat, 99.0) as f64 / 1000.0,
         "puts": lat.len(),
-        "restore_ms": run.restore_ms,
-        "open_ms": run.open_ms,
+        "restore_ms": median(run.restores.iter().map(|r| r.0)),
+        "open_ms": median(run.restores.iter().map(|r| r.1)),
+        "restore_and_open_ms": median(run.restores.iter().map(|r| r.0 + r.1)),
+        "restores": run.restores.iter().map(|r| json!([r.0, r.1])).collect::<Vec<_>>(),
         "seconds": run.seconds,
     })
 }
@@ -604,17 +626,27 @@ fn main() {
         .split(',')
         .map(|s| match s {
             "flush" => System::Flush,
-            "wal" => System::Wal,
+            "wal" => System::Wal(None),
+            wal if wal.starts_with("wal:") => System::Wal(Some(wal[4..].parse().expect("wal:MIB"))),
             "backup" => System::Backup,
             other => panic!("unknown system {other}"),
         })
         .collect();
+    let restores: usize = std::env::var("BENCH_RESTORES")
+        .map(|v| v.parse().expect("BENCH_RESTORES"))
+        .unwrap_or(1);
     let keys = args.total_mib * MIB / args.backends as u64 / (KEY_SIZE + VALUE_SIZE) as u64;
     let state = keys * args.backends as u64 * (KEY_SIZE + VALUE_SIZE) as u64;
     let mut runners: Vec<Runner> = systems.iter().map(|s| Runner::start(*s, &args)).collect();
     for round in 1..=args.checkpoints {
         for runner in &mut runners {
             runner.round(round);
+        }
+    }
+    // The restores alternate too.
+    for _ in 0..restores {
+        for runner in &mut runners {
+            runner.restore_once();
         }
     }
     let runs: Vec<Run> = runners.into_iter().map(Runner::finish).collect();
@@ -626,16 +658,16 @@ fn main() {
         "| system | uploaded/ckpt % of state: mean / p50 / p99 / max | x written: mean / p50 / \
          p99 / max | >10% outside mat. | materializations | total uploaded MiB | store MiB | \
          amplification | sync ms p50 / p99 | checkpoint ms p50 / p99 | put p99 ms | restore \
-         ms | open ms |"
+         ms | open ms | restore + open ms |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut lines = Vec::new();
     for run in &runs {
         let s = stats_line(run, state);
         let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
         println!(
             "| {} | {:.2} / {:.2} / {:.2} / {:.2} | {:.2} / {:.2} / {:.2} / {:.2} | {} | {} | \
-             {:.0} | {:.0} | {:.2} | {} | {:.0} / {:.0} | {:.1} | {:.0} | {:.0} |",
+             {:.0} | {:.0} | {:.2} | {} | {:.0} / {:.0} | {:.1} | {:.0} | {:.0} | {:.0} |",
             run.system.name(),
             f(&s["share_pct"]["mean"]),
             f(&s["share_pct"]["p50"]),
@@ -664,6 +696,7 @@ fn main() {
             f(&s["put_p99_ms"]),
             f(&s["restore_ms"]),
             f(&s["open_ms"]),
+            f(&s["restore_and_open_ms"]),
         );
         lines.push(s);
     }
@@ -679,4 +712,15 @@ fn main() {
             "checkpoints": args.checkpoints, "churn_percent": args.churn_percent,
             "state_bytes": state, "systems": lines})
     );
+}
+
+/// The median of some figures (NaN for none).
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = values.collect();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
