@@ -29,12 +29,12 @@ pub const DEFAULT_ROCKSDB_OPTIONS: &str =
     "max_manifest_file_size=65536;max_manifest_space_amp_pct=100";
 
 /// RocksDB options ckptfs sets in `wal` mode, after [`DEFAULT_ROCKSDB_OPTIONS`] and before
-/// the user's. A checkpoint copies the open WAL file (RocksDB's native checkpoint copies it,
-/// cut at a record boundary, and syncs the copy), so its synchronous phase grows with the
-/// live WAL: 88 ms per backend at 55 MB (scripts/bench-incremental with BENCH_MODES). A
-/// 16 MiB memtable makes RocksDB switch to a new WAL (flushing the memtable in the
-/// background) at about 16 MiB instead of 64 MiB; closed WAL files are hard-linked from
-/// RocksDB's archive, not copied. (`max_total_wal_size` would not do it: RocksDB ignores it
+/// the user's. A checkpoint that materializes copies the open WAL file (RocksDB's native
+/// checkpoint copies it, cut at a record boundary, and syncs the copy), so its synchronous
+/// phase grows with the live WAL: 88 ms per backend at 55 MB (scripts/bench-incremental
+/// with BENCH_MODES). A 16 MiB memtable makes RocksDB switch to a new WAL (flushing the
+/// memtable in the background) at about 16 MiB instead of 64 MiB. A checkpoint on top of a
+/// materialization copies nothing: it hard-links every WAL file ([`Backend::link_wals`]). (`max_total_wal_size` would not do it: RocksDB ignores it
 /// with a single column family.)
 pub const WAL_MODE_ROCKSDB_OPTIONS: &str = "write_buffer_size=16777216";
 
@@ -260,6 +260,10 @@ pub struct Backend {
     dir: PathBuf,
     db: DB,
     lineage: String,
+    /// Held shared by every write (RocksDB has written a write's WAL record when the
+    /// write returns), exclusively while [`Backend::link_wals`] takes the WAL files' sizes:
+    /// every WAL file then ends at a record boundary.
+    wal_cut: std::sync::RwLock<()>,
 }
 
 impl Backend {
@@ -292,6 +296,7 @@ impl Backend {
             dir: dir.to_path_buf(),
             db,
             lineage,
+            wal_cut: std::sync::RwLock::new(()),
         })
     }
 
@@ -314,6 +319,7 @@ impl Backend {
             dir: dir.to_path_buf(),
             db,
             lineage,
+            wal_cut: std::sync::RwLock::new(()),
         })
     }
 
@@ -366,6 +372,7 @@ impl Backend {
                 WriteOp::Delete(k) => batch.delete(k),
             }
         }
+        let _writing = crate::fsutil::read(&self.wal_cut);
         self.db.write(batch)?;
         Ok(())
     }
@@ -478,9 +485,26 @@ impl Backend {
         Ok(files)
     }
 
+    /// `wal` mode's synchronous phase on top of a materialization, which needs nothing but
+    /// the WAL files written since: hard-link into `staging` (created here; its parent
+    /// must exist) every WAL file numbered from `from` on, in the database directory or
+    /// RocksDB's archive, with no write in progress (so that each ends at a record
+    /// boundary: RocksDB's buffer flushed, the sizes taken while no write is in
+    /// progress). The newest file goes on growing through its link: a staged file's
+    /// `size` is what belongs to the checkpoint. Writers wait for the listing, the links
+    /// and the sizes only (RocksDB's own checkpoint would copy the open WAL file and
+    /// link every SST, and fsync the copies). Returns what was linked, sorted by name.
+    pub fn link_wals(&self, staging: &Path, from: u64) -> Result<Vec<StagedFile>> {
+        crate::fsutil::create_private_dir_all(staging)?;
+        let _no_write = crate::fsutil::write(&self.wal_cut);
+        self.db.flush_wal(false)?;
+        self.link_old_wals(staging, from, u64::MAX)
+    }
+
     /// Hard-link into `staging` the WAL files numbered from `from` up to (not including)
-    /// `below` that RocksDB no longer needs itself (still in the database directory, or
-    /// moved to its archive): closed, complete files. Returns what was linked.
+    /// `below` (in the database directory, or moved to RocksDB's archive), each with its
+    /// size now: complete files when RocksDB no longer needs them itself. Returns what
+    /// was linked, sorted by name.
     pub fn link_old_wals(&self, staging: &Path, from: u64, below: u64) -> Result<Vec<StagedFile>> {
         let db_dir = Self::db_dir(&self.dir);
         let archive = db_dir.join("archive");

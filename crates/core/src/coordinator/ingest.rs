@@ -333,7 +333,7 @@ impl<'a> Ingest<'a> {
     /// Store an append-only file as chunks of `chunk_size`: the chunks the store holds
     /// already (all but the last of a file that only grew since the previous checkpoint)
     /// are re-referenced, the others stored. Reads one chunk at a time, and only what
-    /// follows `resume` when given. Returns the entry and where the next checkpoint may
+    /// follows `resume` when given, up to the staged size. Returns the entry and where the next checkpoint may
     /// resume.
     fn chunked(
         &mut self,
@@ -390,7 +390,12 @@ impl<'a> Ingest<'a> {
         };
         let mut batch = Vec::with_capacity(batch_size);
         loop {
-            let len = read_full(&mut input, &mut piece, &file.path)?;
+            // Up to the staged size: a WAL file linked live grows on past it.
+            let want = (file.size - total).min(chunk_size as u64) as usize;
+            let len = match want {
+                0 => 0,
+                want => read_full(&mut input, &mut piece[..want], &file.path)?,
+            };
             if len == 0 {
                 break;
             }
@@ -415,7 +420,7 @@ impl<'a> Ingest<'a> {
         }
         if total != file.size {
             return Err(Error::Corrupt(format!(
-                "{} changed while it was being checkpointed",
+                "{} shrank while it was being checkpointed",
                 file.path.display()
             )));
         }

@@ -130,15 +130,10 @@ impl Engine {
                 std::thread::spawn(move || engine.prepare_materialization(name));
             }
             let flush_at = match base.on_top_of {
-                Some(_) => u64::MAX,
-                // Flush only when the WAL a materialization would carry is already large.
-                None => policy.wal_bytes,
-            };
-            let mut files = b.checkpoint_into(dir, flush_at)?;
-            if let Some((mat, adopted)) = base.on_top_of {
-                let first_live = files.iter().filter_map(|f| wal_number(&f.name)).min();
-                if let Some(first_live) = first_live {
-                    let old = b.link_old_wals(dir, mat.wal_from, first_live);
+                Some((mat, adopted)) => {
+                    // The WAL files written since the materialization, linked (no native
+                    // checkpoint: its SSTs, MANIFEST and copied WAL would go unused).
+                    let linked = b.link_wals(dir, mat.wal_from);
                     // A newer materialization confirmed meanwhile may have pruned some of
                     // these from the archive before they were linked: then materialize.
                     // (Pruning starts only after it is recorded, so if it is not recorded
@@ -148,11 +143,8 @@ impl Engine {
                         .materializations
                         .get(name)
                         .is_some_and(|m| m.lineage == lineage && m.wal_from > mat.wal_from);
-                    match old {
-                        Ok(old) if !pruned => {
-                            files.retain(|f| wal_number(&f.name).is_some());
-                            files.extend(old);
-                            files.sort_by(|a, b| a.name.cmp(&b.name));
+                    match linked {
+                        Ok(files) if !pruned && !files.is_empty() => {
                             return Ok(StagedBackend {
                                 lineage,
                                 files,
@@ -161,11 +153,19 @@ impl Engine {
                                 uploaded_before: adopted.unwrap_or(0),
                             });
                         }
-                        Ok(_) => {}
+                        Ok(_) => log::info!(
+                            "backend {name}: materializing: no WAL file from {} on",
+                            mat.wal_from
+                        ),
                         Err(e) => log::info!("backend {name}: materializing: {e}"),
                     }
+                    remove_tree(dir)?;
+                    u64::MAX
                 }
-            }
+                // Flush only when the WAL a materialization would carry is already large.
+                None => policy.wal_bytes,
+            };
+            let files = b.checkpoint_into(dir, flush_at)?;
             // Materialize: this checkpoint's own files, whatever RocksDB has now.
             let materializes = first_wal(&files);
             Ok(StagedBackend {
