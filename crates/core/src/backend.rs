@@ -190,7 +190,9 @@ pub enum WriteOp {
     Delete(Vec<u8>),
 }
 
-/// A file of a native checkpoint, hard-linked (or, for the WAL, copied) into staging.
+/// A file staged for a checkpoint: of a native checkpoint, hard-linked (or, for the open
+/// WAL, copied) into staging; in `wal` mode on top of a materialization, a WAL file
+/// hard-linked ([`Backend::link_wals`]), the newest still growing past `size`.
 #[derive(Debug, Clone)]
 pub struct StagedFile {
     /// The RocksDB file name, the name it gets in the checkpoint.
@@ -491,9 +493,11 @@ impl Backend {
     /// RocksDB's archive, with no write in progress (so that each ends at a record
     /// boundary: RocksDB's buffer flushed, the sizes taken while no write is in
     /// progress). The newest file goes on growing through its link: a staged file's
-    /// `size` is what belongs to the checkpoint. Writers wait for the listing, the links
-    /// and the sizes only (RocksDB's own checkpoint would copy the open WAL file and
-    /// link every SST, and fsync the copies). Returns what was linked, sorted by name.
+    /// `size` is what belongs to the checkpoint. New writes wait for the listing, the
+    /// links and the sizes (RocksDB's own checkpoint would copy the open WAL file and link
+    /// every SST, and fsync the copies); the listing waits for the writes in progress,
+    /// so a write RocksDB stalls (too many L0 files, say) delays it until the stall ends.
+    /// Returns what was linked, sorted by name.
     pub fn link_wals(&self, staging: &Path, from: u64) -> Result<Vec<StagedFile>> {
         crate::fsutil::create_private_dir_all(staging)?;
         let _no_write = crate::fsutil::write(&self.wal_cut);

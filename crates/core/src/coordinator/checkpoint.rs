@@ -228,9 +228,8 @@ impl Engine {
         self.inner.slot_freed.notify_all();
     }
 
-    /// Stage every hosted backend at once into `pending` (a backend's native checkpoint
-    /// waits on its own flush in flush mode, or its WAL copy in wal mode, not on the
-    /// others'); the first failure, after every backend's pins are taken into `pending`.
+    /// Stage every hosted backend at once into `pending` (a backend's staging waits on its
+    /// own flush in flush mode, or its WAL links in wal mode, not on the others'); the first failure, after every backend's pins are taken into `pending`.
     fn stage_hosted(
         &self,
         pending: &mut PendingCheckpoint,
