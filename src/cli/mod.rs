@@ -462,7 +462,8 @@ pub(crate) struct MountArgs {
     #[arg(long)]
     pub(crate) no_verify: bool,
     /// Further RocksDB options for the backends, in RocksDB's name=value;name=value
-    /// syntax (e.g. target_file_size_base=8388608;max_bytes_for_level_base=33554432).
+    /// syntax (e.g. target_file_size_base=8388608;max_bytes_for_level_base=33554432);
+    /// wal_dir is refused in wal mode.
     #[arg(long)]
     pub(crate) rocksdb_options: Option<String>,
     /// SST format_version the backends write.

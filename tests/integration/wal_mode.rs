@@ -232,6 +232,31 @@ fn checkpoints_taken_while_writers_run_restore_a_consistent_prefix() {
     }
 }
 
+/// `wal` mode's checkpoints are the WAL files in each backend's database directory and
+/// RocksDB's archive beside them: an option moving the WAL elsewhere is refused before
+/// anything is created, with a message that names it (`flush` mode takes it: the daemon
+/// test `a_wal_dir_option_works_from_the_first_mount`).
+#[test]
+fn wal_mode_refuses_a_wal_dir_option_before_anything_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let wal = dir.path().join("wal");
+    let mut config = wal_config(&store, &["A/0"]);
+    config.backend_options.rocksdb_options =
+        Some(format!("max_open_files=100;wal_dir={}", wal.display()));
+    let err = Engine::open(config)
+        .err()
+        .expect("a wal_dir in wal mode was taken");
+    assert!(
+        matches!(err, ckptfs_core::Error::Invalid(_)) && err.to_string().contains("wal_dir"),
+        "{err}"
+    );
+    assert!(
+        !store.exists() && !wal.exists(),
+        "the refused open created something"
+    );
+}
+
 /// Where a WAL file (RocksDB's log format: 32 KiB blocks of records, each a 7-byte header
 /// of checksum, length and type, then its payload) stops: `Ok` at the end of a whole
 /// record (a FULL or LAST fragment, or a metadata record), else where the torn record

@@ -111,8 +111,17 @@ impl BackendOptions {
     /// only refuses at open, such as a compression this build lacks).
     pub fn validate(&self) -> Result<()> {
         let mut opts = self.rocksdb_options(true)?;
-        if self.rocksdb_options.is_none() {
+        let Some(text) = self.rocksdb_options.as_deref() else {
             return Ok(());
+        };
+        if self.checkpoint_mode == CheckpointMode::Wal
+            && top_level_option(text, "wal_dir").is_some_and(|dir| !dir.is_empty())
+        {
+            return Err(Error::Invalid(format!(
+                "RocksDB options {text:?}: wal mode keeps each backend's WAL in its database \
+                 directory (its checkpoints are the WAL files there and in RocksDB's archive \
+                 beside them): wal_dir cannot be set"
+            )));
         }
         let scratch = tempfile::tempdir().map_err(|e| Error::io("create scratch directory", e))?;
         // The scratch database keeps every file in the scratch directory: options that name
@@ -244,6 +253,32 @@ pub fn chunk_size_for(name: &str, size: u64) -> Option<u32> {
     } else {
         None
     }
+}
+
+/// The value `text` (RocksDB's `name=value;name=value` syntax, values possibly in braces)
+/// gives option `name` at its top level, trimmed; the last one if it names it twice.
+fn top_level_option<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    let (mut depth, mut start, mut found) = (0usize, 0usize, None);
+    let mut pair = |pair: &'a str| {
+        if let Some((key, value)) = pair.split_once('=') {
+            if key.trim() == name {
+                found = Some(value.trim());
+            }
+        }
+    };
+    for (i, c) in text.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth = depth.saturating_sub(1),
+            ';' if depth == 0 => {
+                pair(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    pair(&text[start..]);
+    found
 }
 
 /// The number of a write-ahead log file (`000123.log`).
@@ -645,4 +680,23 @@ fn new_lineage(name: &BackendName) -> String {
         COUNTER.fetch_add(1, Ordering::Relaxed)
     );
     blake3::hash(seed.as_bytes()).to_hex()[..16].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::top_level_option;
+
+    #[test]
+    fn an_option_is_found_at_the_top_level_only() {
+        let text = "max_open_files=10; wal_dir = /x/y ;db_log_dir=/z";
+        assert_eq!(top_level_option(text, "wal_dir"), Some("/x/y"));
+        assert_eq!(top_level_option(text, "db_log_dir"), Some("/z"));
+        assert_eq!(top_level_option(text, "wal"), None);
+        // Inside braces it is another option's value, not this one.
+        let nested = "table_factory={wal_dir=/no;block_size=4096};write_buffer_size=1";
+        assert_eq!(top_level_option(nested, "wal_dir"), None);
+        assert_eq!(top_level_option(nested, "write_buffer_size"), Some("1"));
+        assert_eq!(top_level_option("wal_dir=/a;wal_dir=", "wal_dir"), Some(""));
+        assert_eq!(top_level_option("", "wal_dir"), None);
+    }
 }
