@@ -34,8 +34,8 @@ pub const DEFAULT_ROCKSDB_OPTIONS: &str =
 /// phase grows with the live WAL: 88 ms per backend at 55 MB (scripts/bench-incremental
 /// with BENCH_MODES). A 16 MiB memtable makes RocksDB switch to a new WAL (flushing the
 /// memtable in the background) at about 16 MiB instead of 64 MiB. A checkpoint on top of a
-/// materialization copies nothing: it hard-links every WAL file ([`Backend::link_wals`]). (`max_total_wal_size` would not do it: RocksDB ignores it
-/// with a single column family.)
+/// materialization copies nothing: it hard-links every WAL file ([`Backend::link_wals`]).
+/// (`max_total_wal_size` would not do it: RocksDB ignores it with a single column family.)
 pub const WAL_MODE_ROCKSDB_OPTIONS: &str = "write_buffer_size=16777216";
 
 /// How a checkpoint captures what is in the memtables.
@@ -537,14 +537,6 @@ impl Backend {
         crate::fsutil::create_private_dir_all(staging)?;
         let _no_write = crate::fsutil::write(&self.wal_cut);
         self.db.flush_wal(false)?;
-        self.link_old_wals(staging, from, u64::MAX)
-    }
-
-    /// Hard-link into `staging` the WAL files numbered from `from` up to (not including)
-    /// `below` (in the database directory, or moved to RocksDB's archive), each with its
-    /// size now: complete files when RocksDB no longer needs them itself. Returns what
-    /// was linked, sorted by name.
-    pub fn link_old_wals(&self, staging: &Path, from: u64, below: u64) -> Result<Vec<StagedFile>> {
         let db_dir = Self::db_dir(&self.dir);
         let archive = db_dir.join("archive");
         let mut names = std::collections::BTreeSet::new();
@@ -560,7 +552,7 @@ impl Backend {
                     .file_name()
                     .to_string_lossy()
                     .into_owned();
-                if wal_number(&name).is_some_and(|n| n >= from && n < below) {
+                if wal_number(&name).is_some_and(|n| n >= from) {
                     names.insert(name);
                 }
             }

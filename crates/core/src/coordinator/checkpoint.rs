@@ -229,7 +229,8 @@ impl Engine {
     }
 
     /// Stage every hosted backend at once into `pending` (a backend's staging waits on its
-    /// own flush in flush mode, or its WAL links in wal mode, not on the others'); the first failure, after every backend's pins are taken into `pending`.
+    /// own flush in flush mode, or its WAL links in wal mode, not on the others'); the
+    /// first failure, after every backend's pins are taken into `pending`.
     fn stage_hosted(
         &self,
         pending: &mut PendingCheckpoint,

@@ -333,8 +333,8 @@ impl<'a> Ingest<'a> {
     /// Store an append-only file as chunks of `chunk_size`: the chunks the store holds
     /// already (all but the last of a file that only grew since the previous checkpoint)
     /// are re-referenced, the others stored. Reads one chunk at a time, and only what
-    /// follows `resume` when given, up to the staged size. Returns the entry and where the next checkpoint may
-    /// resume.
+    /// follows `resume` when given, up to the staged size. Returns the entry and where the
+    /// next checkpoint may resume.
     fn chunked(
         &mut self,
         part: &PendingBackend,

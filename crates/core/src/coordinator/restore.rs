@@ -164,7 +164,7 @@ pub fn materialize(
 }
 
 /// Files of one backend [`materialize`] writes at once.
-pub const MATERIALIZE_FILES: usize = 4;
+const MATERIALIZE_FILES: usize = 4;
 
 /// Write a checkpoint's files for the backend living in `dir` into `dir/restore.tmp`
 /// (verified, durable), leaving the live database alone.
