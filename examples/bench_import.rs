@@ -9,7 +9,10 @@
 //!    same whichever system stores the checkpoint; it flushes the memtable first);
 //! 3. `ckptfs import STORE bench/0=DIR_i --json` as a child process, timed; then DIR_{i-1} is
 //!    removed (the application keeps only its newest checkpoint directory);
-//! 4. BackupEngine `create_new_backup(&db)` + `purge_old_backups(RETAIN)`, timed together.
+//! 4. BackupEngine `create_new_backup(&db)` + `purge_old_backups(RETAIN)`, timed together;
+//! 5. the same import by ckptfs's engine (`ckptfs_core::Engine`) in this process, opened
+//!    once on a store of its own (`engine`): what a library call costs, as BackupEngine's
+//!    does, without a process's start and the store's open (timed: scan, begin, complete).
 //!
 //! Bytes read from the source: for ckptfs, the child's `rchar` (its /proc/PID/io, read once
 //! it has exited and before it is reaped: `waitid` with `WNOWAIT`; the time taken ends
@@ -30,7 +33,8 @@
 //! restore. The default (no BENCH_MOUNT, or 0) is the store mode above.
 //!
 //! At the end: the stores' sizes (du), the time to restore the newest checkpoint (`ckptfs
-//! restore` vs `restore_from_latest_backup`), and a check that both restored databases open
+//! restore`, the engine's restore in process, `restore_from_latest_backup`), and a check that
+//! each restored database opens
 //! (read-only) with the source's number of keys and the last round's values.
 //!
 //! Prints a table (seconds per checkpoint p50/p99, bytes read and added per checkpoint, store
@@ -43,8 +47,8 @@
 //! variables BENCH_DB_MIB, BENCH_CHANGE_PERCENT, BENCH_CHECKPOINTS, BENCH_RETAIN). Smoke run:
 //! `cargo run --example bench_import -- 8 1 5`.
 //! CKPTFS_BIN: the ckptfs binary (default `$CARGO_TARGET_DIR/debug/ckptfs`, else
-//! `target/debug/ckptfs` in the package). BENCH_SYSTEMS=ckptfs,backup (default both) picks the
-//! systems; BENCH_DIR=DIR works in DIR and keeps it (default: a temporary directory, removed);
+//! `target/debug/ckptfs` in the package). BENCH_SYSTEMS=ckptfs,backup,engine (default all
+//! three) picks the systems; BENCH_DIR=DIR works in DIR and keeps it (default: a temporary directory, removed);
 //! BENCH_SEED seeds the choice of keys.
 
 mod common;
@@ -56,6 +60,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::Instant;
 
+use ckptfs_core::store::Location;
+use ckptfs_core::{BackendName, CheckpointPlan, Engine, EngineConfig};
 use common::{key, mix, percentile, value, Context, Mount, Result, KEY_SIZE, VALUE_SIZE};
 use rocksdb::backup::{BackupEngine, BackupEngineOptions, RestoreOptions};
 use rocksdb::checkpoint::Checkpoint;
@@ -74,6 +80,8 @@ struct Args {
     retain: usize,
     ckptfs: bool,
     backup: bool,
+    /// ckptfs's engine in this process, held open across the rounds.
+    engine: bool,
     /// BENCH_MOUNT=1: import through a mountpoint (the daemon imports).
     mount: bool,
     seed: u64,
@@ -97,7 +105,7 @@ fn parse_args() -> Result<Args> {
             None => Ok(default),
         }
     }
-    let systems = std::env::var("BENCH_SYSTEMS").unwrap_or_else(|_| "ckptfs,backup".into());
+    let systems = std::env::var("BENCH_SYSTEMS").unwrap_or_else(|_| "ckptfs,backup,engine".into());
     let mut args = Args {
         db_mib: get(&argv, 0, "BENCH_DB_MIB", 256)?,
         change_percent: get(&argv, 1, "BENCH_CHANGE_PERCENT", 1.0)?,
@@ -105,6 +113,7 @@ fn parse_args() -> Result<Args> {
         retain: get(&argv, 3, "BENCH_RETAIN", 3)?,
         ckptfs: false,
         backup: false,
+        engine: false,
         mount: match std::env::var("BENCH_MOUNT") {
             Ok(v) => !matches!(v.trim(), "" | "0"),
             Err(_) => false,
@@ -115,6 +124,7 @@ fn parse_args() -> Result<Args> {
         match s {
             "ckptfs" => args.ckptfs = true,
             "backup" => args.backup = true,
+            "engine" => args.engine = true,
             other => return Err(format!("BENCH_SYSTEMS: unknown system {other:?}")),
         }
     }
@@ -483,6 +493,11 @@ struct Round {
     backup_rchar_process: u64,
     backup_added: u64,
     backup_du: u64,
+    engine_s: f64,
+    /// The engine's own `bytes_read` of the import.
+    engine_read: u64,
+    engine_added: u64,
+    engine_du: u64,
 }
 
 impl Round {
@@ -504,6 +519,10 @@ impl Round {
             "backup_rchar_process": self.backup_rchar_process,
             "backup_added_bytes": self.backup_added,
             "backup_store_du": self.backup_du,
+            "engine_s": self.engine_s,
+            "engine_bytes_read": self.engine_read,
+            "engine_added_bytes": self.engine_added,
+            "engine_store_du": self.engine_du,
         })
     }
 }
@@ -574,8 +593,9 @@ fn run(args: &Args) -> Result<()> {
     };
     let (db_dir, ckpt_dir) = (work.join("db"), work.join("checkpoints"));
     let (store, backup_dir) = (work.join("store"), work.join("backup"));
+    let engine_store = work.join("engine-store");
     let mnt = work.join("mnt");
-    for dir in [&db_dir, &ckpt_dir, &store, &backup_dir, &mnt] {
+    for dir in [&db_dir, &ckpt_dir, &store, &backup_dir, &engine_store, &mnt] {
         if dir.exists() {
             return Err(format!(
                 "{} exists already: BENCH_DIR must be new",
@@ -613,8 +633,21 @@ fn run(args: &Args) -> Result<()> {
     } else {
         None
     };
+    // ckptfs's engine, opened once as `ckptfs import STORE` opens it each time (no
+    // backend hosted), with the same retention.
+    let held = if args.engine {
+        let mut config = EngineConfig::new(Location::Local(engine_store.clone()));
+        config.host_backends = false;
+        config.retain = Some(args.retain as u32);
+        Some(Engine::open(config).ctx("open ckptfs's engine")?)
+    } else {
+        None
+    };
+    let backend = BackendName::new("bench", 0).ctx("backend name")?;
     let mut ckptfs_added = Added::new(&store);
     let mut backup_added = Added::new(&backup_dir);
+    let mut engine_added = Added::new(&engine_store);
+    let mut engine_last = None;
     let mut rng = Rng(args.seed);
     let mut rounds: Vec<Round> = Vec::new();
     let mut previous: Option<(PathBuf, HashMap<String, u64>)> = None;
@@ -687,6 +720,18 @@ fn run(args: &Args) -> Result<()> {
             }
             r.ckptfs_added = ckptfs_added.next();
             r.ckptfs_du = du(&store);
+        }
+        if let Some(held) = &held {
+            let t = Instant::now();
+            let (manifest, reports) = ckptfs_core::import::scan(&backend, &dir)
+                .and_then(|scanned| held.begin(CheckpointPlan::Import(vec![scanned])))
+                .and_then(|pending| pending.complete_with_imports())
+                .ctx(format!("engine import of {}", dir.display()))?;
+            r.engine_s = t.elapsed().as_secs_f64();
+            r.engine_read = reports.iter().map(|i| i.bytes_read).sum();
+            engine_last = Some(manifest.id);
+            r.engine_added = engine_added.next();
+            r.engine_du = du(&engine_store);
         }
         // The application keeps only its newest checkpoint directory.
         if let Some((old, _)) = previous.take() {
@@ -780,6 +825,22 @@ fn run(args: &Args) -> Result<()> {
         }
         let (count, current) = verify(&dest.join(BACKEND), &last_keys, args.checkpoints)?;
         ckptfs_restore = Some((seconds, count, current));
+    }
+    let mut engine_restore = None;
+    if let (Some(held), Some(id)) = (held, engine_last) {
+        drop(held);
+        let dest = work.join("restore-engine");
+        let t = Instant::now();
+        ckptfs_core::commands::restore::restore_checkpoint(
+            Location::Local(engine_store.clone()),
+            id,
+            &dest,
+            |_| {},
+        )
+        .ctx("restore the engine's newest checkpoint")?;
+        let seconds = t.elapsed().as_secs_f64();
+        let (count, current) = verify(&dest.join(BACKEND), &last_keys, args.checkpoints)?;
+        engine_restore = Some((seconds, count, current));
     }
     let mut backup_restore = None;
     if let Some(engine) = engine.as_mut() {
@@ -906,6 +967,16 @@ fn run(args: &Args) -> Result<()> {
             restore,
         )
     });
+    let held_row = engine_restore.map(|restore| {
+        row(
+            "ckptfs engine in process (held open)",
+            &|r| r.engine_s,
+            &|r| Some(r.engine_read),
+            &|r| r.engine_added,
+            &|r| r.engine_du,
+            restore,
+        )
+    });
     println!(
         "\nnew SST bytes per checkpoint (mean): {:.2} MiB",
         new_sst / MIB
@@ -989,6 +1060,22 @@ fn run(args: &Args) -> Result<()> {
             if a <= b { "met" } else { "NOT met" }
         );
         targets["import_p50_le_backup_p50"] = json!(a <= b);
+    }
+    if let (Some(held), Some(be)) = (&held_row, &be) {
+        let (a, b) = (
+            held["seconds_per_checkpoint"]["p50"]
+                .as_f64()
+                .unwrap_or(f64::NAN),
+            be["seconds_per_checkpoint"]["p50"]
+                .as_f64()
+                .unwrap_or(f64::NAN),
+        );
+        // Not a target: what the import costs as a library call, as BackupEngine's is.
+        println!(
+            "ckptfs engine in process p50 against BackupEngine p50: {:.2} x ({a:.3} s vs \
+             {b:.3} s)",
+            a / b
+        );
     }
     if let Some(ck) = &ck {
         let ratio = ck["read_over_new_sst"].as_f64().unwrap_or(f64::NAN);
