@@ -137,8 +137,9 @@ pub(crate) enum Command {
     /// every file named relative to that directory: relocatable, it restores wherever it
     /// is moved or copied) and the files (under DEST/<job-id>/shared/), then prints that
     /// directory's path: give it to Flink as execution.state-recovery.path. DEST is a
-    /// directory, missing or empty, or s3://BUCKET/PREFIX holding no object (written to
-    /// $TMPDIR first, then uploaded, _metadata last). A failed export leaves nothing.
+    /// directory, missing or empty, or s3://BUCKET/PREFIX holding no object (each file
+    /// streams from the store into its upload, nothing is written to a local disk;
+    /// _metadata last). A failed export leaves nothing.
     /// TARGET is a mountpoint or a store (a directory or s3://BUCKET/PREFIX, read
     /// directly).
     ExportFlink {

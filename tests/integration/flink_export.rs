@@ -252,3 +252,99 @@ fn an_export_to_object_storage_restores_once_copied() {
     assert_eq!(flink.restored, Some(933));
     flink.kill();
 }
+
+/// Every file below `dir`, by its `/`-separated path, with its bytes.
+fn tree_files(dir: &Path, rel: &str, out: &mut std::collections::BTreeMap<String, Vec<u8>>) {
+    for entry in std::fs::read_dir(dir.join(rel)).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        let path = if rel.is_empty() {
+            name
+        } else {
+            format!("{rel}/{name}")
+        };
+        if entry.file_type().unwrap().is_dir() {
+            tree_files(dir, &path, out);
+        } else {
+            out.insert(path, std::fs::read(entry.path()).unwrap());
+        }
+    }
+}
+
+/// `export-flink` to `s3://` streams each file from the store into its upload: with no
+/// usable temporary directory ($TMPDIR missing) it writes the very objects, byte for byte,
+/// that an export to a directory writes as files. An object of the store that no longer
+/// matches its checksum fails the export, and nothing is left under the prefix (the
+/// files uploaded before the mismatch was found are removed, `_metadata` never sent).
+#[test]
+fn an_export_to_object_storage_streams_from_the_store_and_leaves_nothing_on_a_bad_object() {
+    let moto = crate::common::moto::moto();
+    let bucket = moto.bucket();
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    ok(ckptfs(&[
+        "import-flink",
+        fixture().to_str().unwrap(),
+        store.to_str().unwrap(),
+    ]));
+    let local = dir.path().join("local");
+    ok(ckptfs(&[
+        "export-flink",
+        store.to_str().unwrap(),
+        "1",
+        local.to_str().unwrap(),
+    ]));
+    let mut expected = std::collections::BTreeMap::new();
+    tree_files(&local, "", &mut expected);
+    assert!(expected.len() > 5, "{:?}", expected.keys());
+
+    let export = |prefix: &str| {
+        std::process::Command::new(crate::common::mounted::BIN)
+            .args(["export-flink", store.to_str().unwrap(), "1"])
+            .arg(format!("s3://{bucket}/{prefix}"))
+            .env("TMPDIR", dir.path().join("no-such-directory"))
+            .output()
+            .unwrap()
+    };
+    ok(export("streamed"));
+    let remote = ckptfs_core::store::s3::Remote::connect(&bucket, "").unwrap();
+    let keys = remote.list_keys("streamed/", false).unwrap();
+    let mut got = std::collections::BTreeMap::new();
+    for (key, _, _) in &keys {
+        got.insert(
+            key.strip_prefix("streamed/").unwrap().to_string(),
+            remote.get_bytes(key).unwrap(),
+        );
+    }
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        expected.keys().collect::<Vec<_>>()
+    );
+    for (rel, bytes) in &expected {
+        assert!(got[rel] == *bytes, "{rel} differs from the local export's");
+    }
+
+    // Every object the exported files are stored in, damaged (same size): the first one
+    // read fails the export.
+    let mut damaged = 0;
+    for (rel, bytes) in &expected {
+        if !rel.contains("/shared/") {
+            continue;
+        }
+        let id = blake3::hash(bytes).to_hex().to_string();
+        let object = store.join("objects").join(&id[..2]).join(&id);
+        let mut content = std::fs::read(&object).unwrap();
+        let last = content.len() - 1;
+        content[last] ^= 0xff;
+        std::fs::set_permissions(&object, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        std::fs::write(&object, &content).unwrap();
+        damaged += 1;
+    }
+    assert!(damaged > 0);
+    let out = export("damaged");
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("checksum"), "{e}");
+    assert_eq!(remote.list_keys("damaged/", false).unwrap(), vec![]);
+}

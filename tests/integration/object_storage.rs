@@ -771,3 +771,49 @@ fn the_test_proxy_holds_and_drops_requests() {
     client.reader.read_to_end(&mut rest).unwrap();
     assert!(rest.is_empty());
 }
+
+/// `Remote::upload_from` (how `export-flink` sends each file to `s3://`): what is written,
+/// in writes of any size, arrives byte for byte: nothing, exactly one part (one PUT), and
+/// more than two parts (a multipart upload, `PART_SIZE` parts); when the writer fails
+/// halfway, after parts went out, its error is returned and nothing is left under the key.
+#[test]
+fn an_upload_streams_in_parts_and_leaves_nothing_when_its_writer_fails() {
+    use ckptfs_core::store::s3::{Remote, PART_SIZE};
+    let bucket = moto().bucket();
+    let remote = Remote::connect(&bucket, "").unwrap();
+    let content = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect()
+    };
+    for (key, size) in [
+        ("empty", 0),
+        ("one-part", PART_SIZE),
+        ("three-parts", 2 * PART_SIZE + 12_345),
+    ] {
+        let bytes = content(size);
+        remote
+            .upload_from(key, |out| {
+                // Writes of odd sizes, none aligned with a part.
+                for piece in bytes.chunks(1_000_003) {
+                    out.write_all(piece).unwrap();
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert!(remote.get_bytes(key).unwrap() == bytes, "{key}");
+    }
+    let bytes = content(2 * PART_SIZE + 1);
+    let failed = remote.upload_from("failed", |out| {
+        out.write_all(&bytes).unwrap();
+        Err(Error::Corrupt(
+            "the source does not match its checksum".into(),
+        ))
+    });
+    assert!(
+        matches!(&failed, Err(Error::Corrupt(m)) if m.contains("checksum")),
+        "{failed:?}"
+    );
+    assert_eq!(remote.list_keys("failed", false).unwrap(), vec![]);
+    assert_eq!(remote.size_of("failed").unwrap(), None);
+}

@@ -140,17 +140,31 @@ impl FileEntry {
     pub fn copy_verified(&self, store: &dyn ObjectStore, dest: &Path) -> Result<()> {
         match &self.chunks {
             None => store.copy_verified(&self.object, self.size, dest),
-            Some(chunks) => {
+            Some(_) => {
                 let file = crate::fsutil::create_new_private()
                     .open(dest)
                     .ctx("create", dest)?;
                 let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-                chunks.copy_to(store, &self.object, self.size, &mut out)?;
+                self.write_verified(store, &mut out)?;
                 let file = out
                     .into_inner()
                     .map_err(|e| Error::io(format!("write {}", dest.display()), e.into_error()))?;
                 file.sync_all().ctx("fsync", dest)
             }
+        }
+    }
+
+    /// Write the file's content to `out`, read from its object or assembled from its
+    /// chunks, checking every hash. A mismatch is found once every byte went out: on an
+    /// error, what `out` received is not the file.
+    pub fn write_verified(
+        &self,
+        store: &dyn ObjectStore,
+        out: &mut dyn std::io::Write,
+    ) -> Result<()> {
+        match &self.chunks {
+            None => store.write_verified(&self.object, self.size, out),
+            Some(chunks) => chunks.copy_to(store, &self.object, self.size, out),
         }
     }
 }

@@ -3,7 +3,7 @@
 //! also serves a mount's `cp-N/`. Only opening the store and finding the files is here;
 //! the Flink checkpoint directory and its `_metadata` are Flink's side.
 
-use std::path::Path;
+use std::io::Write;
 
 use crate::error::{Error, Result};
 use crate::flink::export::{export, export_to_s3, not_flink, CheckpointFiles, Exported};
@@ -17,7 +17,7 @@ struct StoredCheckpoint<'a> {
 }
 
 impl CheckpointFiles for StoredCheckpoint<'_> {
-    fn copy(&self, backend: &BackendName, name: &str, to: &Path) -> Result<u64> {
+    fn write_to(&self, backend: &BackendName, name: &str, out: &mut dyn Write) -> Result<u64> {
         let file = self
             .manifest
             .backend(backend)
@@ -28,7 +28,7 @@ impl CheckpointFiles for StoredCheckpoint<'_> {
                     self.manifest.id
                 ))
             })?;
-        file.copy_verified(self.objects, to)?;
+        file.write_verified(self.objects, out)?;
         Ok(file.size)
     }
 }

@@ -18,33 +18,51 @@
 //! directory (`execution.state-recovery.path`); it never needs ckptfs to read it.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::import::{job_backend, layout, METADATA};
 use super::metadata::{self, StreamHandle};
 use crate::error::{Error, IoContext, Result};
 use crate::names::BackendName;
+use crate::source::MAX_METADATA_BYTES;
 
 /// Where the files of one checkpoint are read from: a store, or a mount's `cp-N/`.
-pub trait CheckpointFiles {
-    /// Copy file `name` of `backend` to `to` (a new file), durably; its length.
-    fn copy(&self, backend: &BackendName, name: &str, to: &Path) -> Result<u64>;
+pub trait CheckpointFiles: Sync {
+    /// Write file `name` of `backend` to `out`; its length. An error may come after bytes
+    /// went out (a store finds a checksum mismatch at the file's end): what `out` received
+    /// is then not the file.
+    fn write_to(&self, backend: &BackendName, name: &str, out: &mut dyn Write) -> Result<u64>;
 }
 
 /// The files of checkpoint N as a mount shows them (`MOUNTPOINT/cp-N/`).
 pub struct MountedCheckpoint(pub PathBuf);
 
 impl CheckpointFiles for MountedCheckpoint {
-    fn copy(&self, backend: &BackendName, name: &str, to: &Path) -> Result<u64> {
+    fn write_to(&self, backend: &BackendName, name: &str, out: &mut dyn Write) -> Result<u64> {
         let from = self.0.join(backend.rel_path()).join(name);
         let mut input = std::fs::File::open(&from).ctx("open", &from)?;
-        let mut output = crate::fsutil::create_new_private()
-            .open(to)
-            .ctx("create", to)?;
-        let n = std::io::copy(&mut input, &mut output).ctx("copy", &from)?;
-        output.sync_all().ctx("fsync", to)?;
-        Ok(n)
+        std::io::copy(&mut input, out).ctx("copy", &from)
     }
+}
+
+/// File `name` of `backend` copied by `stored` to `to` (a new file), durably; its length.
+fn copy_to_file(
+    stored: &dyn CheckpointFiles,
+    backend: &BackendName,
+    name: &str,
+    to: &Path,
+) -> Result<u64> {
+    let file = crate::fsutil::create_new_private()
+        .open(to)
+        .ctx("create", to)?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    let n = stored.write_to(backend, name, &mut out)?;
+    let file = out
+        .into_inner()
+        .map_err(|e| Error::io(format!("write {}", to.display()), e.into_error()))?;
+    file.sync_all().ctx("fsync", to)?;
+    Ok(n)
 }
 
 /// What an export wrote.
@@ -60,6 +78,99 @@ pub struct Exported {
     pub files: u64,
     /// The bytes of those files.
     pub bytes: u64,
+}
+
+/// What an export writes under `<job-id>/`: each file's path there and where in the
+/// checkpoint it is read from, and the `_metadata` rewritten to name them.
+struct ExportPlan {
+    /// `chk-<N>`.
+    chk: String,
+    /// Each destination once (one file may be named by several subtasks after a rescale).
+    copies: BTreeMap<PathBuf, (BackendName, String)>,
+    /// `chk-<N>/_metadata`'s bytes.
+    metadata: Vec<u8>,
+}
+
+/// Read Flink checkpoint `checkpoint`'s `_metadata` from `stored` (at most
+/// [`MAX_METADATA_BYTES`]) and plan its export.
+fn plan_export(stored: &dyn CheckpointFiles, checkpoint: u64) -> Result<ExportPlan> {
+    let mut bytes = Vec::new();
+    let mut bounded = Bounded {
+        out: &mut bytes,
+        left: MAX_METADATA_BYTES,
+    };
+    stored
+        .write_to(&job_backend(), METADATA, &mut bounded)
+        .map_err(|e| match e {
+            Error::NotFound(_) => Error::NotFound(format!(
+                "the checkpoint holds no Flink _metadata (imported before ckptfs kept it: import \
+             the Flink checkpoint again into a new store): {e}"
+            )),
+            e => e,
+        })?;
+    let parsed = parse_for(&bytes, checkpoint)?;
+    let layout = layout(&parsed)?;
+    let job_backend = job_backend();
+    let chk = format!("chk-{checkpoint}");
+    let mut copies: BTreeMap<PathBuf, (BackendName, String, String)> = BTreeMap::new();
+    let mut edits = metadata::file_merging_undone(&parsed);
+    let mut edited: std::collections::HashSet<metadata::Span> =
+        edits.iter().map(|(s, _)| s.clone()).collect();
+    for (backend, name, stream) in homes(&layout, &job_backend) {
+        let Some((rel, whole, handle)) = exported_as(stream, &chk)? else {
+            continue;
+        };
+        if let Some((span, handle)) = handle {
+            if edited.insert(span.clone()) {
+                edits.push((span, handle));
+            }
+        }
+        match copies.get(&rel) {
+            Some((_, _, known)) if *known != whole => {
+                return Err(Error::Invalid(format!(
+                    "{whole} and {known} would both be exported as {}",
+                    rel.display()
+                )))
+            }
+            Some(_) => {}
+            None => {
+                copies.insert(rel, (backend.clone(), name.clone(), whole));
+            }
+        }
+    }
+    let metadata = metadata::rewrite(&bytes, edits)?;
+    Ok(ExportPlan {
+        chk,
+        copies: copies
+            .into_iter()
+            .map(|(rel, (backend, name, _))| (rel, (backend, name)))
+            .collect(),
+        metadata,
+    })
+}
+
+/// A writer into `out` that refuses more than `left` bytes.
+struct Bounded<'a> {
+    out: &'a mut Vec<u8>,
+    left: u64,
+}
+
+impl Write for Bounded<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if buf.len() as u64 > self.left {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::FileTooLarge,
+                format!("a Flink _metadata is at most {MAX_METADATA_BYTES} bytes"),
+            ));
+        }
+        self.left -= buf.len() as u64;
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Write checkpoint `checkpoint` of Flink job `job`, whose files `stored` reads, as a Flink
@@ -96,74 +207,31 @@ pub fn export(
     let held = HeldDir::open(tmp.path())?;
     crate::failpoint!("export::before-copy");
     let base = held.path();
-    let chk = format!("chk-{checkpoint}");
+    let plan = plan_export(stored, checkpoint)?;
+    let chk = &plan.chk;
     let (tmp_job, job_dir) = (base.join(job), dest.join(job));
-    for dir in [tmp_job.join("shared"), tmp_job.join(&chk)] {
+    for dir in [tmp_job.join("shared"), tmp_job.join(chk)] {
         std::fs::create_dir_all(&dir).ctx("create", &dir)?;
     }
-    let original = base.join(METADATA);
-    stored
-        .copy(&job_backend(), METADATA, &original)
-        .map_err(|e| match e {
-            Error::NotFound(_) => Error::NotFound(format!(
-                "the checkpoint holds no Flink _metadata (imported before ckptfs kept it: import \
-             the Flink checkpoint again into a new store): {e}"
-            )),
-            e => e,
-        })?;
-    let bytes = std::fs::read(&original).ctx("read", &original)?;
-    std::fs::remove_file(&original).ctx("remove", &original)?;
-    let parsed = parse_for(&bytes, checkpoint)?;
-    let layout = layout(&parsed)?;
-    let job_backend = job_backend();
-    let homes = homes(&layout, &job_backend);
-    // Each destination once (one file may be named by several subtasks after a rescale).
-    let mut copies: BTreeMap<PathBuf, (&BackendName, &String, String)> = BTreeMap::new();
-    let mut edits = metadata::file_merging_undone(&parsed);
-    let mut edited: std::collections::HashSet<metadata::Span> =
-        edits.iter().map(|(s, _)| s.clone()).collect();
-    for (backend, name, stream) in homes {
-        let Some((rel, whole, handle)) = exported_as(stream, &chk)? else {
-            continue;
-        };
-        if let Some((span, handle)) = handle {
-            if edited.insert(span.clone()) {
-                edits.push((span, handle));
-            }
-        }
-        match copies.get(&rel) {
-            Some((_, _, known)) if *known != whole => {
-                return Err(Error::Invalid(format!(
-                    "{whole} and {known} would both be exported as {}",
-                    rel.display()
-                )))
-            }
-            Some(_) => {}
-            None => {
-                copies.insert(rel, (backend, name, whole));
-            }
-        }
-    }
     let mut out = Exported {
-        path: job_dir.join(&chk),
+        path: job_dir.join(chk),
         job: job.to_string(),
         checkpoint,
         files: 0,
         bytes: 0,
     };
-    for (rel, (backend, name, _)) in &copies {
+    for (rel, (backend, name)) in &plan.copies {
         let to = tmp_job.join(rel);
         if let Some(dir) = to.parent() {
             std::fs::create_dir_all(dir).ctx("create", dir)?;
         }
-        out.bytes += stored.copy(backend, name, &to)?;
+        out.bytes += copy_to_file(stored, backend, name, &to)?;
         out.files += 1;
     }
-    let rewritten = metadata::rewrite(&bytes, edits)?;
-    crate::fsutil::write_atomic(&tmp_job.join(&chk).join(METADATA), &rewritten)?;
+    crate::fsutil::write_atomic(&tmp_job.join(chk).join(METADATA), &plan.metadata)?;
     out.files += 1;
-    out.bytes += rewritten.len() as u64;
-    for dir in [tmp_job.join("shared"), tmp_job.join(&chk), tmp_job.clone()] {
+    out.bytes += plan.metadata.len() as u64;
+    for dir in [tmp_job.join("shared"), tmp_job.join(chk), tmp_job.clone()] {
         crate::fsutil::fsync_dir(&dir)?;
     }
     // Flink, which reads the directory, runs as DEST's owner. Everything below is given
@@ -198,9 +266,9 @@ const UPLOADS_AT_ONCE: usize = 8;
 
 /// [`export`] to object storage: the same relocatable directory, as objects under
 /// `s3://BUCKET/PREFIX/<job-id>/...` (`prefix` without its slashes, "" for the whole
-/// bucket), which must hold none. It is written to a private temporary directory first,
-/// then uploaded, `_metadata` last: until it is there Flink sees no checkpoint, and a
-/// failed export removes what it uploaded.
+/// bucket), which must hold none. Each file streams from `stored` into its upload
+/// (verified as it is read; nothing is written to a local disk), `_metadata` last: until
+/// it is there Flink sees no checkpoint, and a failed export removes what it uploaded.
 pub fn export_to_s3(
     stored: &dyn CheckpointFiles,
     job: &str,
@@ -208,6 +276,9 @@ pub fn export_to_s3(
     remote: &crate::store::s3::Remote,
     prefix: &str,
 ) -> Result<Exported> {
+    if !super::import::is_job_id(job) {
+        return Err(Error::Invalid(format!("{job:?} is not a Flink job id")));
+    }
     let prefix = prefix.trim_matches('/');
     let under = |rel: &str| -> String {
         if prefix.is_empty() {
@@ -220,55 +291,71 @@ pub fn export_to_s3(
     if !remote.list_keys(&under(""), false)?.is_empty() {
         return Err(Error::NotEmpty(PathBuf::from(url(""))));
     }
-    let tmp = tempfile::Builder::new()
-        .prefix("ckptfs-export-")
-        .tempdir()
-        .ctx("create a temporary directory in", &std::env::temp_dir())?;
-    let local = tmp.path().join("export");
-    let written = export(stored, job, checkpoint, &local)?;
-    let mut files = Vec::new();
-    list_files(&local, "", &mut files)?;
-    let metadata_rel = format!("{job}/chk-{checkpoint}/{METADATA}");
-    files.retain(|rel| *rel != metadata_rel);
-    let upload = |rel: &String| remote.upload_file(&under(rel), &local.join(rel));
-    let mut failed = crate::fsutil::parallel_map(&files, UPLOADS_AT_ONCE, upload)
-        .into_iter()
-        .find_map(|r| r.err());
+    let plan = plan_export(stored, checkpoint)?;
+    let key_of = |rel: &Path| -> Result<String> {
+        let rel = rel
+            .to_str()
+            .ok_or_else(|| Error::Invalid(format!("{} is not valid UTF-8", rel.display())))?;
+        Ok(under(&format!("{job}/{rel}")))
+    };
+    let copies: Vec<(&PathBuf, &(BackendName, String))> = plan.copies.iter().collect();
+    let upload = |(rel, (backend, name)): &(&PathBuf, &(BackendName, String))| -> Result<u64> {
+        let key = key_of(rel)?;
+        let mut written = 0;
+        remote.upload_from(&key, |out| {
+            written = stored.write_to(backend, name, out)?;
+            Ok(())
+        })?;
+        Ok(written)
+    };
+    let uploaded = crate::fsutil::parallel_map(&copies, UPLOADS_AT_ONCE, upload);
+    let metadata_rel = Path::new(&plan.chk).join(METADATA);
+    let mut out = Exported {
+        path: PathBuf::from(url(&format!("{job}/{}", plan.chk))),
+        job: job.to_string(),
+        checkpoint,
+        files: 0,
+        bytes: 0,
+    };
+    let mut failed = None;
+    for result in uploaded {
+        match result {
+            Ok(bytes) => {
+                out.files += 1;
+                out.bytes += bytes;
+            }
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+    }
     if failed.is_none() {
-        failed = upload(&metadata_rel).err();
+        let uploaded = key_of(&metadata_rel).and_then(|key| {
+            remote.upload_from(&key, |out| {
+                out.write_all(&plan.metadata)
+                    .map_err(|e| Error::io("write the _metadata", e))
+            })
+        });
+        match uploaded {
+            Ok(()) => {
+                out.files += 1;
+                out.bytes += plan.metadata.len() as u64;
+            }
+            Err(e) => failed = Some(e),
+        }
     }
     if let Some(e) = failed {
-        for rel in files.iter().chain(std::iter::once(&metadata_rel)) {
-            let _ = remote.delete_key(&under(rel));
+        for rel in plan.copies.keys().chain(std::iter::once(&metadata_rel)) {
+            if let Ok(key) = key_of(rel) {
+                let _ = remote.delete_key(&key);
+            }
         }
         return Err(Error::Context {
             context: format!("export to {}", url("")),
             source: Box::new(e),
         });
     }
-    Ok(Exported {
-        path: PathBuf::from(url(&format!("{job}/chk-{checkpoint}"))),
-        ..written
-    })
-}
-
-/// Every file below `dir` (written by an export: no links), by its `/`-separated path.
-fn list_files(dir: &Path, rel: &str, out: &mut Vec<String>) -> Result<()> {
-    for entry in std::fs::read_dir(dir.join(rel)).ctx("read directory", dir)? {
-        let entry = entry.ctx("read directory", dir)?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let path = if rel.is_empty() {
-            name
-        } else {
-            format!("{rel}/{name}")
-        };
-        if entry.file_type().ctx("stat", &entry.path())?.is_dir() {
-            list_files(dir, &path, out)?;
-        } else {
-            out.push(path);
-        }
-    }
-    Ok(())
+    Ok(out)
 }
 
 /// The `_metadata` a mount shows at the top of checkpoint `checkpoint`'s directory

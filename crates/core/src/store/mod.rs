@@ -16,7 +16,7 @@ pub mod records;
 pub mod s3;
 
 use std::fmt;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
@@ -345,6 +345,15 @@ pub trait ObjectStore: Send + Sync {
         out.sync_all().ctx("fsync", dest)
     }
 
+    /// Write an object to `out`, checking size and hash. A mismatch is found once every
+    /// byte went out: on an error, what `out` received is not the object.
+    fn write_verified(&self, id: &ObjectId, size: u64, out: &mut dyn Write) -> Result<()> {
+        let mut src = self.open(id)?;
+        let what = PathBuf::from(format!("object {id}"));
+        let (hash, copied) = hash_copy(&mut src, Some(out), &what)?;
+        check(id, size, hash, copied)
+    }
+
     /// Read a whole small object into memory, checking its hash; at most `limit` bytes.
     fn read_verified(&self, id: &ObjectId, limit: u64) -> Result<Vec<u8>> {
         let file = self.open(id)?;
@@ -399,10 +408,9 @@ pub fn hash_file(path: &Path) -> Result<(ObjectId, u64)> {
 /// Stream `src` into `dest` (if any) while hashing; returns the hash and the byte count.
 pub(crate) fn hash_copy(
     src: &mut impl Read,
-    mut dest: Option<&mut std::fs::File>,
+    mut dest: Option<&mut dyn Write>,
     what: &Path,
 ) -> Result<(blake3::Hash, u64)> {
-    use std::io::Write;
     let mut hasher = blake3::Hasher::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut total = 0u64;

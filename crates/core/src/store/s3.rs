@@ -314,51 +314,44 @@ impl Remote {
     }
 
     /// File `from` uploaded as object `key` (a key below the bucket, not the store's
-    /// prefix): one PUT when small, else a multipart upload of [`PART_SIZE`] parts, a few
-    /// in flight; a failed one is aborted (nothing left under `key`).
+    /// prefix), as [`Remote::upload_from`] uploads.
     pub fn upload_file(&self, key: &str, from: &Path) -> Result<()> {
-        use std::io::Read;
-        let what = format!("upload s3://{}/{key}", self.bucket);
         let mut file = fs::File::open(from).ctx("open", from)?;
-        let size = file.metadata().ctx("stat", from)?.len();
-        let key = Key::from(key);
-        if size <= PART_SIZE as u64 {
-            let mut bytes = Vec::with_capacity(size as usize);
-            file.read_to_end(&mut bytes).ctx("read", from)?;
-            return self
-                .block_on(self.client.put(&key, PutPayload::from(bytes)))
+        self.upload_from(key, |out| {
+            std::io::copy(&mut file, out)
                 .map(|_| ())
-                .map_err(|e| remote_error(&what, e));
-        }
-        self.block_on(async {
-            let upload = self
-                .client
-                .put_multipart(&key)
-                .await
-                .map_err(|e| remote_error(&what, e))?;
-            let mut writer = object_store::WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
-            let mut piece = vec![0u8; PART_SIZE];
-            loop {
-                let n = match file.read(&mut piece) {
-                    Ok(0) => break,
-                    Ok(n) => n,
-                    Err(e) => {
-                        let _ = writer.abort().await;
-                        return Err(Error::io(format!("read {}", from.display()), e));
-                    }
-                };
-                if let Err(e) = writer.wait_for_capacity(4).await {
-                    let _ = writer.abort().await;
-                    return Err(remote_error(&what, e));
-                }
-                writer.write(&piece[..n]);
-            }
-            writer
-                .finish()
-                .await
-                .map(|_| ())
-                .map_err(|e| remote_error(&what, e))
+                .map_err(|e| Error::io(format!("copy {}", from.display()), e))
         })
+    }
+
+    /// What `fill` writes, uploaded as object `key` (a key below the bucket, not the
+    /// store's prefix), without a copy anywhere but in memory: one PUT when it is at most
+    /// [`PART_SIZE`] bytes, else a multipart upload of [`PART_SIZE`] parts, a few in
+    /// flight. When `fill` fails (a source that does not match its checksum finds out at
+    /// its end), or an upload does, nothing is left under `key`: the multipart upload is
+    /// aborted, the single PUT never sent.
+    pub fn upload_from(
+        &self,
+        key: &str,
+        fill: impl FnOnce(&mut dyn std::io::Write) -> Result<()>,
+    ) -> Result<()> {
+        let mut upload = Upload {
+            remote: self,
+            key: Key::from(key),
+            what: format!("upload s3://{}/{key}", self.bucket),
+            pending: Vec::new(),
+            parts: None,
+            failed: None,
+        };
+        let filled = fill(&mut upload);
+        match (filled, upload.failed.take()) {
+            (Ok(()), None) => upload.finish(),
+            // The upload's own error is the cause of the write error `fill` saw.
+            (_, Some(e)) | (Err(e), None) => {
+                upload.abort();
+                Err(e)
+            }
+        }
     }
 
     /// Object `key` written to `to` (a new file), durably; its length, or `None` for one
@@ -413,6 +406,103 @@ impl Remote {
 
 /// An `object_store` error as ours: the operation and the key in the message, errno EIO
 /// (or ENOENT, EEXIST, ESTALE where the kind says so).
+/// An upload in progress ([`Remote::upload_from`]): what is written is held until a part's
+/// worth is in, then handed to a multipart upload (started by the first full part).
+struct Upload<'a> {
+    remote: &'a Remote,
+    key: Key,
+    what: String,
+    /// Written, not handed over yet: less than a part, or the whole object if it stays
+    /// that small.
+    pending: Vec<u8>,
+    parts: Option<object_store::WriteMultipart>,
+    /// Why a write failed (kept whole: the writer sees it as an `io::Error`).
+    failed: Option<Error>,
+}
+
+impl Upload<'_> {
+    /// Hand the pending bytes to the multipart upload, starting it first if need be.
+    fn send_part(&mut self) -> Result<()> {
+        let (remote, key, what) = (self.remote, &self.key, &self.what);
+        let part = std::mem::take(&mut self.pending);
+        let parts = &mut self.parts;
+        remote.block_on(async {
+            if parts.is_none() {
+                let upload = remote
+                    .client
+                    .put_multipart(key)
+                    .await
+                    .map_err(|e| remote_error(what, e))?;
+                *parts = Some(object_store::WriteMultipart::new_with_chunk_size(
+                    upload, PART_SIZE,
+                ));
+            }
+            if let Some(writer) = parts.as_mut() {
+                writer
+                    .wait_for_capacity(4)
+                    .await
+                    .map_err(|e| remote_error(what, e))?;
+                writer.write(&part);
+            }
+            Ok(())
+        })
+    }
+
+    fn finish(mut self) -> Result<()> {
+        let (remote, what) = (self.remote, &self.what);
+        match self.parts.take() {
+            None => {
+                let payload = PutPayload::from(std::mem::take(&mut self.pending));
+                remote
+                    .block_on(remote.client.put(&self.key, payload))
+                    .map(|_| ())
+                    .map_err(|e| remote_error(what, e))
+            }
+            Some(mut writer) => {
+                let rest = std::mem::take(&mut self.pending);
+                remote.block_on(async {
+                    writer.write(&rest);
+                    writer
+                        .finish()
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| remote_error(what, e))
+                })
+            }
+        }
+    }
+
+    fn abort(mut self) {
+        if let Some(writer) = self.parts.take() {
+            let _ = self.remote.block_on(writer.abort());
+        }
+    }
+}
+
+impl std::io::Write for Upload<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.failed.is_some() {
+            return Err(std::io::Error::other("the upload failed"));
+        }
+        // A full part goes out only once more follows: an object of exactly one part's
+        // size is one PUT.
+        if self.pending.len() == PART_SIZE && !buf.is_empty() {
+            if let Err(e) = self.send_part() {
+                let message = e.to_string();
+                self.failed = Some(e);
+                return Err(std::io::Error::other(message));
+            }
+        }
+        let n = buf.len().min(PART_SIZE - self.pending.len());
+        self.pending.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 fn remote_error(what: &str, e: object_store::Error) -> Error {
     match e {
         object_store::Error::NotFound { .. } => Error::NotFound(format!("{what}: {e}")),
