@@ -398,7 +398,8 @@ fn flink_gc_finds_exactly_the_garbage_of_a_flink_directory_and_deletes_it() {
 
 /// The same on object storage: the fixture's objects on moto, their `_metadata` naming
 /// them by `s3://` URI. Objects cannot be made old, so the grace is 2 s (the jobs'
-/// timeout said to be as short): what is older goes, the young object stays.
+/// timeout said to be as short): what is older goes, in one DeleteObjects request; the
+/// young object stays.
 #[test]
 fn flink_gc_on_object_storage_deletes_the_unreferenced_objects() {
     use ckptfs_core::flink::metadata;
@@ -458,25 +459,33 @@ fn flink_gc_on_object_storage_deletes_the_unreferenced_objects() {
         "3",
     ];
     let env = crate::common::moto::env_for(moto.port);
-    let run = |extra: &[&str]| -> Value {
+    // The delete goes through a proxy that counts its requests.
+    let proxy = crate::common::moto::HttpProxy::start(moto.port);
+    let counted = crate::common::moto::env_for(proxy.port);
+    let run_with = |extra: &[&str], env: &[(&str, String)]| -> Value {
         let mut all = vec!["flink-gc"];
         all.extend_from_slice(&args);
         all.extend_from_slice(extra);
         all.push("--json");
-        serde_json::from_str(&ok(crate::common::s3::ckptfs_with_env(&all, &env))).unwrap()
+        serde_json::from_str(&ok(crate::common::s3::ckptfs_with_env(&all, env))).unwrap()
     };
+    let run = |extra: &[&str]| run_with(extra, &env);
     let mut expected: BTreeSet<String> = all_shared.difference(&named).cloned().collect();
     expected.insert(format!("{JOB}/chk-7/0b8e3c52-in-flight"));
     let report = run(&[]);
     assert_eq!(garbage_of(&report), expected, "{report}");
     assert_eq!(report["young"]["files"], 1);
     let scanned = report["scanned"]["files"].as_u64().unwrap();
-    let report = run(&["--delete"]);
+    let report = run_with(&["--delete"], &counted);
     assert_eq!(
         report["deleted"]["deleted"]["files"],
         expected.len(),
         "{report}"
     );
+    // One DeleteObjects request for them all, checked by the second scan's listing: no
+    // object deleted one by one.
+    assert_eq!(proxy.seen("POST", "?delete"), 1);
+    assert_eq!(proxy.seen("DELETE", "/"), 0);
     let report = run(&[]);
     assert!(garbage_of(&report).is_empty(), "{report}");
     assert_eq!(
@@ -559,6 +568,12 @@ fn kill_mid_checkpoint(
         }
         std::thread::sleep(Duration::from_millis(1));
     }
+    read_to_death(job, snapshots);
+}
+
+/// What a killed job printed up to its death, read: the record counts of the checkpoints
+/// it took after the lines read so far go to `snapshots`.
+fn read_to_death(mut job: Job, snapshots: &mut BTreeMap<u64, u64>) {
     for line in job.lines.by_ref().map_while(Result::ok) {
         let w: Vec<&str> = line.split_whitespace().collect();
         if let ["snapshot", n, "records", m] = w.as_slice() {
@@ -746,7 +761,11 @@ fn flink_gc_cleans_after_killed_and_restored_jobs_while_one_runs() {
         run_until(&mut c, 1, &mut c_snapshots);
     }
     let c_done = run_until(&mut c, 2, &mut c_snapshots);
-    drop(c);
+    // Killed, then read to its end: while the deletes ran, its lines waited in the pipe,
+    // and the job went on checkpointing past the last one read.
+    let _ = c.child.kill();
+    let _ = c.child.wait();
+    read_to_death(c, &mut c_snapshots);
     // No checkpoint left names a deleted file.
     for job in jobs(&ck) {
         for n in completed(&ck.join(&job)) {
@@ -764,7 +783,13 @@ fn flink_gc_cleans_after_killed_and_restored_jobs_while_one_runs() {
         .into_iter()
         .rev()
         .find(|n| c_snapshots.contains_key(n))
-        .expect("a retained checkpoint of C with its record count");
+        .unwrap_or_else(|| {
+            panic!(
+                "no retained checkpoint of C ({:?}) has its record count: {c_snapshots:?}, \
+                 completes read {c_done:?}",
+                completed(&ck.join(&job_c))
+            )
+        });
     assert!(c_done.contains(&c_newest) || c_newest >= c_done[0]);
     for (chk, records) in [
         (b_chk, b_records),

@@ -664,8 +664,10 @@ fn read_named(
 }
 
 /// Delete what `plan` judged garbage (and, with `unretained`, the checkpoints Flink no
-/// longer retains): scanned a second time first, and only what both scans judged deleted.
-/// A failed delete is reported, never retried blindly; the rest goes on.
+/// longer retains): scanned a second time first, and only what both scans judged deleted,
+/// each file as both listed it (the same size and modification time: on object storage,
+/// which has no conditional delete, the second listing is the last look before the
+/// delete). A failed delete is reported, never retried blindly; the rest goes on.
 pub fn delete(
     src: &FlinkSource,
     first: &GcPlan,
@@ -675,34 +677,24 @@ pub fn delete(
     let second = plan(src, options)?;
     let tree = src.tree();
     let mut done = GcDone::default();
-    let again: BTreeSet<&str> = second.garbage.iter().map(|g| g.path.as_str()).collect();
-    let mut doomed: Vec<&GcFile> = Vec::new();
-    for g in &first.garbage {
-        if again.contains(g.path.as_str()) {
-            doomed.push(g);
-        } else {
-            done.kept_by_second_scan += 1;
-        }
-    }
+    let again: BTreeMap<&str, &GcFile> = second
+        .garbage
+        .iter()
+        .map(|g| (g.path.as_str(), g))
+        .collect();
+    let doomed = judged_twice(&first.garbage, &again, &mut done);
     remove_all(tree, &doomed, &mut done);
     let mut dirs: BTreeSet<String> = doomed
         .iter()
         .filter_map(|g| g.checkpoint.map(|n| join(&g.job, &format!("chk-{n}"))))
         .collect();
     if unretained {
-        let again: BTreeSet<&str> = second
+        let again: BTreeMap<&str, &GcFile> = second
             .unretained_files
             .iter()
-            .map(|g| g.path.as_str())
+            .map(|g| (g.path.as_str(), g))
             .collect();
-        let mut files: Vec<&GcFile> = Vec::new();
-        for g in &first.unretained_files {
-            if again.contains(g.path.as_str()) {
-                files.push(g);
-            } else {
-                done.kept_by_second_scan += 1;
-            }
-        }
+        let files = judged_twice(&first.unretained_files, &again, &mut done);
         // Each checkpoint's `_metadata` first: a checkpoint half deleted must not look
         // complete.
         let (metadata, rest): (Vec<&GcFile>, Vec<&GcFile>) = files
@@ -736,9 +728,30 @@ pub fn delete(
     Ok(done)
 }
 
+/// The files of `first` that the second scan (`again`) judged the same and found as the
+/// first listed them; the others are counted as kept by the second scan.
+fn judged_twice<'a>(
+    first: &'a [GcFile],
+    again: &BTreeMap<&str, &GcFile>,
+    done: &mut GcDone,
+) -> Vec<&'a GcFile> {
+    let mut out = Vec::new();
+    for g in first {
+        match again.get(g.path.as_str()) {
+            Some(second)
+                if second.seen.size == g.seen.size && second.seen.modified == g.seen.modified =>
+            {
+                out.push(g)
+            }
+            _ => done.kept_by_second_scan += 1,
+        }
+    }
+    out
+}
+
 fn remove_all(tree: &Arc<dyn Tree>, files: &[&GcFile], done: &mut GcDone) {
-    // Object storage answers one delete per request: several at once.
-    let results = crate::fsutil::parallel_map(files, 16, |g| tree.remove_file(&g.path, &g.seen));
+    let listed: Vec<(&str, &Walked)> = files.iter().map(|g| (g.path.as_str(), &g.seen)).collect();
+    let results = tree.remove_files(&listed);
     for (g, result) in files.iter().zip(results) {
         match result {
             Ok(true) => done.deleted.add(g.bytes),

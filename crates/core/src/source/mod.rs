@@ -177,6 +177,14 @@ pub trait Tree: Send + Sync {
     /// is refused.
     fn remove_file(&self, rel: &str, seen: &Walked) -> Result<bool>;
 
+    /// [`Tree::remove_file`] of each of `files`, several at once; each one's result, in
+    /// order. Object storage has no conditional delete: there each key is deleted as it
+    /// is (a bulk request per thousand keys, no look-up first, a key gone already counts
+    /// as deleted), and the caller checks `seen` against a listing taken just before.
+    fn remove_files(&self, files: &[(&str, &Walked)]) -> Vec<Result<bool>> {
+        crate::fsutil::parallel_map(files, 16, |(rel, seen)| self.remove_file(rel, seen))
+    }
+
     /// Delete directory `rel` if it is empty; `Ok(false)` if it is not there or not
     /// empty (on object storage, where directories are key prefixes, nothing to do).
     fn remove_empty_dir(&self, rel: &str) -> Result<bool>;

@@ -2,11 +2,12 @@
 //! whatever a `_metadata` names: another tenant's prefix of the same bucket is not the
 //! source's to give.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
 use super::{checked_relative, join, refused, Entry, EntryKind, Fetched, Tree, Walked};
-use crate::error::{IoContext, Result};
+use crate::error::{Error, IoContext, Result};
 use crate::store::s3::Remote;
 
 /// The keys below one prefix of a bucket, as a [`Tree`]: `/` separates the levels.
@@ -254,6 +255,25 @@ impl Tree for S3Tree {
             )),
             Some(_) => self.remote.delete_key(&key).map(|()| true),
         }
+    }
+
+    fn remove_files(&self, files: &[(&str, &Walked)]) -> Vec<Result<bool>> {
+        let keys: Vec<Result<String>> = files.iter().map(|(rel, _)| self.key(rel)).collect();
+        let valid: Vec<String> = keys
+            .iter()
+            .filter_map(|k| k.as_ref().ok().cloned())
+            .collect();
+        let mut failed: HashMap<String, Error> =
+            self.remote.delete_keys(&valid).into_iter().collect();
+        keys.into_iter()
+            .map(|key| {
+                let key = key?;
+                match failed.remove(&key) {
+                    Some(e) => Err(e),
+                    None => Ok(true),
+                }
+            })
+            .collect()
     }
 
     fn remove_empty_dir(&self, _rel: &str) -> Result<bool> {

@@ -269,6 +269,41 @@ impl Remote {
         }
     }
 
+    /// Delete objects `keys` (whole keys of the bucket), [`DELETE_BATCH`] in one request
+    /// (S3's DeleteObjects; a missing key is no error); the keys that could not be deleted,
+    /// with why. A request that fails is followed by a delete of each of its keys alone,
+    /// to learn which.
+    pub fn delete_keys(&self, keys: &[String]) -> Vec<(String, Error)> {
+        let mut failed = Vec::new();
+        for batch in keys.chunks(DELETE_BATCH) {
+            let stream = futures::stream::iter(
+                batch
+                    .iter()
+                    .map(|k| Ok(Key::from(k.as_str())))
+                    .collect::<Vec<_>>(),
+            )
+            .boxed();
+            let results: Vec<object_store::Result<Key>> =
+                self.block_on(self.client.delete_stream(stream).collect::<Vec<_>>());
+            let trouble = results.into_iter().find_map(|r| match r {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => None,
+                Err(e) => Some(e),
+            });
+            if let Some(e) = trouble {
+                log::warn!(
+                    "a bulk delete in s3://{} failed ({e}); deleting one by one",
+                    self.bucket
+                );
+                failed.extend(
+                    batch
+                        .iter()
+                        .filter_map(|k| self.delete_key(k).err().map(|e| (k.clone(), e))),
+                );
+            }
+        }
+        failed
+    }
+
     /// The size of object `key`, or `None` if there is none.
     pub fn size_of(&self, key: &str) -> Result<Option<u64>> {
         let what = format!("look up s3://{}/{key}", self.bucket);
