@@ -138,8 +138,8 @@ pub(crate) enum Command {
     /// is moved or copied) and the files (under DEST/<job-id>/shared/), then prints that
     /// directory's path: give it to Flink as execution.state-recovery.path. DEST is a
     /// directory, missing or empty, or s3://BUCKET/PREFIX holding no object (each file
-    /// streams from the store into its upload, nothing is written to a local disk;
-    /// _metadata last). A failed export leaves nothing.
+    /// streams from the store into its upload: from a local store or a mount nothing is
+    /// written to a local disk; _metadata last). A failed export leaves nothing.
     /// TARGET is a mountpoint or a store (a directory or s3://BUCKET/PREFIX, read
     /// directly).
     ExportFlink {

@@ -298,11 +298,17 @@ fn an_export_to_object_storage_streams_from_the_store_and_leaves_nothing_on_a_ba
     tree_files(&local, "", &mut expected);
     assert!(expected.len() > 5, "{:?}", expected.keys());
 
+    // Through a proxy that counts the requests.
+    let proxy = crate::common::moto::HttpProxy::start(moto.port);
     let export = |prefix: &str| {
         std::process::Command::new(crate::common::mounted::BIN)
             .args(["export-flink", store.to_str().unwrap(), "1"])
             .arg(format!("s3://{bucket}/{prefix}"))
             .env("TMPDIR", dir.path().join("no-such-directory"))
+            .env(
+                "AWS_ENDPOINT_URL",
+                format!("http://127.0.0.1:{}", proxy.port),
+            )
             .output()
             .unwrap()
     };
@@ -347,4 +353,7 @@ fn an_export_to_object_storage_streams_from_the_store_and_leaves_nothing_on_a_ba
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(e.contains("checksum"), "{e}");
     assert_eq!(remote.list_keys("damaged/", false).unwrap(), vec![]);
+    // `_metadata` was never sent: at no moment did the prefix hold a checkpoint.
+    assert_eq!(proxy.seen("PUT", "/damaged/"), 0, "a damaged file was sent");
+    assert_eq!(proxy.seen("PUT", "/streamed/"), expected.len());
 }

@@ -775,12 +775,17 @@ fn the_test_proxy_holds_and_drops_requests() {
 /// `Remote::upload_from` (how `export-flink` sends each file to `s3://`): what is written,
 /// in writes of any size, arrives byte for byte: nothing, exactly one part (one PUT), and
 /// more than two parts (a multipart upload, `PART_SIZE` parts); when the writer fails
-/// halfway, after parts went out, its error is returned and nothing is left under the key.
+/// halfway, after a multipart upload was started, its error is returned, the upload is
+/// aborted (never completed: requests counted by a proxy) and nothing is left under the
+/// key.
 #[test]
 fn an_upload_streams_in_parts_and_leaves_nothing_when_its_writer_fails() {
     use ckptfs_core::store::s3::{Remote, PART_SIZE};
-    let bucket = moto().bucket();
-    let remote = Remote::connect(&bucket, "").unwrap();
+    let moto = moto();
+    let bucket = moto.bucket();
+    let proxy = HttpProxy::start(moto.port);
+    let endpoint = format!("http://127.0.0.1:{}", proxy.port);
+    let remote = Remote::connect_to(&bucket, "", Some(&endpoint)).unwrap();
     let content = |n: usize| -> Vec<u8> {
         (0..n)
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
@@ -816,4 +821,21 @@ fn an_upload_streams_in_parts_and_leaves_nothing_when_its_writer_fails() {
     );
     assert_eq!(remote.list_keys("failed", false).unwrap(), vec![]);
     assert_eq!(remote.size_of("failed").unwrap(), None);
+    assert_eq!(
+        proxy.seen("POST", "/one-part?uploads"),
+        0,
+        "one part is one PUT"
+    );
+    assert_eq!(proxy.seen("POST", "/three-parts?uploadId="), 1, "completed");
+    assert_eq!(
+        proxy.seen("POST", "/failed?uploads"),
+        1,
+        "a multipart upload was started"
+    );
+    assert_eq!(
+        proxy.seen("POST", "/failed?uploadId="),
+        0,
+        "never completed"
+    );
+    assert_eq!(proxy.seen("DELETE", "/failed?uploadId="), 1, "aborted");
 }

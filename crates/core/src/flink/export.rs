@@ -299,15 +299,25 @@ pub fn export_to_s3(
         Ok(under(&format!("{job}/{rel}")))
     };
     let copies: Vec<(&PathBuf, &(BackendName, String))> = plan.copies.iter().collect();
-    let upload = |(rel, (backend, name)): &(&PathBuf, &(BackendName, String))| -> Result<u64> {
-        let key = key_of(rel)?;
-        let mut written = 0;
-        remote.upload_from(&key, |out| {
-            written = stored.write_to(backend, name, out)?;
-            Ok(())
-        })?;
-        Ok(written)
-    };
+    // The first failure stops what has not started (it is all removed anyway).
+    let given_up = std::sync::atomic::AtomicBool::new(false);
+    // Each file's bytes, or `None` if it was not started.
+    let upload =
+        |(rel, (backend, name)): &(&PathBuf, &(BackendName, String))| -> Result<Option<u64>> {
+            if given_up.load(std::sync::atomic::Ordering::Relaxed) {
+                return Ok(None);
+            }
+            let key = key_of(rel)?;
+            let mut written = 0;
+            let uploaded = remote.upload_from(&key, |out| {
+                written = stored.write_to(backend, name, out)?;
+                Ok(())
+            });
+            if uploaded.is_err() {
+                given_up.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            uploaded.map(|()| Some(written))
+        };
     let uploaded = crate::fsutil::parallel_map(&copies, UPLOADS_AT_ONCE, upload);
     let metadata_rel = Path::new(&plan.chk).join(METADATA);
     let mut out = Exported {
@@ -320,10 +330,11 @@ pub fn export_to_s3(
     let mut failed = None;
     for result in uploaded {
         match result {
-            Ok(bytes) => {
+            Ok(Some(bytes)) => {
                 out.files += 1;
                 out.bytes += bytes;
             }
+            Ok(None) => {}
             Err(e) => {
                 failed.get_or_insert(e);
             }
@@ -345,10 +356,25 @@ pub fn export_to_s3(
         }
     }
     if let Some(e) = failed {
-        for rel in plan.copies.keys().chain(std::iter::once(&metadata_rel)) {
-            if let Ok(key) = key_of(rel) {
-                let _ = remote.delete_key(&key);
+        // `_metadata` first (its upload may have landed though it failed): a checkpoint
+        // half removed must not look complete.
+        let mut left = Vec::new();
+        if let Ok(key) = key_of(&metadata_rel) {
+            if let Err(e) = remote.delete_key(&key) {
+                left.push((key, e));
             }
+        }
+        let keys: Vec<String> = plan
+            .copies
+            .keys()
+            .filter_map(|rel| key_of(rel).ok())
+            .collect();
+        left.extend(remote.delete_keys(&keys));
+        for (key, e) in &left {
+            log::warn!(
+                "s3://{}/{key} was uploaded and could not be removed: {e}",
+                remote.bucket()
+            );
         }
         return Err(Error::Context {
             context: format!("export to {}", url("")),

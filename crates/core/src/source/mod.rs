@@ -178,9 +178,10 @@ pub trait Tree: Send + Sync {
     fn remove_file(&self, rel: &str, seen: &Walked) -> Result<bool>;
 
     /// [`Tree::remove_file`] of each of `files`, several at once; each one's result, in
-    /// order. Object storage has no conditional delete: there each key is deleted as it
-    /// is (a bulk request per thousand keys, no look-up first, a key gone already counts
-    /// as deleted), and the caller checks `seen` against a listing taken just before.
+    /// order. Object storage has no conditional delete: there each key but a `_metadata`
+    /// is deleted as it is (a bulk request per thousand keys, no look-up first, a key gone
+    /// already counts as deleted), and the caller checks `seen` against a listing taken
+    /// just before.
     fn remove_files(&self, files: &[(&str, &Walked)]) -> Vec<Result<bool>> {
         crate::fsutil::parallel_map(files, 16, |(rel, seen)| self.remove_file(rel, seen))
     }

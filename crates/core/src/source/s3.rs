@@ -258,19 +258,31 @@ impl Tree for S3Tree {
     }
 
     fn remove_files(&self, files: &[(&str, &Walked)]) -> Vec<Result<bool>> {
-        let keys: Vec<Result<String>> = files.iter().map(|(rel, _)| self.key(rel)).collect();
-        let valid: Vec<String> = keys
+        // A checkpoint's `_metadata` is the one name a job writes again (a job restored
+        // under the same id counts its checkpoints from the restored one's on): each is
+        // looked up first, alone. Every other name is a fresh UUID: deleted in bulk.
+        let is_metadata = |rel: &str| rel.rsplit('/').next() == Some("_metadata");
+        let keys: Vec<Option<Result<String>>> = files
             .iter()
-            .filter_map(|k| k.as_ref().ok().cloned())
+            .map(|(rel, _)| (!is_metadata(rel)).then(|| self.key(rel)))
+            .collect();
+        let bulk: Vec<String> = keys
+            .iter()
+            .filter_map(|k| k.as_ref().and_then(|k| k.as_ref().ok()).cloned())
             .collect();
         let mut failed: HashMap<String, Error> =
-            self.remote.delete_keys(&valid).into_iter().collect();
-        keys.into_iter()
-            .map(|key| {
-                let key = key?;
-                match failed.remove(&key) {
-                    Some(e) => Err(e),
-                    None => Ok(true),
+            self.remote.delete_keys(&bulk).into_iter().collect();
+        files
+            .iter()
+            .zip(keys)
+            .map(|((rel, seen), key)| match key {
+                None => self.remove_file(rel, seen),
+                Some(key) => {
+                    let key = key?;
+                    match failed.remove(&key) {
+                        Some(e) => Err(e),
+                        None => Ok(true),
+                    }
                 }
             })
             .collect()

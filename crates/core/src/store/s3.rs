@@ -439,8 +439,6 @@ impl Remote {
     }
 }
 
-/// An `object_store` error as ours: the operation and the key in the message, errno EIO
-/// (or ENOENT, EEXIST, ESTALE where the kind says so).
 /// An upload in progress ([`Remote::upload_from`]): what is written is held until a part's
 /// worth is in, then handed to a multipart upload (started by the first full part).
 struct Upload<'a> {
@@ -477,7 +475,7 @@ impl Upload<'_> {
                     .wait_for_capacity(4)
                     .await
                     .map_err(|e| remote_error(what, e))?;
-                writer.write(&part);
+                writer.put(bytes::Bytes::from(part));
             }
             Ok(())
         })
@@ -496,7 +494,7 @@ impl Upload<'_> {
             Some(mut writer) => {
                 let rest = std::mem::take(&mut self.pending);
                 remote.block_on(async {
-                    writer.write(&rest);
+                    writer.put(bytes::Bytes::from(rest));
                     writer
                         .finish()
                         .await
@@ -509,7 +507,14 @@ impl Upload<'_> {
 
     fn abort(mut self) {
         if let Some(writer) = self.parts.take() {
-            let _ = self.remote.block_on(writer.abort());
+            if let Err(e) = self.remote.block_on(writer.abort()) {
+                // Its parts stay in the bucket, unseen, until a lifecycle rule
+                // (AbortIncompleteMultipartUpload) removes them.
+                log::warn!(
+                    "{}: the multipart upload could not be aborted: {e}",
+                    self.what
+                );
+            }
         }
     }
 }
@@ -538,6 +543,8 @@ impl std::io::Write for Upload<'_> {
     }
 }
 
+/// An `object_store` error as ours: the operation and the key in the message, errno EIO
+/// (or ENOENT, EEXIST, ESTALE where the kind says so).
 fn remote_error(what: &str, e: object_store::Error) -> Error {
     match e {
         object_store::Error::NotFound { .. } => Error::NotFound(format!("{what}: {e}")),
