@@ -131,6 +131,9 @@ pub struct ListReader<'a> {
     store: &'a dyn ObjectStore,
     resolved: HashMap<ObjectId, FileList>,
     interned: HashSet<Arc<FileEntry>>,
+    /// Lists read ahead ([`ListReader::read_ahead`]), each taken by the resolve that
+    /// first needs it.
+    ahead: HashMap<ObjectId, Result<StoredList>>,
 }
 
 impl<'a> ListReader<'a> {
@@ -140,7 +143,29 @@ impl<'a> ListReader<'a> {
             store,
             resolved: HashMap::new(),
             interned: HashSet::new(),
+            ahead: HashMap::new(),
         }
+    }
+
+    /// Read the lists `ids` that are not resolved yet several at once (each checked
+    /// against its hash and parsed), for the resolves that follow: a store's open reads
+    /// thousands of small lists, and reading, hashing and parsing them one by one left
+    /// the other cores idle. What one of them fails with is what its resolve returns.
+    pub fn read_ahead(&mut self, ids: &[ObjectId]) {
+        let wanted: Vec<ObjectId> = ids
+            .iter()
+            .filter(|id| !self.resolved.contains_key(id) && !self.ahead.contains_key(id))
+            .copied()
+            .collect::<HashSet<ObjectId>>()
+            .into_iter()
+            .collect();
+        if wanted.len() < 2 {
+            return;
+        }
+        let workers = std::thread::available_parallelism().map_or(2, |n| n.get().min(4));
+        let store = self.store;
+        let read = crate::fsutil::parallel_map(&wanted, workers, |id| read_list(store, id));
+        self.ahead.extend(wanted.into_iter().zip(read));
     }
 
     /// One shared allocation per distinct entry.
@@ -236,9 +261,18 @@ impl<'a> ListReader<'a> {
         Ok(Files::new(out, Some(base)))
     }
 
-    fn read(&self, id: &ObjectId) -> Result<StoredList> {
-        let bytes = self
-            .store
+    fn read(&mut self, id: &ObjectId) -> Result<StoredList> {
+        match self.ahead.remove(id) {
+            Some(read) => read,
+            None => read_list(self.store, id),
+        }
+    }
+}
+
+/// List object `id` of `store`, checked against its hash and parsed.
+fn read_list(store: &dyn ObjectStore, id: &ObjectId) -> Result<StoredList> {
+    {
+        let bytes = store
             .read_verified(id, MAX_LIST_BYTES)
             .map_err(|e| Error::Corrupt(format!("file list {id} cannot be read: {e}")))?;
         let list: StoredList = serde_json::from_slice(&bytes)
@@ -329,6 +363,18 @@ mod tests {
             .filter(|f| b.files.iter().any(|g| Arc::ptr_eq(f, g)))
             .count();
         assert!(shared >= 38, "{shared} shared entries");
+        // Read ahead, several at once, the lists resolve to the same files.
+        let ids: Vec<ObjectId> = written.iter().map(|(id, _)| *id).collect();
+        let mut ahead = ListReader::new(&store);
+        ahead.read_ahead(&ids);
+        assert_eq!(ahead.ahead.len(), ids.len());
+        for (id, expected) in &written {
+            assert_eq!(&ahead.resolve(*id).unwrap().files, expected);
+        }
+        assert!(
+            ahead.ahead.is_empty(),
+            "every list read ahead was used once"
+        );
     }
 
     #[test]
@@ -371,5 +417,12 @@ mod tests {
         // A missing list.
         let missing = ObjectId::from_hash(blake3::hash(b"nothing"));
         assert!(ListReader::new(&store).resolve(missing).is_err());
+        // Read ahead, each fails its resolve as it would alone.
+        let mut ahead = ListReader::new(&store);
+        ahead.read_ahead(&[missing, bad_id, evil_id]);
+        assert!(ahead.resolve(missing).is_err());
+        let err = ahead.resolve(bad_id).unwrap_err();
+        assert!(err.to_string().contains("does not list"), "{err}");
+        assert!(ahead.resolve(evil_id).is_err());
     }
 }

@@ -543,6 +543,7 @@ impl Catalog {
             .flat_map(|stored| stored.backends.iter().filter_map(|b| b.list))
             .collect();
         self.objects.prefetch(&lists);
+        reader.read_ahead(&lists);
         Ok(parsed
             .into_iter()
             .map(|(id, stored)| (id, stored.and_then(|s| self.finish_manifest(id, s, reader))))
