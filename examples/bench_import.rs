@@ -1046,15 +1046,14 @@ fn run(args: &Args) -> Result<()> {
             mean(inc.iter().map(|r| r.backup_rchar_process as f64)) / MIB
         );
     }
+    // A system's row's p50 seconds per checkpoint.
+    let p50 = |row: &Value| {
+        row["seconds_per_checkpoint"]["p50"]
+            .as_f64()
+            .unwrap_or(f64::NAN)
+    };
     if let (Some(ck), Some(be)) = (&ck, &be) {
-        let (a, b) = (
-            ck["seconds_per_checkpoint"]["p50"]
-                .as_f64()
-                .unwrap_or(f64::NAN),
-            be["seconds_per_checkpoint"]["p50"]
-                .as_f64()
-                .unwrap_or(f64::NAN),
-        );
+        let (a, b) = (p50(ck), p50(be));
         println!(
             "target ckptfs import p50 <= BackupEngine p50: {} ({a:.3} s vs {b:.3} s)",
             if a <= b { "met" } else { "NOT met" }
@@ -1062,14 +1061,7 @@ fn run(args: &Args) -> Result<()> {
         targets["import_p50_le_backup_p50"] = json!(a <= b);
     }
     if let (Some(held), Some(be)) = (&held_row, &be) {
-        let (a, b) = (
-            held["seconds_per_checkpoint"]["p50"]
-                .as_f64()
-                .unwrap_or(f64::NAN),
-            be["seconds_per_checkpoint"]["p50"]
-                .as_f64()
-                .unwrap_or(f64::NAN),
-        );
+        let (a, b) = (p50(held), p50(be));
         // Not a target: what the import costs as a library call, as BackupEngine's is.
         println!(
             "ckptfs engine in process p50 against BackupEngine p50: {:.2} x ({a:.3} s vs \

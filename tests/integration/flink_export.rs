@@ -200,6 +200,18 @@ fn put_tree(port: u16, bucket: &str, prefix: &str, dir: &Path) {
     }
 }
 
+/// The Flink fixture imported into a new store, `store/` under `dir` (its checkpoint 4 is the
+/// store's checkpoint 1).
+fn imported_fixture(dir: &Path) -> PathBuf {
+    let store = dir.join("store");
+    ok(ckptfs(&[
+        "import-flink",
+        fixture().to_str().unwrap(),
+        store.to_str().unwrap(),
+    ]));
+    store
+}
+
 /// `export-flink` to `s3://`: the fixture's checkpoint 4 exported to moto_server as a
 /// relocatable job directory; its objects copied to a local directory restore a real job
 /// (933 records, as the checkpoint held). An export into a prefix that holds anything is
@@ -209,12 +221,7 @@ fn an_export_to_object_storage_restores_once_copied() {
     let moto = crate::common::moto::moto();
     let bucket = moto.bucket();
     let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    ok(ckptfs(&[
-        "import-flink",
-        fixture().to_str().unwrap(),
-        store.to_str().unwrap(),
-    ]));
+    let store = imported_fixture(dir.path());
     let url = format!("s3://{bucket}/exports/one");
     let printed = ok(ckptfs(&[
         "export-flink",
@@ -281,12 +288,7 @@ fn an_export_to_object_storage_streams_from_the_store_and_leaves_nothing_on_a_ba
     let moto = crate::common::moto::moto();
     let bucket = moto.bucket();
     let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    ok(ckptfs(&[
-        "import-flink",
-        fixture().to_str().unwrap(),
-        store.to_str().unwrap(),
-    ]));
+    let store = imported_fixture(dir.path());
     let local = dir.path().join("local");
     ok(ckptfs(&[
         "export-flink",

@@ -677,24 +677,14 @@ pub fn delete(
     let second = plan(src, options)?;
     let tree = src.tree();
     let mut done = GcDone::default();
-    let again: BTreeMap<&str, &GcFile> = second
-        .garbage
-        .iter()
-        .map(|g| (g.path.as_str(), g))
-        .collect();
-    let doomed = judged_twice(&first.garbage, &again, &mut done);
+    let doomed = judged_twice(&first.garbage, &second.garbage, &mut done);
     remove_all(tree, &doomed, &mut done);
     let mut dirs: BTreeSet<String> = doomed
         .iter()
         .filter_map(|g| g.checkpoint.map(|n| join(&g.job, &format!("chk-{n}"))))
         .collect();
     if unretained {
-        let again: BTreeMap<&str, &GcFile> = second
-            .unretained_files
-            .iter()
-            .map(|g| (g.path.as_str(), g))
-            .collect();
-        let files = judged_twice(&first.unretained_files, &again, &mut done);
+        let files = judged_twice(&first.unretained_files, &second.unretained_files, &mut done);
         // Each checkpoint's `_metadata` first: a checkpoint half deleted must not look
         // complete.
         let (metadata, rest): (Vec<&GcFile>, Vec<&GcFile>) = files
@@ -728,13 +718,10 @@ pub fn delete(
     Ok(done)
 }
 
-/// The files of `first` that the second scan (`again`) judged the same and found as the
+/// The files of `first` that the second scan judged the same (`again`) and found as the
 /// first listed them; the others are counted as kept by the second scan.
-fn judged_twice<'a>(
-    first: &'a [GcFile],
-    again: &BTreeMap<&str, &GcFile>,
-    done: &mut GcDone,
-) -> Vec<&'a GcFile> {
+fn judged_twice<'a>(first: &'a [GcFile], again: &[GcFile], done: &mut GcDone) -> Vec<&'a GcFile> {
+    let again: BTreeMap<&str, &GcFile> = again.iter().map(|g| (g.path.as_str(), g)).collect();
     let mut out = Vec::new();
     for g in first {
         match again.get(g.path.as_str()) {
