@@ -348,17 +348,6 @@ impl Remote {
         })
     }
 
-    /// File `from` uploaded as object `key` (a key below the bucket, not the store's
-    /// prefix), as [`Remote::upload_from`] uploads.
-    pub fn upload_file(&self, key: &str, from: &Path) -> Result<()> {
-        let mut file = fs::File::open(from).ctx("open", from)?;
-        self.upload_from(key, |out| {
-            std::io::copy(&mut file, out)
-                .map(|_| ())
-                .map_err(|e| Error::io(format!("copy {}", from.display()), e))
-        })
-    }
-
     /// What `fill` writes, uploaded as object `key` (a key below the bucket, not the
     /// store's prefix), without a copy anywhere but in memory: one PUT when it is at most
     /// [`PART_SIZE`] bytes, else a multipart upload of [`PART_SIZE`] parts, a few in
