@@ -5,7 +5,7 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ckptfs_core::workload::{current_round, expected_after};
 use ckptfs_core::Engine;
@@ -148,13 +148,7 @@ fn an_acknowledged_put_survives_a_killed_daemon() {
     for i in 0..50 {
         m.put("A/0", &format!("acked-{i}"), "yes");
     }
-    let pid = nix::unistd::Pid::from_raw(m.status()["pid"].as_i64().unwrap() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while nix::sys::signal::kill(pid, None).is_ok() {
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    crate::common::mounted::kill_and_wait(daemon_pid(&m));
     m.mount(&[]);
     let id = m.checkpoint();
     let copy = scan(&m.mnt.join(format!("cp-{id}/A/0")));
@@ -173,13 +167,7 @@ fn a_mount_after_a_killed_daemon_clears_the_dead_mount() {
     let m = Mounted::new(&["--backend", "A/0"]);
     m.put("A/0", "k", "v");
     let id = m.checkpoint();
-    let pid = nix::unistd::Pid::from_raw(daemon_pid(&m));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while nix::sys::signal::kill(pid, None).is_ok() {
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    crate::common::mounted::kill_and_wait(daemon_pid(&m));
     assert_eq!(
         std::fs::metadata(&m.mnt).unwrap_err().raw_os_error(),
         Some(libc::ENOTCONN)

@@ -171,10 +171,12 @@ fn a_daemon_killed_on_this_host_is_replaced_at_once() {
     let a = Mount::new(&url, &mnt, &state, &["--backend", "Op/0"], &[]);
     ok(ckptfs_with_env(&["put", a.m(), "Op/0", "k1", "v1"], &[]));
     ok(ckptfs_with_env(&["checkpoint", a.m()], &[]));
-    signal(daemon_pid(&mnt), nix::sys::signal::Signal::SIGKILL);
+    // Gone, as a killed daemon is once the kernel has torn it down (until then it holds
+    // the state directory's lock).
+    let started = std::time::Instant::now();
+    crate::common::mounted::kill_and_wait(daemon_pid(&mnt));
     let _ = Command::new("fusermount3").arg("-uz").arg(&mnt).output();
     std::mem::forget(a);
-    let started = std::time::Instant::now();
     let b = Mount::new(&url, &mnt, &state, &["--backend", "Op/0"], &[]);
     assert!(started.elapsed() < Duration::from_secs(20));
     let id: u64 = ok(ckptfs_with_env(&["checkpoint", b.m()], &[]))

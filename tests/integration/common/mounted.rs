@@ -319,3 +319,18 @@ pub fn store_files(store: &Path, sub: &str) -> Vec<String> {
 pub fn daemon_pid(m: &Mounted) -> i32 {
     m.status()["pid"].as_i64().unwrap() as i32
 }
+
+/// SIGKILL process `pid` and wait until it is gone (at most 30 s): until then it holds its
+/// locks, and the kernel may take a moment to tear down a FUSE daemon.
+pub fn kill_and_wait(pid: i32) {
+    let pid = nix::unistd::Pid::from_raw(pid);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while nix::sys::signal::kill(pid, None).is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{pid} outlived SIGKILL"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
