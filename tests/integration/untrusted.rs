@@ -891,3 +891,122 @@ fn a_live_database_on_a_btrfs_subvolume_is_refused() {
     drop(db);
     ckptfs_core::import::scan(&backend, &db_dir).unwrap();
 }
+
+/// What an import process read and wrote (`rchar` and `wchar` of `/proc/PID/io`), read by
+/// its shell, which reaps it (Linux adds a reaped child's I/O to its parent's); the import
+/// must succeed.
+fn io_of_import(src: &Path, store: &Path) -> (u64, u64) {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(r#""$0" import-flink "$1" "$2" >/dev/null && cat /proc/$$/io"#)
+        .arg(BIN)
+        .arg(src)
+        .arg(store)
+        .output()
+        .unwrap();
+    let io = ok(out);
+    let field = |name: &str| -> u64 {
+        io.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    (field("rchar:"), field("wchar:"))
+}
+
+/// A crafted `_metadata` whose every SST handle names one 16 MiB file, as a plain file
+/// handle or as the same segment of it (file merging), is imported by copying that file
+/// once: what the import reads and writes (staging and store) stays near the file's
+/// bytes, not the number of handles times them (the review's 40 handles to one file
+/// filled a 320 MiB store).
+#[test]
+fn one_file_named_by_many_handles_is_copied_once() {
+    use ckptfs_core::flink::metadata::{KeyedHandle, StreamHandle};
+    const BIG: u64 = 16 << 20;
+    for as_segments in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let job = dir.path().join("job");
+        cp_a(&fixture(), &job);
+        let big = job.join("shared/big");
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        let bytes: Vec<u8> = (0..BIG / 8)
+            .flat_map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x.to_le_bytes()
+            })
+            .collect();
+        std::fs::write(&big, bytes).unwrap();
+        let uri = format!("file:{}", big.display());
+        // chk-4 alone (a job of one checkpoint), its SSTs all pointed at `big`.
+        for n in [5, 6] {
+            std::fs::remove_dir_all(job.join(format!("chk-{n}"))).unwrap();
+        }
+        let path = job.join("chk-4/_metadata");
+        let original = std::fs::read(&path).unwrap();
+        let mut edits = Vec::new();
+        for op in metadata::parse(&original).unwrap().operators {
+            for subtask in op.subtasks {
+                if let Some(KeyedHandle::Incremental(h)) = subtask.managed_keyed {
+                    for (name, stream) in h.shared.into_iter().chain(h.private) {
+                        if let (true, StreamHandle::File { span, .. }) =
+                            (name.ends_with(".sst"), stream)
+                        {
+                            let handle = if as_segments {
+                                let mut h = vec![15u8];
+                                h.extend_from_slice(&0i64.to_be_bytes());
+                                h.extend_from_slice(&(BIG as i64).to_be_bytes());
+                                h.extend_from_slice(&0i32.to_be_bytes());
+                                for s in [uri.as_str(), "logical"] {
+                                    h.extend_from_slice(&(s.len() as u16).to_be_bytes());
+                                    h.extend_from_slice(s.as_bytes());
+                                }
+                                h
+                            } else {
+                                metadata::file_handle(&uri, BIG).unwrap()
+                            };
+                            edits.push((span, handle));
+                        }
+                    }
+                }
+            }
+        }
+        let handles = edits.len() as u64;
+        assert!(handles >= 4, "the fixture's chk-4 names {handles} SSTs");
+        std::fs::write(&path, metadata::rewrite(&original, edits).unwrap()).unwrap();
+        let store = dir.path().join("store");
+        let (read, written) = io_of_import(&job, &store);
+        // Once into the store; a segment first out of its file into staging.
+        let copies = if as_segments { 2 } else { 1 };
+        assert!(
+            read < (copies + 1) * BIG && written < (copies + 1) * BIG,
+            "an import of {handles} handles to one {BIG}-byte file read {read} and wrote \
+             {written} bytes (as segments: {as_segments})"
+        );
+        // Every name the handles gave is there, with the file's bytes.
+        let restored = dir.path().join("restored");
+        ok(ckptfs(&[
+            "restore",
+            store.to_str().unwrap(),
+            "1",
+            restored.to_str().unwrap(),
+        ]));
+        let big_bytes = std::fs::read(&big).unwrap();
+        let mut named = 0;
+        for file in files_below(&restored) {
+            if std::fs::metadata(&file).unwrap().len() == BIG {
+                assert_eq!(
+                    std::fs::read(&file).unwrap(),
+                    big_bytes,
+                    "{}",
+                    file.display()
+                );
+                named += 1;
+            }
+        }
+        assert_eq!(named, handles, "{as_segments}");
+    }
+}

@@ -121,6 +121,10 @@ pub(super) struct Ingest<'a> {
     stats: &'a mut CheckpointStats,
     /// Bytes of file lists uploaded (part of `stats.bytes_uploaded`; not reused file bytes).
     list_bytes: u64,
+    /// The whole files stored (or re-referenced) so far, by the path they were read from:
+    /// a file several names of an import read through one path (one source file named by
+    /// many handles) is read and staged once, the other names re-reference its object.
+    by_path: HashMap<std::path::PathBuf, (ObjectId, u64)>,
 }
 
 impl<'a> Ingest<'a> {
@@ -137,6 +141,7 @@ impl<'a> Ingest<'a> {
             pins,
             stats,
             list_bytes: 0,
+            by_path: HashMap::new(),
         }
     }
 
@@ -242,7 +247,7 @@ impl<'a> Ingest<'a> {
             entries.push(kept.clone());
         }
         let mut prefixes = HashMap::new();
-        let mut ahead = AheadSet::start(self.engine, self.store, part);
+        let mut ahead = AheadSet::start(self.engine, self.store, part, &self.by_path);
         for file in part.files.iter() {
             crate::failpoint!("ingest::before-file");
             self.stats.files_total += 1;
@@ -295,6 +300,26 @@ impl<'a> Ingest<'a> {
         ahead: &mut AheadSet<'_>,
     ) -> Result<Arc<FileEntry>> {
         let shared = is_shared_file(&file.name);
+        if let Some(&(id, size)) = self.by_path.get(&file.path) {
+            // Read and stored under another name of this checkpoint: pinned while it is.
+            if size == file.size && self.share(&id) {
+                return Ok(part.entry(file, id, size));
+            }
+        }
+        let entry = self.whole_file_once(part, file, ahead, shared)?;
+        self.by_path
+            .insert(file.path.clone(), (entry.object, entry.size));
+        Ok(entry)
+    }
+
+    /// [`Ingest::whole_file`] of a path not read yet.
+    fn whole_file_once(
+        &mut self,
+        part: &PendingBackend,
+        file: &StagedFile,
+        ahead: &mut AheadSet<'_>,
+        shared: bool,
+    ) -> Result<Arc<FileEntry>> {
         let staging = match ahead.take(&file.name) {
             Some(staged_ahead) => staged_ahead?,
             None => stage_file(self.engine, self.store, file, copy_at_once(part, file))?,
@@ -539,7 +564,12 @@ struct AheadSet<'a> {
 }
 
 impl<'a> AheadSet<'a> {
-    fn start(engine: &Engine, store: &'a dyn ObjectStore, part: &PendingBackend) -> Self {
+    fn start(
+        engine: &Engine,
+        store: &'a dyn ObjectStore,
+        part: &PendingBackend,
+        done: &HashMap<std::path::PathBuf, (ObjectId, u64)>,
+    ) -> Self {
         let mut set = AheadSet {
             store,
             staged: HashMap::new(),
@@ -548,11 +578,14 @@ impl<'a> AheadSet<'a> {
         if workers <= 1 {
             return set;
         }
-        // Whole files not re-referenced by name: those the walk would stage one by one.
+        // Whole files not re-referenced by name: those the walk would stage one by one,
+        // each path once (the walk re-references the others by path).
+        let mut paths = std::collections::HashSet::new();
         let todo: Vec<&StagedFile> = part
             .files
             .iter()
             .filter(|f| chunk_size_for(&f.name, f.size).is_none() && part.known(f).is_none())
+            .filter(|f| !done.contains_key(&f.path) && paths.insert(&f.path))
             .collect();
         if todo.len() < 2 {
             return set;

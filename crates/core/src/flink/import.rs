@@ -414,6 +414,11 @@ pub struct Layout<'a> {
 /// With file merging, each file is a segment of a shared physical file: the subtasks'
 /// under their RocksDB names as always, the job's under [`job_file_name`].
 pub fn layout(metadata: &metadata::Metadata) -> Result<Layout<'_>> {
+    layout_of_at_most(metadata, MAX_HANDLES)
+}
+
+/// [`layout`], refused if the checkpoint names more than `max_handles` files.
+fn layout_of_at_most(metadata: &metadata::Metadata, max_handles: usize) -> Result<Layout<'_>> {
     let mut subtasks = Vec::new();
     let mut job_files: Vec<(String, &StreamHandle)> = Vec::new();
     let mut others: Vec<&StreamHandle> = Vec::new();
@@ -511,6 +516,13 @@ pub fn layout(metadata: &metadata::Metadata) -> Result<Layout<'_>> {
         job_files.push((name, stream));
     }
     job_files.sort_by(|a, b| a.0.cmp(&b.0));
+    let handles = subtasks.iter().map(|(_, files)| files.len()).sum::<usize>() + job_files.len();
+    if handles > max_handles {
+        return Err(Error::Invalid(format!(
+            "the checkpoint's metadata names {handles} files; ckptfs imports at most \
+             {max_handles} per checkpoint"
+        )));
+    }
     refuse_overlapping_segments(
         subtasks
             .iter()
@@ -523,6 +535,11 @@ pub fn layout(metadata: &metadata::Metadata) -> Result<Layout<'_>> {
         names,
     })
 }
+
+/// Most files (handles to files, segments and inline bytes) one checkpoint's `_metadata`
+/// may name. A job of 2,048 subtasks with 200 SSTs each names about 410,000; each handle
+/// costs an import a few hundred bytes of memory (its entry), however many name one file.
+pub const MAX_HANDLES: usize = 1_000_000;
 
 /// Refuse segments of one physical file that overlap (one range named twice, by several
 /// handles, is one segment). Flink's file merging writes each segment once, after the
@@ -611,14 +628,14 @@ pub fn subtasks(
     let metadata = metadata::parse(&bytes).map_err(in_checkpoint)?;
     let layout = layout(&metadata).map_err(in_checkpoint)?;
     let mut job = is_job_id(&completed.job).then(|| completed.job.clone());
-    let opened = RefCell::new(OpenFiles::new());
+    let fetched = RefCell::new(Fetches::default());
     let mut out = Vec::new();
     for (backend, named) in &layout.subtasks {
         let to = Staging {
             dir: staging.join(backend.rel_path()),
             backend,
             known,
-            opened: &opened,
+            fetched: &fetched,
         };
         let mut files = Vec::new();
         for (name, stream) in named {
@@ -641,15 +658,17 @@ pub fn subtasks(
         dir: staging.join(JOB_OPERATOR),
         backend: &backend,
         known,
-        opened: &opened,
+        fetched: &fetched,
     };
     // As read and parsed (Flink may delete it meanwhile).
     crate::fsutil::create_private_dir_all(&to.dir)?;
     let path = to.dir.join(METADATA);
     std::fs::write(&path, &bytes).ctx("write", &path)?;
     let mut files = vec![ScannedFile::staged(METADATA, path, None)?];
+    // Sorted by name: a file several handles name (each a subtask of a union list state)
+    // comes in a row, and is listed once.
     for (name, stream) in &layout.job_files {
-        if !files.iter().any(|f| &f.name == name) {
+        if files.last().is_none_or(|f| &f.name != name) {
             files.push(file(completed, &to, name, stream)?);
         }
     }
@@ -677,12 +696,38 @@ struct Staging<'a> {
     dir: PathBuf,
     backend: &'a BackendName,
     known: &'a dyn Fn(&BackendName, &str, &str, u64) -> bool,
-    /// The local files opened for this checkpoint, by tree and path: a file its handles
-    /// name many times (a union list state, or a crafted `_metadata`) holds one descriptor.
-    opened: &'a RefCell<OpenFiles>,
+    /// What this checkpoint's handles made readable so far, shared by every handle that
+    /// names the same bytes.
+    fetched: &'a RefCell<Fetches>,
 }
 
-type OpenFiles = std::collections::HashMap<(usize, String), Arc<crate::source::SourceFile>>;
+/// The bytes one checkpoint's handles named, each made readable once however many handles
+/// name it (a union list state, or a crafted `_metadata` naming one file a million
+/// times): a local file is held open once, a file on object storage downloaded once, a
+/// segment copied out once, inline bytes written once. So what an import writes into its
+/// staging is at most the distinct bytes named, whatever the number of handles.
+#[derive(Default)]
+struct Fetches {
+    /// Local files held open, and files downloaded whole, by tree and path.
+    whole: std::collections::HashMap<(usize, String), Fetched>,
+    /// Segments copied or downloaded, by tree, path and range.
+    segments: std::collections::HashMap<(usize, String, u64, u64), ScannedFile>,
+    /// Inline bytes written out, by their hash.
+    inline: std::collections::HashMap<String, ScannedFile>,
+}
+
+impl Fetches {
+    fn key(tree: &Arc<dyn Tree>, rel: &str) -> (usize, String) {
+        (Arc::as_ptr(tree) as *const () as usize, rel.to_string())
+    }
+}
+
+/// `first`, as the file `name` too.
+fn renamed(first: &ScannedFile, name: &str) -> ScannedFile {
+    let mut file = first.clone();
+    file.name = name.to_string();
+    file
+}
 
 /// One file named by a checkpoint: where its bytes are, and its source.
 fn file(
@@ -693,11 +738,16 @@ fn file(
 ) -> Result<ScannedFile> {
     let ((tree, rel), size) = match stream {
         StreamHandle::Inline(bytes) => {
+            let source = format!("inline:{}", blake3::hash(bytes).to_hex());
+            if let Some(first) = to.fetched.borrow().inline.get(&source) {
+                return Ok(renamed(first, name));
+            }
             crate::fsutil::create_private_dir_all(&to.dir)?;
             let path = to.dir.join(name);
             std::fs::write(&path, bytes).ctx("write", &path)?;
-            let hash = blake3::hash(bytes).to_hex();
-            return ScannedFile::staged(name, path, Some(format!("inline:{hash}")));
+            let found = ScannedFile::staged(name, path, Some(source.clone()))?;
+            to.fetched.borrow_mut().inline.insert(source, found.clone());
+            return Ok(found);
         }
         StreamHandle::File { path, size, .. } => (resolve(completed, path)?, *size),
         StreamHandle::Relative { path, size, .. } => {
@@ -752,26 +802,21 @@ fn of_size(found: ScannedFile, size: u64) -> Result<ScannedFile> {
     Ok(found)
 }
 
-/// File `rel` of `tree` as `fetch` makes it readable, a local file held open once per
-/// checkpoint however many handles name it.
+/// File `rel` of `tree` as `fetch` makes it readable, once per checkpoint however many
+/// handles name it: held open (a local file), or downloaded (object storage).
 fn opened(
     to: &Staging<'_>,
     tree: &Arc<dyn Tree>,
     rel: &str,
     fetch: impl FnOnce() -> Result<Fetched>,
 ) -> Result<Fetched> {
-    let key = (Arc::as_ptr(tree) as *const () as usize, rel.to_string());
-    let cached = to.opened.borrow().get(&key).cloned();
-    Ok(match cached {
-        Some(file) => Fetched::Open(file),
-        None => match fetch()? {
-            Fetched::Open(file) => {
-                to.opened.borrow_mut().insert(key, file.clone());
-                Fetched::Open(file)
-            }
-            downloaded => downloaded,
-        },
-    })
+    let key = Fetches::key(tree, rel);
+    if let Some(known) = to.fetched.borrow().whole.get(&key) {
+        return Ok(known.clone());
+    }
+    let fetched = fetch()?;
+    to.fetched.borrow_mut().whole.insert(key, fetched.clone());
+    Ok(fetched)
 }
 
 /// The logical file `name` that is bytes `[start, start + size)` of file `rel` (a segment
@@ -795,12 +840,28 @@ fn segment(
             return Ok(ScannedFile::stored(name, source.clone(), size));
         }
     }
-    let fetched = opened(to, tree, rel, || {
-        tree.fetch_segment(rel, start, size, &to.dir, name)
-    })?;
+    let (tree_key, path_key) = Fetches::key(tree, rel);
+    let range = (tree_key, path_key, start, size);
+    if let Some(first) = to.fetched.borrow().segments.get(&range) {
+        return Ok(renamed(first, name));
+    }
+    // A local file is held open whole (its other segments read through the same
+    // descriptor); a segment on object storage is downloaded alone.
+    let held = match to.fetched.borrow().whole.get(&Fetches::key(tree, rel)) {
+        Some(Fetched::Open(file)) => Some(file.clone()),
+        _ => None,
+    };
+    let fetched = match held {
+        Some(file) => Fetched::Open(file),
+        None => tree.fetch_segment(rel, start, size, &to.dir, name)?,
+    };
     let found = match fetched {
         Fetched::Downloaded(path) => ScannedFile::staged(name, path, immutable)?,
         Fetched::Open(file) => {
+            to.fetched
+                .borrow_mut()
+                .whole
+                .insert(Fetches::key(tree, rel), Fetched::Open(file.clone()));
             if start
                 .checked_add(size)
                 .is_none_or(|end| end > file.stamp.size)
@@ -828,7 +889,12 @@ fn segment(
             ScannedFile::staged(name, path, identity)?
         }
     };
-    of_size(found, size)
+    let found = of_size(found, size)?;
+    to.fetched
+        .borrow_mut()
+        .segments
+        .insert(range, found.clone());
+    Ok(found)
 }
 
 /// Bytes `[start, start + size)` of a file held open, copied to `dir/name` (a new file).
@@ -996,6 +1062,27 @@ mod tests {
             seg("file:/f/a", u64::MAX, 1),
         ])
         .unwrap_err();
+    }
+
+    #[test]
+    fn a_checkpoint_naming_too_many_files_is_refused() {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/flink/job1");
+        let bytes = std::fs::read(fixture.join("chk-6/_metadata")).unwrap();
+        let parsed = metadata::parse(&bytes).unwrap();
+        let named = {
+            let layout = layout(&parsed).unwrap();
+            layout.subtasks.iter().map(|(_, f)| f.len()).sum::<usize>() + layout.job_files.len()
+        };
+        assert!(named > 10, "{named}");
+        layout_of_at_most(&parsed, named).unwrap();
+        let refused = layout_of_at_most(&parsed, named - 1).err().unwrap();
+        assert_eq!(refused.errno(), libc::EINVAL);
+        assert!(
+            refused
+                .to_string()
+                .contains(&format!("names {named} files")),
+            "{refused}"
+        );
     }
 
     #[test]

@@ -112,6 +112,7 @@ pub enum EntryKind {
 }
 
 /// Where the bytes of a source file are once [`Tree::fetch`] made them readable.
+#[derive(Clone)]
 pub enum Fetched {
     /// Held open on a local disk: read through the descriptor.
     Open(std::sync::Arc<SourceFile>),
