@@ -84,6 +84,19 @@ fn checkpoints_upload_what_changed_retain_drop_and_restore_on_object_storage() {
     assert_eq!(restored(&url, 7), snapshot_all(&engine));
 }
 
+/// Pins, the policy and the ids used survive the loss of ckptfs.json on object storage too
+/// (its copy is an object beside it).
+#[test]
+fn a_lost_store_metadata_object_keeps_pins_the_policy_and_the_ids_used() {
+    let url = moto().store();
+    let dir = tempfile::tempdir().unwrap();
+    let config = s3_config(&url, dir.path(), &["A/0"]);
+    crate::store_safety::settings_survive_a_lost_metadata_file(&config, &|| {
+        let opened = OpenedStore::open(&Location::parse(&url).unwrap()).unwrap();
+        opened.records.delete("ckptfs.json").unwrap();
+    });
+}
+
 #[test]
 fn concurrent_checkpoints_share_their_uploads() {
     let url = moto().store();

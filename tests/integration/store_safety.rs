@@ -3,10 +3,12 @@
 //! around it, untrusted manifest fields, readers that would delete; its files are private;
 //! stores of every earlier format still open and take new checkpoints.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use ckptfs_core::flink::import::FlinkSource;
+use ckptfs_core::policy::{ByTime, Policy};
 use ckptfs_core::store::ObjectId;
 use ckptfs_core::{Engine, EngineConfig, Error};
 
@@ -31,31 +33,243 @@ fn a_second_engine_on_the_same_store_is_refused() {
 
 /// A lost ckptfs.json is rebuilt from the manifests: the next start must not take the store
 /// for a new one (default backends, retain 3), which would delete checkpoints 1-3 and their
-/// objects at once.
+/// objects at once. So with its copy (retain 10) and without one (a store last written
+/// before the copy existed: a retain that keeps every checkpoint).
 #[test]
 fn a_lost_store_metadata_file_is_rebuilt_and_nothing_is_deleted() {
+    for lose_the_copy in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        let before_ids = six_checkpoints(&store);
+        let before_objects = objects(&store);
+        std::fs::remove_file(store.join("ckptfs.json")).unwrap();
+        if lose_the_copy {
+            let _ = std::fs::remove_file(store.join("ckptfs.copy.json"));
+        }
+
+        let engine = Engine::open(EngineConfig::new(&store)).unwrap();
+        assert_eq!(
+            retained_ids(&engine),
+            before_ids,
+            "checkpoints were dropped"
+        );
+        assert_eq!(objects(&store), before_objects, "objects were deleted");
+        assert_eq!(engine.backend_names(), vec![name("A/0")]);
+        assert!(
+            engine.retain() >= 6,
+            "retain lowered to {}",
+            engine.retain()
+        );
+        let next = engine.checkpoint().unwrap();
+        assert!(next.id >= 7, "id {} used again", next.id);
+        assert!(retained_ids(&engine).contains(&next.id));
+    }
+}
+
+/// What the store's metadata holds beyond its manifests survives the loss of ckptfs.json
+/// (`lose` deletes it): two pins on checkpoints the policy would drop, the policy (keep the
+/// last 3 and a rule by time) and the ids used (the newest checkpoint was dropped, so ids
+/// went past the newest manifest). Reopened, the pinned checkpoints are there and pinned,
+/// the policy is the same (not `--keep-last 4`, the number of manifests), and the next
+/// checkpoint takes an id past every one used before, after which the policy keeps what it
+/// kept before.
+pub(crate) fn settings_survive_a_lost_metadata_file(config: &EngineConfig, lose: &dyn Fn()) {
+    let a = name("A/0");
+    let policy = Policy {
+        last: 3,
+        by_time: ByTime {
+            daily: 7,
+            ..ByTime::default()
+        },
+    };
+    let pins = BTreeMap::from([("before-deploy".to_string(), 2), ("first".to_string(), 1)]);
+    {
+        let engine = Engine::open(config.clone()).unwrap();
+        engine.set_policy(policy.clone()).unwrap();
+        let take = |i: u32| {
+            put_range(&engine, &a, i * 100..(i + 1) * 100, &format!("r{i}"));
+            engine.flush(&a).unwrap();
+            engine.checkpoint().unwrap().id
+        };
+        assert_eq!((0..3).map(take).collect::<Vec<_>>(), [1, 2, 3]);
+        for (name, id) in &pins {
+            engine.pin(*id, name).unwrap();
+        }
+        assert_eq!((3..6).map(take).collect::<Vec<_>>(), [4, 5, 6]);
+        engine.delete_checkpoint(6).unwrap();
+        assert_eq!(retained_ids(&engine), [1, 2, 4, 5]);
+    }
+    lose();
+    let engine = Engine::open(config.clone()).unwrap();
+    assert_eq!(engine.pins(), pins, "pins lost");
+    assert_eq!(engine.policy(), policy, "the policy changed");
+    assert_eq!(retained_ids(&engine), [1, 2, 4, 5]);
+    assert_eq!(engine.backend_names(), vec![a.clone()]);
+    put_range(&engine, &a, 0..10, "after");
+    let next = engine.checkpoint().unwrap().id;
+    assert!(next > 6, "checkpoint id {next} used again");
+    assert_eq!(retained_ids(&engine), [1, 2, 4, 5, next]);
+    assert!(
+        engine.delete_checkpoint(1).is_err(),
+        "checkpoint 1 is not pinned"
+    );
+    drop(engine);
+    // And the next start finds the same (the rebuilt metadata was written).
+    let engine = Engine::open(config.clone()).unwrap();
+    assert_eq!(engine.pins(), pins);
+    assert_eq!(engine.policy(), policy);
+    assert_eq!(retained_ids(&engine), [1, 2, 4, 5, next]);
+}
+
+#[test]
+fn a_lost_store_metadata_file_keeps_pins_the_policy_and_the_ids_used() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
-    let before_ids = six_checkpoints(&store);
-    let before_objects = objects(&store);
-    std::fs::remove_file(store.join("ckptfs.json")).unwrap();
+    settings_survive_a_lost_metadata_file(&config(&store, &["A/0"]), &|| {
+        std::fs::remove_file(store.join("ckptfs.json")).unwrap()
+    });
+}
 
-    let engine = Engine::open(EngineConfig::new(&store)).unwrap();
+/// A Flink checkpoint the store held and dropped is not imported again after ckptfs.json
+/// was lost, and the id of the dropped checkpoint (the newest) is not given again.
+#[test]
+fn a_lost_store_metadata_file_keeps_the_dropped_flink_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let src = FlinkSource::parse(&crate::flink::fixture()).unwrap();
+    let mut cfg = EngineConfig::new(&store);
+    cfg.host_backends = false;
+    let job = "a312c9034e3e0d2016dae60431b4c9dc";
+    let dropped = BTreeMap::from([(job.to_string(), vec![6])]);
+    {
+        let engine = Engine::open(cfg.clone()).unwrap();
+        let imported: Vec<(u64, u64)> = engine
+            .import_flink(&src, false)
+            .unwrap()
+            .into_iter()
+            .map(|i| (i.checkpoint, i.result.unwrap().0.id))
+            .collect();
+        assert_eq!(imported, [(4, 1), (5, 2), (6, 3)]);
+        engine.delete_checkpoint(3).unwrap();
+        assert_eq!(engine.flink_dropped(), dropped);
+    }
+    std::fs::remove_file(store.join("ckptfs.json")).unwrap();
+    let engine = Engine::open(cfg.clone()).unwrap();
     assert_eq!(
-        retained_ids(&engine),
-        before_ids,
-        "checkpoints were dropped"
+        engine.flink_dropped(),
+        dropped,
+        "the dropped checkpoints were lost"
     );
-    assert_eq!(objects(&store), before_objects, "objects were deleted");
-    assert_eq!(engine.backend_names(), vec![name("A/0")]);
+    let again: Vec<(u64, u64)> = engine
+        .import_flink(&src, false)
+        .unwrap()
+        .into_iter()
+        .map(|i| (i.checkpoint, i.result.unwrap().0.id))
+        .collect();
+    assert_eq!(again, [], "a dropped Flink checkpoint was imported again");
+    assert_eq!(retained_ids(&engine), [1, 2]);
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(store.join("ckptfs.json")).unwrap()).unwrap();
+    let next = meta["next_checkpoint"].as_u64().unwrap();
     assert!(
-        engine.retain() >= 6,
-        "retain lowered to {}",
-        engine.retain()
+        next > 3,
+        "the next checkpoint is {next}: the dropped one's id"
     );
-    let next = engine.checkpoint().unwrap();
-    assert_eq!(next.id, 7);
-    assert!(retained_ids(&engine).contains(&7));
+}
+
+/// The copy of the metadata (ckptfs.copy.json): one a crash left behind is brought up to
+/// date by the next start; one behind when ckptfs.json is lost still rebuilds it (a pin on a
+/// checkpoint that no longer exists is left out); a damaged one while ckptfs.json is lost
+/// stops the start (fsck says so) and changes nothing, until it is moved aside; a damaged
+/// one beside an intact ckptfs.json is written again.
+#[test]
+fn the_copy_of_the_store_metadata_follows_it_and_damage_to_it_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let (meta_file, copy_file) = (store.join("ckptfs.json"), store.join("ckptfs.copy.json"));
+    six_checkpoints(&store);
+    let pins_in = |file: &Path| -> serde_json::Value {
+        let record: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
+        record["pins"].clone()
+    };
+    {
+        let engine = Engine::open(EngineConfig::new(&store)).unwrap();
+        engine.pin(3, "old").unwrap();
+    }
+    let old_copy = std::fs::read(&copy_file).unwrap();
+    assert_eq!(pins_in(&copy_file), serde_json::json!({"old": 3}));
+    {
+        let engine = Engine::open(EngineConfig::new(&store)).unwrap();
+        engine.unpin("old").unwrap();
+        engine.delete_checkpoint(3).unwrap();
+        engine.pin(4, "new").unwrap();
+    }
+    assert_eq!(pins_in(&copy_file), serde_json::json!({"new": 4}));
+    // A crash between the write of ckptfs.json and its copy's left the copy behind: the
+    // next start writes it again.
+    std::fs::write(&copy_file, &old_copy).unwrap();
+    drop(Engine::open(EngineConfig::new(&store)).unwrap());
+    assert_eq!(pins_in(&copy_file), serde_json::json!({"new": 4}));
+    // Behind, and ckptfs.json lost: the pin on checkpoint 3, gone, is left out.
+    std::fs::write(&copy_file, &old_copy).unwrap();
+    std::fs::remove_file(&meta_file).unwrap();
+    {
+        let engine = Engine::open(EngineConfig::new(&store)).unwrap();
+        assert_eq!(engine.pins(), BTreeMap::new());
+        assert_eq!(retained_ids(&engine), [1, 2, 4, 5, 6]);
+    }
+    // Damaged, and ckptfs.json lost: refused, nothing changed; fsck names it.
+    let before_objects = objects(&store);
+    std::fs::remove_file(&meta_file).unwrap();
+    let mut damaged = std::fs::read(&copy_file).unwrap();
+    let at = damaged.len() / 2;
+    damaged[at] ^= 0x01;
+    std::fs::write(&copy_file, &damaged).unwrap();
+    let err = Engine::open(EngineConfig::new(&store))
+        .err()
+        .expect("a damaged copy must stop the start");
+    assert!(matches!(err, Error::Corrupt(_)), "{err}");
+    assert!(err.to_string().contains("ckptfs.copy.json"), "{err}");
+    assert!(!meta_file.exists());
+    assert_eq!(std::fs::read(&copy_file).unwrap(), damaged);
+    assert_eq!(objects(&store), before_objects);
+    let report = ckptfs_core::commands::fsck::fsck(&store, false, |_| {}).unwrap();
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.to_string().contains("ckptfs.copy.json")),
+        "{report:?}"
+    );
+    // Moved aside: rebuilt from the manifests alone, every checkpoint kept.
+    std::fs::rename(&copy_file, store.join("copy.bad")).unwrap();
+    let report = ckptfs_core::commands::fsck::fsck(&store, false, |_| {}).unwrap();
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.to_string().contains("has no copy")),
+        "{report:?}"
+    );
+    {
+        let engine = Engine::open(EngineConfig::new(&store)).unwrap();
+        assert_eq!(retained_ids(&engine), [1, 2, 4, 5, 6]);
+        assert_eq!(objects(&store), before_objects);
+    }
+    // Damaged beside an intact ckptfs.json: written again at the next start.
+    std::fs::write(&copy_file, b"{").unwrap();
+    drop(Engine::open(EngineConfig::new(&store)).unwrap());
+    let read = |file: &Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap()
+    };
+    let (meta, copy) = (read(&meta_file), read(&copy_file));
+    assert_eq!(
+        (&copy["retain"], &copy["backends"]),
+        (&meta["retain"], &meta["backends"])
+    );
+    let report = ckptfs_core::commands::fsck::fsck(&store, false, |_| {}).unwrap();
+    assert!(report.is_clean(), "{report:?}");
 }
 
 /// An unreadable ckptfs.json: the start is refused with a clear error, nothing changed.

@@ -88,6 +88,11 @@ pub fn valid_pin_name(name: &str) -> crate::error::Result<()> {
     }
 }
 
+/// How many ids past the store's next one its copy's next id is (see
+/// [`StoreMeta::for_copy`]): the copy is rewritten once in this many checkpoints, not at
+/// each, and a store rebuilt from it skips at most this many ids.
+pub const COPY_IDS_AHEAD: u64 = 64;
+
 /// How many dropped Flink checkpoints [`StoreMeta::flink_dropped`] remembers per job (Flink
 /// retains a few; one that was dropped longer ago than that is gone from Flink's directory).
 pub const FLINK_DROPS_KEPT: usize = 1024;
@@ -128,6 +133,36 @@ impl StoreMeta {
             .filter(|(_, on)| **on == id)
             .map(|(name, _)| name.clone())
             .collect()
+    }
+
+    /// This record as its copy (`ckptfs.copy.json`) holds it: the settings (retain and the
+    /// policy, pins, backends, dropped Flink checkpoints) and a next id
+    /// [`COPY_IDS_AHEAD`] past this one's, so that the copy need not be rewritten at every
+    /// checkpoint and still names an id past every one used; none of a writer's bookkeeping
+    /// on object storage (epoch, revision, pending and void ids): the copy is no commit
+    /// point, only what rebuilds the record when it is lost.
+    pub fn for_copy(&self) -> StoreMeta {
+        StoreMeta {
+            format: FORMAT,
+            next_checkpoint: self.next_checkpoint.saturating_add(COPY_IDS_AHEAD),
+            epoch: 0,
+            revision: 0,
+            pending: Vec::new(),
+            void_below: 0,
+            void: Vec::new(),
+            ..self.clone()
+        }
+    }
+
+    /// True if this copy ([`StoreMeta::for_copy`]) still stands for `meta`: the same
+    /// settings, and a next id at or past `meta`'s.
+    pub fn covers(&self, meta: &StoreMeta) -> bool {
+        self.next_checkpoint >= meta.next_checkpoint
+            && *self
+                == StoreMeta {
+                    next_checkpoint: self.next_checkpoint,
+                    ..meta.for_copy()
+                }
     }
 
     /// Remember that the checkpoint imported from `label` was dropped.

@@ -9,6 +9,10 @@
 //! pending, and never once it lists it as void (see [`StoreMeta::counts`] and
 //! `docs/fencing.md`).
 //!
+//! Every write of `ckptfs.json` is followed, where its settings changed or its next id
+//! passed the copy's, by a write of its copy, `ckptfs.copy.json` ([`StoreMeta::for_copy`]):
+//! no commit point, never read but to rebuild `ckptfs.json` when that is lost.
+//!
 //! What the records hold and their format is in [`manifest`] and [`meta`]; this file
 //! reads, writes, lists and quarantines them.
 
@@ -20,7 +24,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::names::BackendName;
 use crate::store::conditional::{read_back, ReadBack};
-use crate::store::layout::{self, CHECKPOINTS, META, QUARANTINE};
+use crate::store::layout::{self, CHECKPOINTS, META, META_COPY, QUARANTINE};
 #[cfg(test)]
 use crate::store::records::LocalRecords;
 use crate::store::records::{Put, Records};
@@ -56,6 +60,17 @@ pub struct Catalog {
     fence: Option<crate::lease::Fence>,
     /// A read-only view refuses every write.
     read_only: bool,
+    /// What `ckptfs.copy.json` holds, as far as this catalog knows.
+    copy: std::sync::Mutex<CopyState>,
+}
+
+/// What the copy of the metadata holds, as far as a catalog knows.
+enum CopyState {
+    /// Not read or written by this catalog yet.
+    Unknown,
+    /// As read or written last; `None`: there is none, or it cannot be read, or its last
+    /// write failed (so the next write of the metadata writes it).
+    Holds(Option<Box<StoreMeta>>),
 }
 
 /// The version and revision of `ckptfs.json` this catalog last read or wrote.
@@ -83,6 +98,7 @@ impl Catalog {
             meta_version: std::sync::Mutex::new(MetaVersion::default()),
             fence: None,
             read_only: false,
+            copy: std::sync::Mutex::new(CopyState::Unknown),
         }
     }
 
@@ -146,14 +162,49 @@ impl Catalog {
     /// version read: on object storage the next [`Catalog::save_meta`] is conditional on
     /// it.
     pub fn load_meta(&self) -> Result<Option<StoreMeta>> {
-        let path = self.records.describe(META);
         let Some(record) = self.records.get(META)? else {
             return Ok(None);
         };
-        let advice = "nothing was changed; move it aside to have it rebuilt from the \
-                      checkpoint manifests at the next mount";
+        let meta = self.parse_meta(
+            META,
+            &record.bytes,
+            "nothing was changed; move it aside to have it rebuilt from its copy \
+             (ckptfs.copy.json) and the checkpoint manifests at the next mount",
+        )?;
+        *crate::fsutil::lock(&self.meta_version) = MetaVersion {
+            version: record.version,
+            revision: meta.revision,
+            unconfirmed: Vec::new(),
+        };
+        Ok(Some(meta))
+    }
+
+    /// Read the copy of the store metadata (`ckptfs.copy.json`, see
+    /// [`StoreMeta::for_copy`]), `None` if there is none: what rebuilds `ckptfs.json` when
+    /// that is lost. Damage is [`Error::Corrupt`], as in `ckptfs.json`.
+    pub fn load_meta_copy(&self) -> Result<Option<StoreMeta>> {
+        let copy = self.read_copy(
+            "nothing was changed; move it aside too to have the metadata rebuilt from the \
+             checkpoint manifests alone (the pins, the retention policy and the dropped \
+             Flink checkpoints are lost then, and every checkpoint is retained)",
+        )?;
+        *crate::fsutil::lock(&self.copy) = CopyState::Holds(copy.clone().map(Box::new));
+        Ok(copy)
+    }
+
+    fn read_copy(&self, advice: &str) -> Result<Option<StoreMeta>> {
+        match self.records.get(META_COPY)? {
+            Some(record) => self.parse_meta(META_COPY, &record.bytes, advice).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The metadata record `key` holds, checked (see [`Catalog::load_meta`]); an error says
+    /// `advice`.
+    fn parse_meta(&self, key: &str, bytes: &[u8], advice: &str) -> Result<StoreMeta> {
+        let path = self.records.describe(key);
         let (meta, sealed): (StoreMeta, bool) =
-            unseal(&record.bytes, &path).map_err(|e| Error::Corrupt(format!("{e}; {advice}")))?;
+            unseal(bytes, &path).map_err(|e| Error::Corrupt(format!("{e}; {advice}")))?;
         check_format(meta.format, sealed)
             .map_err(|e| Error::Corrupt(format!("{path} has {e}; {advice}")))?;
         if meta.retain == 0 || meta.next_checkpoint == 0 {
@@ -174,12 +225,7 @@ impl Catalog {
                 "{path} is invalid (a pin named {name:?}); {advice}"
             )));
         }
-        *crate::fsutil::lock(&self.meta_version) = MetaVersion {
-            version: record.version,
-            revision: meta.revision,
-            unconfirmed: Vec::new(),
-        };
-        Ok(Some(meta))
+        Ok(meta)
     }
 
     /// Replace the store metadata, unless someone else changed it since this catalog last
@@ -221,7 +267,60 @@ impl Catalog {
         }
     }
 
+    /// Write the metadata, then its copy where that no longer stands for it
+    /// ([`Catalog::sync_copy`]).
     fn write_meta(&self, meta: &StoreMeta) -> Result<()> {
+        // Held across both writes: the copy follows the record, never ahead of it.
+        let mut copy = crate::fsutil::lock(&self.copy);
+        self.write_record(meta)?;
+        self.update_copy(&mut copy, meta);
+        Ok(())
+    }
+
+    /// Make the copy of the metadata (`ckptfs.copy.json`) stand for `meta`, the metadata
+    /// as written: rewritten (atomically and durably, as every record) when one of its
+    /// settings changed, when `meta`'s next id reached the copy's, or when the copy is
+    /// missing or cannot be read; otherwise not even read again. Every write of the
+    /// metadata does this after it; a writer's start too, so that a copy a crash left
+    /// behind the metadata is brought up to date. A failed write of the copy is logged and
+    /// fails nothing (the metadata is written): the next write of the metadata tries again.
+    pub fn sync_copy(&self, meta: &StoreMeta) {
+        let mut copy = crate::fsutil::lock(&self.copy);
+        self.update_copy(&mut copy, meta);
+    }
+
+    fn update_copy(&self, copy: &mut CopyState, meta: &StoreMeta) {
+        if let CopyState::Unknown = copy {
+            let held = self.read_copy("it is written again").unwrap_or_else(|e| {
+                log::warn!("{e}");
+                None
+            });
+            *copy = CopyState::Holds(held.map(Box::new));
+        }
+        if let CopyState::Holds(Some(held)) = copy {
+            if held.covers(meta) {
+                return;
+            }
+        }
+        let wanted = meta.for_copy();
+        let written = self
+            .check_writer()
+            .and_then(|()| self.records.put(META_COPY, &seal(&wanted), Put::Overwrite));
+        *copy = CopyState::Holds(match written {
+            Ok(_) => Some(Box::new(wanted)),
+            Err(e) => {
+                log::warn!(
+                    "could not write {}, the copy that rebuilds {} when it is lost ({e}); the \
+                     next write of the metadata tries again",
+                    self.records.describe(META_COPY),
+                    self.records.describe(META)
+                );
+                None
+            }
+        });
+    }
+
+    fn write_record(&self, meta: &StoreMeta) -> Result<()> {
         self.check_writer()?;
         let mut state = crate::fsutil::lock(&self.meta_version);
         let versioned = self.records.versioned();
@@ -812,6 +911,78 @@ mod tests {
         meta.next_checkpoint = 4;
         catalog.save_meta(&meta).unwrap();
         assert_eq!(catalog.load_meta().unwrap().unwrap().next_checkpoint, 4);
+    }
+
+    /// The copy of the metadata follows it: written with its first write, and again when a
+    /// setting changes or its next id passes the copy's, not at every write; without a
+    /// writer's bookkeeping. A failed write of the copy fails no write of the metadata and
+    /// is tried again at the next; a damaged copy is refused when read.
+    #[test]
+    fn the_copy_of_the_metadata_follows_its_settings_and_stays_ahead_of_its_ids() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Catalog::open(dir.path()).unwrap();
+        let path = dir.path().join(META_COPY);
+        // Each write renames a new file into place.
+        let written = || std::fs::metadata(&path).map(|m| m.ino()).ok();
+        let copy = || {
+            let (copy, sealed) = unseal::<StoreMeta>(&std::fs::read(&path).unwrap(), "").unwrap();
+            assert!(sealed);
+            copy
+        };
+        assert!(catalog.load_meta_copy().unwrap().is_none());
+        let mut meta = StoreMeta::default();
+        catalog.save_meta(&meta).unwrap();
+        let first = written().expect("no copy written");
+        assert_eq!(copy().next_checkpoint, 1 + meta::COPY_IDS_AHEAD);
+        // Ids up to the copy's next one, a writer's bookkeeping: not written again.
+        meta.next_checkpoint = 1 + meta::COPY_IDS_AHEAD;
+        meta.epoch = 7;
+        meta.revision = 9;
+        meta.pending = vec![meta.next_checkpoint - 1];
+        meta.make_void(3);
+        catalog.save_meta(&meta).unwrap();
+        assert_eq!(written(), Some(first));
+        // Past it: written again, ahead again, and no bookkeeping in it.
+        meta.next_checkpoint += 1;
+        catalog.save_meta(&meta).unwrap();
+        let second = written().unwrap();
+        assert_ne!(second, first);
+        assert_eq!(copy(), meta.for_copy());
+        assert_eq!(
+            (copy().epoch, copy().pending.len(), copy().void.len()),
+            (0, 0, 0)
+        );
+        assert_eq!(
+            copy().next_checkpoint,
+            meta.next_checkpoint + meta::COPY_IDS_AHEAD
+        );
+        // A setting: written again.
+        meta.pins.insert("kept".into(), 2);
+        catalog.save_meta(&meta).unwrap();
+        assert_ne!(written(), Some(second));
+        assert_eq!(copy().pins, meta.pins);
+        // The copy cannot be written (a directory in its place): the metadata is, and the
+        // next write of the metadata writes the copy.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        meta.keep.daily = 7;
+        catalog.save_meta(&meta).unwrap();
+        assert_eq!(catalog.load_meta().unwrap().unwrap().keep.daily, 7);
+        std::fs::remove_dir(&path).unwrap();
+        meta.next_checkpoint += 1;
+        catalog.save_meta(&meta).unwrap();
+        assert_eq!(copy(), meta.for_copy());
+        // Damage is refused when the copy is read, and a new catalog writes it again.
+        std::fs::write(&path, b"{").unwrap();
+        let e = catalog.load_meta_copy().unwrap_err();
+        assert!(
+            matches!(&e, Error::Corrupt(m) if m.contains(META_COPY)),
+            "{e}"
+        );
+        let again = Catalog::open(dir.path()).unwrap();
+        again.sync_copy(&meta);
+        assert_eq!(copy(), meta.for_copy());
     }
 
     #[test]

@@ -122,8 +122,15 @@ impl fmt::Display for UnreadableManifest {
 pub enum StoreProblem {
     /// `ckptfs.json` cannot be read (or, for a repair, taken over): why.
     MetaUnreadable(String),
-    /// `ckptfs.json` is missing while manifests exist.
-    MetaMissing,
+    /// `ckptfs.json` is missing while manifests (or its copy) exist; whether its copy,
+    /// `ckptfs.copy.json`, is there to rebuild it from.
+    MetaMissing {
+        /// The copy is there and can be read.
+        copy: bool,
+    },
+    /// `ckptfs.json` is missing and its copy cannot be read: why. The next start is
+    /// refused until the copy is moved aside.
+    MetaCopyUnreadable(String),
     /// Objects but no `checkpoints/` directory.
     NoCatalogDir,
 }
@@ -132,8 +139,19 @@ impl fmt::Display for StoreProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreProblem::MetaUnreadable(why) => f.write_str(why),
-            StoreProblem::MetaMissing => f.write_str(
-                "ckptfs.json is missing (the next mount rebuilds it from the manifests)",
+            StoreProblem::MetaMissing { copy: true } => f.write_str(
+                "ckptfs.json is missing (the next mount rebuilds it from its copy, \
+                 ckptfs.copy.json, and the manifests)",
+            ),
+            StoreProblem::MetaMissing { copy: false } => f.write_str(
+                "ckptfs.json is missing and has no copy (the next mount rebuilds it from the \
+                 manifests alone: the pins, the policy's rules by time and the dropped Flink \
+                 checkpoints are lost, and every checkpoint is retained)",
+            ),
+            StoreProblem::MetaCopyUnreadable(why) => write!(
+                f,
+                "ckptfs.json is missing and its copy cannot be read, so the next mount is \
+                 refused: {why}"
             ),
             StoreProblem::NoCatalogDir => {
                 f.write_str("objects but no checkpoints/ directory: the store is incomplete")
@@ -350,9 +368,17 @@ impl Fsck {
             Err(e) => report
                 .problems
                 .push(StoreProblem::MetaUnreadable(e.to_string())),
-            Ok(None) if !manifests.is_empty() || !unreadable.is_empty() => {
-                report.problems.push(StoreProblem::MetaMissing)
-            }
+            Ok(None) => match catalog.load_meta_copy() {
+                Err(e) => report
+                    .problems
+                    .push(StoreProblem::MetaCopyUnreadable(e.to_string())),
+                Ok(copy) if copy.is_some() || !manifests.is_empty() || !unreadable.is_empty() => {
+                    report.problems.push(StoreProblem::MetaMissing {
+                        copy: copy.is_some(),
+                    })
+                }
+                Ok(_) => {}
+            },
             _ => {}
         }
         if !has_catalog_dir && !stored.is_empty() {
@@ -626,7 +652,10 @@ mod tests {
                 name: "7.json".into(),
                 error: "corrupt: damaged".into(),
             }],
-            problems: vec![StoreProblem::MetaMissing, StoreProblem::NoCatalogDir],
+            problems: vec![
+                StoreProblem::MetaMissing { copy: true },
+                StoreProblem::NoCatalogDir,
+            ],
             orphans_kept: Some(OrphansKept::Quarantine),
             repaired_objects: vec![RepairedObject {
                 id,
@@ -645,7 +674,8 @@ mod tests {
         assert_eq!(
             value["problems"],
             serde_json::json!([
-                "ckptfs.json is missing (the next mount rebuilds it from the manifests)",
+                "ckptfs.json is missing (the next mount rebuilds it from its copy, \
+                 ckptfs.copy.json, and the manifests)",
                 "objects but no checkpoints/ directory: the store is incomplete"
             ])
         );

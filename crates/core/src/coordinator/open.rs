@@ -46,12 +46,7 @@ impl Engine {
         let (repo, state_dir) = (&opened.repo, opened.state.path.as_path());
         let mut loaded = load(&repo.catalog, &repo.location, opened.had_objects)?;
         let as_loaded = loaded.meta.clone();
-        let mut meta = settle_meta(
-            loaded.meta.take(),
-            &loaded.manifests,
-            &config,
-            &repo.location,
-        )?;
+        let mut meta = settle_meta(&mut loaded, &config, &repo.location)?;
         refuse_bad_start(&config, &meta, &loaded, state_dir, &repo.location)?;
         let unreadable_ids = loaded.unreadable_ids.clone();
         let catalog = recover_catalog(repo, &mut meta, as_loaded.as_ref(), loaded)?;
@@ -193,6 +188,9 @@ struct Parts {
 struct Loaded {
     /// `ckptfs.json`, taken over (none in a new store, or one that lost it).
     meta: Option<StoreMeta>,
+    /// Its copy, `ckptfs.copy.json`, read only when `ckptfs.json` is missing: what
+    /// rebuilds it (none in a new store, or one last written before the copy existed).
+    copy: Option<StoreMeta>,
     /// The readable manifests, as stored (not migrated yet).
     manifests: BTreeMap<u64, Manifest>,
     /// The manifests that cannot be read, and the ids of those named like one.
@@ -207,6 +205,12 @@ struct Loaded {
 /// (see [`Catalog::take_over`]).
 fn load(catalog: &Catalog, root: &Location, had_objects: bool) -> Result<Loaded> {
     let meta = catalog.take_over()?;
+    // A damaged copy stops the start, as a damaged ckptfs.json does: rebuilding without
+    // it would lose the pins, the policy and the ids used.
+    let copy = match meta {
+        Some(_) => None,
+        None => catalog.load_meta_copy()?,
+    };
     // An unreadable manifest hides its checkpoint, never deletes it: the daemon starts
     // without it, keeps every object it may name and sweeps nothing; fsck reports it.
     let (manifests, unreadable) = catalog.load_all_lenient()?;
@@ -235,6 +239,7 @@ fn load(catalog: &Catalog, root: &Location, had_objects: bool) -> Result<Loaded>
         .collect();
     Ok(Loaded {
         meta,
+        copy,
         manifests,
         unreadable,
         unreadable_ids,
@@ -242,24 +247,28 @@ fn load(catalog: &Catalog, root: &Location, had_objects: bool) -> Result<Loaded>
     })
 }
 
-/// The metadata this start writes: as loaded (or rebuilt from the manifests when it was
-/// lost), with the configured retention and backends, and every imported backend external.
-fn settle_meta(
-    loaded: Option<StoreMeta>,
-    manifests: &BTreeMap<u64, Manifest>,
-    config: &EngineConfig,
-    root: &Location,
-) -> Result<StoreMeta> {
-    let mut meta = match loaded {
+/// The metadata this start writes: as loaded (or rebuilt from its copy and the manifests
+/// when it was lost), with the configured retention and backends, and every imported
+/// backend external.
+fn settle_meta(loaded: &mut Loaded, config: &EngineConfig, root: &Location) -> Result<StoreMeta> {
+    let manifests = &loaded.manifests;
+    let mut meta = match loaded.meta.take() {
         Some(meta) => meta,
-        None if manifests.is_empty() => StoreMeta::default(),
+        None if manifests.is_empty() && loaded.copy.is_none() => StoreMeta::default(),
         None => {
-            let rebuilt = rebuild_meta(manifests);
+            let from_copy = loaded.copy.is_some();
+            let rebuilt = rebuild_meta(manifests, &loaded.unreadable_ids, loaded.copy.take());
             log::warn!(
-                "{}/ckptfs.json is missing: rebuilt it from {} manifests (backends {}, \
-                 next checkpoint {}, retain {})",
+                "{}/ckptfs.json is missing: rebuilt it from {} manifests{} (backends {}, \
+                 next checkpoint {}, policy {}, pins {:?})",
                 root,
                 manifests.len(),
+                if from_copy {
+                    " and its copy ckptfs.copy.json"
+                } else {
+                    " alone (no copy): pins, the policy's rules by time and dropped Flink \
+                     checkpoints are not known, every checkpoint is retained"
+                },
                 rebuilt
                     .backends
                     .iter()
@@ -267,7 +276,8 @@ fn settle_meta(
                     .collect::<Vec<_>>()
                     .join(", "),
                 rebuilt.next_checkpoint,
-                rebuilt.retain
+                rebuilt.policy(),
+                rebuilt.pins
             );
             rebuilt
         }
@@ -280,7 +290,7 @@ fn settle_meta(
     }
     // A backend first imported by a checkpoint whose write of the metadata was lost
     // after its manifest (a local store's commit point) is external all the same.
-    for name in imported_backends(manifests) {
+    for name in imported_backends(&loaded.manifests) {
         if !meta.backends.contains(&name) && !meta.external.contains(&name) {
             meta.external.push(name);
             meta.external.sort();
@@ -424,6 +434,10 @@ fn recover_catalog(
     }
     if as_loaded != Some(&*meta) {
         catalog.save_meta(meta)?;
+    } else {
+        // Its copy may be behind it (a crash between the two writes, a store last written
+        // before the copy existed): one read, and a write where it is.
+        catalog.sync_copy(meta);
     }
     if catalog.commits_in_meta() {
         remove_void_manifests(catalog)?;
@@ -656,25 +670,66 @@ fn imported_backends(manifests: &BTreeMap<u64, Manifest>) -> Vec<BackendName> {
         .collect()
 }
 
-/// Store metadata rebuilt from the manifests when `ckptfs.json` is lost: every backend they
-/// hold, ids past the newest, and a retention that keeps every one of them.
-fn rebuild_meta(manifests: &BTreeMap<u64, Manifest>) -> StoreMeta {
+/// Store metadata rebuilt when `ckptfs.json` is lost, from its copy (`ckptfs.copy.json`)
+/// and the manifests. With a copy: its settings (retain and the policy's rules, dropped
+/// Flink checkpoints, backends) and the pins on checkpoints that still exist (readable or
+/// not), ids past the copy's next one (past every id the store used) and past the newest
+/// manifest. Without one (a store last written before the copy existed, or both lost):
+/// every backend the manifests hold, ids past the newest, and a retention that keeps every
+/// one of them.
+fn rebuild_meta(
+    manifests: &BTreeMap<u64, Manifest>,
+    unreadable_ids: &BTreeSet<u64>,
+    copy: Option<StoreMeta>,
+) -> StoreMeta {
     // Each backend as its newest snapshot has it: imported files record their source.
-    let external = imported_backends(manifests);
+    let imported = imported_backends(manifests);
+    let hosted_in_copy = copy.as_ref().map_or(&[][..], |c| &c.backends[..]);
+    let mut external: Vec<BackendName> =
+        copy.as_ref().map_or_else(Vec::new, |c| c.external.clone());
+    external.extend(
+        imported
+            .into_iter()
+            .filter(|name| !hosted_in_copy.contains(name)),
+    );
+    external.sort();
+    external.dedup();
     let mut backends: Vec<BackendName> = manifests
         .values()
         .flat_map(|m| m.backends.iter().map(|b| b.name.clone()))
+        .chain(hosted_in_copy.iter().cloned())
         .filter(|name| !external.contains(name))
         .collect();
     backends.sort();
     backends.dedup();
-    let defaults = StoreMeta::default();
+    let past_manifests = manifests.keys().next_back().map_or(1, |n| n + 1);
+    let Some(copy) = copy else {
+        let defaults = StoreMeta::default();
+        return StoreMeta {
+            next_checkpoint: past_manifests,
+            retain: defaults.retain.max(manifests.len() as u32),
+            backends,
+            external,
+            ..defaults
+        };
+    };
+    let mut pins = copy.pins;
+    pins.retain(|name, id| {
+        let there = manifests.contains_key(id) || unreadable_ids.contains(id);
+        if !there {
+            log::warn!(
+                "pin {name} of the store's copied metadata is dropped: its checkpoint {id} \
+                 no longer exists"
+            );
+        }
+        there
+    });
     StoreMeta {
-        next_checkpoint: manifests.keys().next_back().map_or(1, |n| n + 1),
-        retain: defaults.retain.max(manifests.len() as u32),
+        next_checkpoint: copy.next_checkpoint.max(past_manifests),
         backends,
         external,
-        ..defaults
+        pins,
+        ..copy
     }
 }
 

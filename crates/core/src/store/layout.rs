@@ -4,6 +4,8 @@
 //! ```text
 //! ckptfs.json              the store's metadata (format, retain, next id, backends; on
 //!                          object storage also the writer's epoch and pending/void ids)
+//! ckptfs.copy.json         its copy, read only to rebuild it when it is lost (settings,
+//!                          pins, dropped Flink checkpoints, a next id ahead of its own)
 //! checkpoints/N.json       one manifest per retained checkpoint
 //! quarantine/              manifests `fsck --repair` set aside (local stores)
 //! objects/                 stored files, chunks and file lists, named by BLAKE3
@@ -20,6 +22,9 @@
 
 /// The store's metadata record.
 pub const META: &str = "ckptfs.json";
+/// The copy of the store's metadata that rebuilds it when it is lost: no commit point. Its
+/// name does not contain [`META`]'s, so that nothing matching one names the other.
+pub const META_COPY: &str = "ckptfs.copy.json";
 /// The directory (key prefix) of the manifests.
 pub const CHECKPOINTS: &str = "checkpoints";
 /// Where `fsck --repair` moves manifests that cannot be read.
