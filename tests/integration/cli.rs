@@ -69,3 +69,79 @@ fn a_closed_pipe_ends_a_command_quietly() {
         out.status
     );
 }
+
+/// The README's five-minute tour runs as written, line by line under `set -euo pipefail`,
+/// with its paths moved into a temporary directory (and this build's binary for the
+/// `cargo build` it starts with): every command exits 0, and the answers it shows are
+/// the ones it prints.
+#[test]
+fn the_readme_tour_runs_as_written() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let tour: String = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("## A five-minute tour"))
+        .skip_while(|l| *l != "```sh")
+        .skip(1)
+        .take_while(|l| *l != "```")
+        .filter(|l| !l.starts_with(". scripts/env.sh") && !l.starts_with("cargo build"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(tour.contains("$ckptfs diff /mnt/ckpt"), "{tour}");
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().display().to_string();
+    let script = tour
+        .replace(
+            "ckptfs=$CARGO_TARGET_DIR/debug/ckptfs",
+            "ckptfs=\"$CKPTFS_BIN\"",
+        )
+        .replace("/tmp/", &format!("{t}/"))
+        .replace("/srv/ckpt", &format!("{t}/srv/ckpt"))
+        .replace("/mnt/ckpt", &format!("{t}/mnt/ckpt"));
+    assert!(
+        !script.contains(" /mnt") && !script.contains(" /srv"),
+        "{script}"
+    );
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!("set -euo pipefail\n{script}"))
+        .current_dir(dir.path())
+        .env("CKPTFS_BIN", crate::common::mounted::BIN)
+        .output()
+        .unwrap();
+    // Unmounted by the tour itself; if it stopped early, here.
+    let _ = ckptfs(&["umount", &format!("{t}/mnt/ckpt")]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "the tour failed: {stderr}\n{stdout}");
+    // What the mount says of itself, and nothing else (`head -n1 <&3` added "cannot seek").
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| !l.starts_with("ckptfs: mounted (daemon pid "))
+        .collect();
+    assert!(said.is_empty(), "the tour printed errors: {stderr}");
+    assert!(stdout.contains("user:42\tclicks=7"), "{stdout}");
+    assert!(stdout.contains(r#"{"ok":true,"id":2,"#), "{stdout}");
+    assert_eq!(stdout.lines().last(), Some("clean"), "{stdout}");
+}
+
+/// `scripts/demo` runs to its end (it exited 141: `scan | head` under `pipefail`) and
+/// leaves its mount up, which this test takes down.
+#[test]
+fn the_demo_runs_to_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = dir.path().join("demo");
+    let out = std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/demo"))
+        .arg(&demo)
+        .env("CKPTFS_BIN", crate::common::mounted::BIN)
+        .output()
+        .unwrap();
+    let _ = ckptfs(&["umount", demo.join("mnt").to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the demo exited {:?}: {}\n{stdout}",
+        out.status.code(),
+        text(&out.stderr)
+    );
+    assert!(stdout.contains("Unmount when done:"), "{stdout}");
+}
