@@ -9,12 +9,13 @@
 
 use std::convert::Infallible;
 use std::net::{SocketAddr, TcpListener};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::Full;
-use hyper::body::Incoming;
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 
@@ -136,7 +137,7 @@ async fn serve(
                         tokio::task::spawn_blocking(move || answer(get, &path, &engine, &page));
                     Ok::<_, Infallible>(answered.await.unwrap_or_else(|e| {
                         log::error!("metrics endpoint: {e}");
-                        let mut failed = Response::new(Full::new(Bytes::new()));
+                        let mut failed = Response::new(Pieces::new(Vec::new()));
                         *failed.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
                         failed
                     }))
@@ -156,26 +157,35 @@ async fn serve(
 
 /// `GET /metrics` (or `HEAD`; `get` says whether the method was one of them): the
 /// metrics; `GET /`: the page; anything else: 404 or 405 with a hint.
-fn answer(get: bool, path: &str, engine: &Engine, page: &Page) -> Response<Full<Bytes>> {
+fn answer(get: bool, path: &str, engine: &Engine, page: &Page) -> Response<Pieces> {
     let (status, content_type, body) = match (get, path) {
         (true, "/metrics") => (
             StatusCode::OK,
             metrics::CONTENT_TYPE,
-            metrics::render(engine),
+            vec![Bytes::from(metrics::render(engine))],
         ),
-        (true, "/") => (StatusCode::OK, "text/html; charset=utf-8", page.render()),
+        (true, "/") => {
+            let page = page.render();
+            (
+                StatusCode::OK,
+                "text/html; charset=utf-8",
+                vec![page.head, page.drawn, page.foot],
+            )
+        }
         (false, "/metrics" | "/") => (
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain; charset=utf-8",
-            "only GET and HEAD are answered here\n".to_string(),
+            vec![Bytes::from_static(b"only GET and HEAD are answered here\n")],
         ),
         _ => (
             StatusCode::NOT_FOUND,
             "text/plain; charset=utf-8",
-            "ckptfs serves its metrics at /metrics and a page at /\n".to_string(),
+            vec![Bytes::from_static(
+                b"ckptfs serves its metrics at /metrics and a page at /\n",
+            )],
         ),
     };
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+    let mut response = Response::new(Pieces::new(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(
@@ -189,4 +199,66 @@ fn answer(get: bool, path: &str, engine: &Engine, page: &Page) -> Response<Full<
         );
     }
     response
+}
+
+/// A response body of several pieces, each handed to hyper as it is: hyper queues them
+/// for a vectored write without copying, so the page's shared part stays one allocation
+/// however many answers are sending it. Its exact length is known (`Content-Length`).
+pub struct Pieces(std::collections::VecDeque<Bytes>);
+
+impl Pieces {
+    /// The body of `pieces`, in order (empty ones left out).
+    pub fn new(pieces: Vec<Bytes>) -> Pieces {
+        Pieces(pieces.into_iter().filter(|b| !b.is_empty()).collect())
+    }
+}
+
+impl hyper::body::Body for Pieces {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<std::result::Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(self.get_mut().0.pop_front().map(|b| Ok(Frame::data(b))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.0.iter().map(|b| b.len() as u64).sum())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_say_their_length_and_come_in_order() {
+        use hyper::body::Body;
+        let shared = Bytes::from(vec![b'x'; 1000]);
+        let mut body = Pieces::new(vec![
+            Bytes::from_static(b"head"),
+            Bytes::new(),
+            shared.clone(),
+            Bytes::from_static(b"foot"),
+        ]);
+        assert_eq!(body.size_hint().exact(), Some(1008));
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        let mut got = Vec::new();
+        while let Poll::Ready(Some(frame)) = Pin::new(&mut body).poll_frame(&mut cx) {
+            got.push(frame.unwrap().into_data().unwrap());
+        }
+        assert!(body.is_end_stream());
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[0], "head");
+        // The shared piece is the same allocation, not a copy.
+        assert_eq!(got[1].as_ptr(), shared.as_ptr());
+        assert_eq!(got[2], "foot");
+    }
 }
