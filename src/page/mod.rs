@@ -16,7 +16,7 @@
 //! change of the set of retained checkpoints and keeps it as [`Bytes`]: every answer until
 //! the next change sends the same bytes, reference-counted, never a copy, however many
 //! clients are still reading them. Only the status parts (the summary, the Flink job and
-//! its lag, the last error, the footer: about 3 KiB whatever the history) are rendered per
+//! its lag, the last error, the footer: about 2 KiB whatever the history) are rendered per
 //! load, so ages and lags are as of the request.
 
 pub mod plot;
