@@ -10,15 +10,22 @@
 //! the figures out of the DOM.
 //!
 //! `ckptfs du`'s count over every retained checkpoint reads every file entry of every
-//! manifest (about 100 ms for 1,000 checkpoints of 100 SSTs: docs/benchmarks.md), so
-//! [`Page`] keeps the report, its history and the drawn SVG until the set of retained
-//! checkpoints changes; a load in between renders only the status parts.
+//! manifest (about 100 ms for 1,000 checkpoints of 100 SSTs: docs/benchmarks.md), and
+//! what it draws grows with the history (about 380 B of HTML per retained checkpoint:
+//! 6 MiB at 16,000). So [`Page`] renders that part (the plots and the tables) once per
+//! change of the set of retained checkpoints and keeps it as [`Bytes`]: every answer until
+//! the next change sends the same bytes, reference-counted, never a copy, however many
+//! clients are still reading them. Only the status parts (the summary, the Flink job and
+//! its lag, the last error, the footer: about 2 KiB whatever the history) are rendered per
+//! load, so ages and lags are as of the request.
 
 pub mod plot;
 
 use std::fmt::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use bytes::Bytes;
 
 use ckptfs_core::commands::du::{self, DuReport, Usage};
 use ckptfs_core::commands::history;
@@ -70,11 +77,29 @@ fn when(ms: u64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
+/// `s` as [`Bytes`] in an allocation of its length (a `String`'s spare capacity would
+/// stay allocated as long as the bytes live).
+fn exact(s: String) -> Bytes {
+    Bytes::from(s.into_bytes().into_boxed_slice())
+}
+
 /// What is kept between loads: du over the retained checkpoints `ids`, drawn.
 struct Drawn {
     ids: Vec<u64>,
-    report: DuReport,
-    svg: String,
+    /// The history's plots, the largest states and the checkpoints' table, as HTML.
+    html: Bytes,
+}
+
+/// The page as it is answered, in three parts sent one after the other: the status parts
+/// rendered for this load (`head`, `foot`) and, between them, the part drawn from du's
+/// figures, shared with every other load until the retained checkpoints change.
+pub struct Rendered {
+    /// From the document's start to the last error.
+    pub head: Bytes,
+    /// The history's plots, the largest states, the checkpoints' table (shared).
+    pub drawn: Bytes,
+    /// The footer and the document's end.
+    pub foot: Bytes,
 }
 
 /// The page of one daemon: its engine, what its Flink follower saw, the cached figures.
@@ -94,30 +119,47 @@ impl Page {
         }
     }
 
-    /// du's figures of the checkpoints in `status`, counted again only if they changed.
+    /// du's figures of the checkpoints in `status` drawn, counted and drawn again only if
+    /// they changed. Loads that find them changed wait for the one that draws them (the
+    /// lock is held meanwhile), then share its bytes.
     fn drawn(&self, status: &EngineStatus) -> Arc<Drawn> {
         let ids: Vec<u64> = status.checkpoints.iter().map(|m| m.id).collect();
         let mut cached = lock(&self.drawn);
         if let Some(d) = cached.as_ref().filter(|d| d.ids == ids) {
             return d.clone();
         }
+        // The previous drawing goes first: answers still being sent keep their own
+        // reference to its bytes, nothing else holds them.
+        *cached = None;
         let report =
             du::usage_of(status.checkpoints.iter().map(|m| m.as_ref()), None).unwrap_or(DuReport {
                 checkpoints: Vec::new(),
             });
         let history = history::history(&report);
         let svg = plot::history_svg(&history);
-        let d = Arc::new(Drawn { ids, report, svg });
+        drop(history);
+        let mut html = String::with_capacity(svg.len() + 64 * 1024);
+        let _ = write!(
+            html,
+            "<section id=\"history\"><h2>History</h2>\n{svg}</section>\n"
+        );
+        drop(svg);
+        largest_states(&mut html, &report);
+        checkpoints(&mut html, &report);
+        let d = Arc::new(Drawn {
+            ids,
+            html: exact(html),
+        });
         *cached = Some(d.clone());
         d
     }
 
-    /// The page now, as HTML.
-    pub fn render(&self) -> String {
+    /// The page now, in its parts (see [`Rendered`]).
+    pub fn render(&self) -> Rendered {
         let started = Instant::now();
         let status = self.engine.status();
         let drawn = self.drawn(&status);
-        let mut out = String::with_capacity(drawn.svg.len() + 32 * 1024);
+        let mut out = String::with_capacity(8 * 1024);
         let store = self.engine.location().to_string();
         let _ = write!(
             out,
@@ -129,22 +171,20 @@ impl Page {
         self.summary(&mut out, &status, &store);
         self.flink(&mut out, &status);
         last_error(&mut out, &status);
+        let mut foot = String::with_capacity(512);
         let _ = write!(
-            out,
-            "<section id=\"history\"><h2>History</h2>\n{}</section>\n",
-            drawn.svg
-        );
-        largest_states(&mut out, &drawn.report);
-        checkpoints(&mut out, &drawn.report);
-        let _ = write!(
-            out,
+            foot,
             "<footer id=\"rendered\" data-render-us=\"{}\">Drawn at {} by ckptfs {}; \
              the metrics are at <a href=\"/metrics\">/metrics</a>.</footer>\n</body></html>\n",
             started.elapsed().as_micros(),
             when(unix_ms_now()),
             env!("CARGO_PKG_VERSION"),
         );
-        out
+        Rendered {
+            head: exact(out),
+            drawn: Bytes::clone(&drawn.html),
+            foot: exact(foot),
+        }
     }
 
     fn summary(&self, out: &mut String, status: &EngineStatus, store: &str) {

@@ -741,3 +741,250 @@ fn metrics_give_each_operators_bytes_in_the_newest_checkpoint() {
     assert!(operators >= 3 && states > operators, "{operators} {states}");
     m.umount();
 }
+
+/// A field of `/proc/PID/status` in KiB (`VmRSS`, `VmHWM`).
+fn status_kib(pid: i32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .unwrap_or_else(|| panic!("no {field} of {pid}"))
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The sockets process `pid` holds open (None once it is gone).
+fn sockets_of(pid: i32) -> Option<usize> {
+    Some(
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .ok()?
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|l| l.to_string_lossy().starts_with("socket:"))
+            .count(),
+    )
+}
+
+/// A connection to `addr` that takes almost nothing of an answer it does not read: its
+/// receive buffer is the smallest the kernel allows, and it asks for segments of 536
+/// bytes (the Internet's default), not loopback's 64 KiB, so the daemon's kernel sizes
+/// that socket's send buffer for them (tens of KiB, not MiBs). What the daemon cannot
+/// write stays in the daemon, as it does for a client across a network.
+fn small_window_client(addr: SocketAddr) -> std::net::TcpStream {
+    use std::os::fd::FromRawFd;
+    let SocketAddr::V4(v4) = addr else {
+        panic!("{addr}: IPv4 here")
+    };
+    // SAFETY: plain socket calls on a descriptor this function owns (the TcpStream closes
+    // it), with pointers to values that live across the calls.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+        let stream = std::net::TcpStream::from_raw_fd(fd);
+        let size: libc::c_int = 4096;
+        let set = libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            &size as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+        assert_eq!(set, 0, "{}", std::io::Error::last_os_error());
+        let mss: libc::c_int = 536;
+        let set = libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_MAXSEG,
+            &mss as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+        assert_eq!(set, 0, "{}", std::io::Error::last_os_error());
+        let sin = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: v4.port().to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(*v4.ip()).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let connected = libc::connect(
+            fd,
+            &sin as *const libc::sockaddr_in as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        assert_eq!(connected, 0, "{}", std::io::Error::last_os_error());
+        stream
+    }
+}
+
+/// Clients that ask for the page and never read (issue 42): they hold one copy of the
+/// page's large part between them, not one each; at most 64 are served at once (the
+/// daemon's sockets counted while they wait); each is dropped by the daemon once its
+/// answer has not been taken within the write timeout (1.5 s here), its answer cut short;
+/// a scrape of /metrics that came during the flood is answered; a kept-alive connection
+/// with no next request is closed after the idle timeout (1 s here).
+#[test]
+fn clients_that_never_read_hold_one_page_between_them() {
+    use std::io::{Read, Write};
+    const CHECKPOINTS: &str = "300";
+    const CLIENTS: usize = 150;
+    // MAX_CONNECTIONS of src/metrics_http.rs.
+    const CAP: usize = 64;
+    let dir = tempfile::tempdir().unwrap();
+    let (store, mnt) = (dir.path().join("store"), dir.path().join("mnt"));
+    std::fs::create_dir(&mnt).unwrap();
+    let started = Instant::now();
+    ok(ckptfs(&[
+        "workload",
+        path_str(&store),
+        "--rounds",
+        CHECKPOINTS,
+        "--retain",
+        CHECKPOINTS,
+        "--keys",
+        "20",
+        "--value-size",
+        "10",
+        "--compact-every",
+        "0",
+        "--backend",
+        "A/0",
+    ]));
+    eprintln!("{CHECKPOINTS} checkpoints made in {:?}", started.elapsed());
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let m = Mounted::at_with_env(
+        &store,
+        &mnt,
+        &["--metrics-listen", &addr.to_string()],
+        &[
+            ("CKPTFS_HTTP_WRITE_TIMEOUT_MS", "1500"),
+            ("CKPTFS_HTTP_IDLE_TIMEOUT_MS", "1000"),
+        ],
+    );
+    let pid = crate::common::mounted::daemon_pid(&m);
+    // The first load counts du and draws; the next one is what every client gets.
+    let (code, _, first) = get(addr, "/");
+    assert_eq!(code, 200);
+    assert!(first.contains(&format!("data-retained=\"{CHECKPOINTS}\"")));
+    let body = get(addr, "/").2;
+    let page = body.len() as u64;
+    let drawn = body.find("<footer").unwrap() - body.find("<section id=\"history\"").unwrap();
+    eprintln!("the page: {page} B, {drawn} B of them drawn from du's figures");
+    // The daemon's own sockets (the least of a few looks: the connection of the last load
+    // may still be closing).
+    let sockets = (0..5)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            sockets_of(pid).unwrap()
+        })
+        .min()
+        .unwrap();
+    // The peak of RSS counted from here (VmHWM reset).
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+    let before = status_kib(pid, "VmRSS");
+
+    let watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let most_sockets = {
+        let watching = watching.clone();
+        std::thread::spawn(move || {
+            let mut most = 0;
+            while watching.load(std::sync::atomic::Ordering::Relaxed) {
+                let Some(now) = sockets_of(pid) else { break };
+                most = most.max(now);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            most
+        })
+    };
+    let mut clients: Vec<std::net::TcpStream> = (0..CLIENTS)
+        .map(|_| {
+            let mut c = small_window_client(addr);
+            write!(c, "GET / HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+            c
+        })
+        .collect();
+    // A scrape while they wait: answered once slots free up.
+    let scrape = std::thread::spawn(move || get(addr, "/metrics"));
+    // Every client's answer begins (peeked, never read): past the first 64, only as the
+    // daemon drops earlier ones.
+    for c in &clients {
+        c.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        let mut byte = [0u8; 1];
+        assert_eq!(c.peek(&mut byte).unwrap(), 1);
+    }
+    let peak = status_kib(pid, "VmHWM");
+    eprintln!("every answer begun after {:?}", started.elapsed());
+    let grew = peak.saturating_sub(before) * 1024;
+    let held = page * CLIENTS as u64;
+    eprintln!(
+        "page {page} B, {CLIENTS} clients that never read: RSS {before} KiB, peak {peak} KiB, \
+         grew {grew} B = {:.3} x page x clients",
+        grew as f64 / held as f64
+    );
+    assert!(
+        grew < held / 5,
+        "RSS grew by {grew} B with {CLIENTS} clients holding a page of {page} B each"
+    );
+    let (code, _, text) = scrape.join().unwrap();
+    assert_eq!(code, 200);
+    crate::metrics::parse(&text);
+    // The daemon closes every stuck connection: its sockets back to what they were.
+    wait_for("the stuck connections closed", || {
+        sockets_of(pid).unwrap() <= sockets
+    });
+    watching.store(false, std::sync::atomic::Ordering::Relaxed);
+    let most = most_sockets.join().unwrap();
+    eprintln!(
+        "every stuck connection closed after {:?}",
+        started.elapsed()
+    );
+    eprintln!("the daemon's sockets: {sockets} before, at most {most} during");
+    assert!(
+        most <= sockets + CAP,
+        "{most} sockets open at once, {sockets} before"
+    );
+    // Each answer was cut short: the client reads what the kernel held, then the end (or
+    // a reset, which says as much).
+    for c in &mut clients {
+        let mut got = Vec::new();
+        if let Err(e) = c.read_to_end(&mut got) {
+            assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+            continue;
+        }
+        let text = String::from_utf8_lossy(&got);
+        let (head, body) = text.split_once("\r\n\r\n").expect("the answer's head");
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .expect("content-length")
+            .parse()
+            .unwrap();
+        assert!(body.len() < length, "{} of {length} bytes", body.len());
+    }
+    drop(clients);
+    eprintln!("every answer read to its end after {:?}", started.elapsed());
+
+    // A kept-alive connection with no next request is closed.
+    let mut idle = std::net::TcpStream::connect(addr).unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    write!(idle, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        let n = idle.read(&mut buf).unwrap();
+        assert!(n > 0, "closed before the answer's end");
+        got.extend_from_slice(&buf[..n]);
+        if got.ends_with(b"# EOF\n") {
+            break;
+        }
+    }
+    assert_eq!(
+        idle.read(&mut buf).unwrap(),
+        0,
+        "the idle connection was not closed"
+    );
+    m.umount();
+}

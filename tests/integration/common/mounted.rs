@@ -68,6 +68,18 @@ impl Mounted {
         m
     }
 
+    /// [`Mounted::at`] with `env` added to the daemon's environment.
+    pub fn at_with_env(store: &Path, mnt: &Path, args: &[&str], env: &[(&str, &str)]) -> Mounted {
+        let m = Mounted {
+            store: store.to_path_buf(),
+            mnt: mnt.to_path_buf(),
+            root: mnt.parent().unwrap().to_path_buf(),
+            _dir: None,
+        };
+        m.mount_with_env(args, env);
+        m
+    }
+
     pub fn mount(&self, args: &[&str]) {
         self.mount_with_env(args, &[]);
     }
