@@ -455,6 +455,10 @@ pub(crate) struct MountArgs {
     /// Let other users in (with default_permissions).
     #[arg(long)]
     pub(crate) allow_other: bool,
+    /// Mount over a MOUNTPOINT that is not empty (what it holds is hidden until the
+    /// unmount); refused without it.
+    #[arg(long)]
+    pub(crate) nonempty: bool,
     /// Log file of the background daemon (default STORE/ckptfs.log).
     #[arg(long)]
     pub(crate) log_file: Option<PathBuf>,

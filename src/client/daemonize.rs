@@ -97,6 +97,12 @@ pub fn daemonize(
     Ok(ExitCode::from(1))
 }
 
+/// True in the daemon a `ckptfs mount` started (its parent checked the paths and made
+/// the store's directory and log).
+pub fn is_daemon_child() -> bool {
+    std::env::var_os(NOTIFY_ENV).is_some()
+}
+
 /// Tell a waiting `ckptfs mount` (our parent) something while the daemon starts.
 pub fn notify_note(note: &str) {
     if std::env::var_os(NOTIFY_ENV).is_none() {

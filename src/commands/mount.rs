@@ -12,8 +12,11 @@ use crate::cli::MountArgs;
 use crate::client::{daemonize, read_status};
 
 pub fn mount(mut args: MountArgs, argv: &[OsString]) -> Result<ExitCode, Error> {
-    // Refuse bad options before anything is created or started.
+    // Refuse bad options and paths before anything is created or started.
     args.validate()?;
+    if !daemonize::is_daemon_child() {
+        check_paths(&args)?;
+    }
     if args.state.is_none() && args.read_only {
         args.state = Some(args.read_only_state()?);
     }
@@ -30,6 +33,110 @@ pub fn mount(mut args: MountArgs, argv: &[OsString]) -> Result<ExitCode, Error> 
     ckptfs_core::lease::on_wait(daemonize::notify_note);
     ckptfs::daemon::serve(config, daemonize::notify_ready)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Refuse a mount whose paths are wrong before anything is created: STORE, when local,
+/// must be a ckptfs store, an empty directory or missing (an unrelated directory would get
+/// the store's files written into it); MOUNTPOINT must be a directory, not a ckptfs store
+/// (STORE and MOUNTPOINT swapped would create a new store and hide the real one under
+/// it) and empty unless `--nonempty` is given; FUSE must be there (`/dev/fuse`).
+fn check_paths(args: &MountArgs) -> Result<(), Error> {
+    let swapped = |what: &str| {
+        format!(
+            "{what}; did you mean `ckptfs mount {} {}` (STORE first, then MOUNTPOINT)?",
+            args.mountpoint.display(),
+            args.store
+        )
+    };
+    if let Some(store) = args.store.local() {
+        if store.exists() && !args.read_only && !is_store(store) && !is_empty_dir(store)? {
+            let mut what = format!(
+                "{} is neither a ckptfs store nor an empty directory: a new store needs an \
+                 empty or missing directory",
+                store.display()
+            );
+            if is_store(&args.mountpoint) {
+                what = swapped(&what);
+            }
+            return Err(Error::Invalid(what));
+        }
+    }
+    let mountpoint = &args.mountpoint;
+    match std::fs::metadata(mountpoint) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(Error::io(
+                format!("mountpoint {}", mountpoint.display()),
+                std::io::Error::from_raw_os_error(libc::ENOTDIR),
+            ))
+        }
+        Err(e) => {
+            return Err(Error::io(
+                format!(
+                    "mountpoint {} (create it first: mkdir -p {})",
+                    mountpoint.display(),
+                    mountpoint.display()
+                ),
+                e,
+            ))
+        }
+    }
+    if is_store(mountpoint) {
+        return Err(Error::Invalid(swapped(&format!(
+            "mountpoint {} is a ckptfs store: mounting over it would hide it",
+            mountpoint.display()
+        ))));
+    }
+    if !args.nonempty && !is_empty_dir(mountpoint)? {
+        return Err(Error::Invalid(format!(
+            "mountpoint {} is not empty: the mount would hide what it holds (--nonempty, or \
+             -o nonempty in fstab, mounts over it all the same)",
+            mountpoint.display()
+        )));
+    }
+    check_fuse(Path::new("/dev/fuse"))
+}
+
+/// A ckptfs store (or one that lost its `ckptfs.json`).
+fn is_store(dir: &Path) -> bool {
+    ckptfs_core::repo::check_is_store(dir).is_ok()
+}
+
+/// A directory with no entries.
+fn is_empty_dir(dir: &Path) -> Result<bool, Error> {
+    let mut entries =
+        std::fs::read_dir(dir).map_err(|e| Error::io(dir.display().to_string(), e))?;
+    Ok(entries.next().is_none())
+}
+
+/// FUSE's device is there and may be opened: a container without it (or with another
+/// device in its place) fails here with the device named, not later at the mountpoint.
+fn check_fuse(device: &Path) -> Result<(), Error> {
+    use std::os::unix::fs::FileTypeExt;
+    const FUSE: (u64, u64) = (10, 229);
+    let missing = |e: std::io::Error| {
+        Error::io(
+            format!(
+                "{}: FUSE is not available to this process (a container needs the device, \
+                 and an unprivileged user read and write access to it)",
+                device.display()
+            ),
+            e,
+        )
+    };
+    let meta = std::fs::metadata(device).map_err(missing)?;
+    let rdev = std::os::unix::fs::MetadataExt::rdev(&meta);
+    if !meta.file_type().is_char_device()
+        || (nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev)) != FUSE
+    {
+        return Err(missing(std::io::Error::from_raw_os_error(libc::ENODEV)));
+    }
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(device)
+        .map(drop)
+        .map_err(missing)
 }
 
 pub fn umount(mountpoint: &Path, timeout: u64) -> Result<ExitCode, Error> {

@@ -676,3 +676,119 @@ fn rmdir_right_after_a_listing_succeeds() {
     }
     assert!(m.checkpoint_ids().is_empty());
 }
+
+/// Everything below `dir`, as relative paths (what a refused mount must leave as it was).
+fn tree_of(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            out.push(path.strip_prefix(dir).unwrap().display().to_string());
+            if path.is_dir() && !path.is_symlink() {
+                pending.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A mount whose paths are wrong is refused with what to do, and creates nothing: STORE
+/// and MOUNTPOINT swapped (it made a new store and mounted it over the real one), an
+/// unrelated non-empty directory as STORE (the store's files were written into it), a
+/// missing MOUNTPOINT (it left STORE/ckptfs.log), a non-empty MOUNTPOINT (mounted over
+/// silently; `--nonempty` still does).
+#[test]
+fn a_mount_with_wrong_paths_is_refused_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let m = Mounted::at(&store, &mkdir(dir.path(), "mnt"), &["--backend", "A/0"]);
+    m.put("A/0", "k", "v");
+    assert_eq!(m.checkpoint(), 1);
+    m.umount();
+    let before = tree_of(&store);
+
+    let empty = mkdir(dir.path(), "empty");
+    let refused = ckptfs(&["mount", empty.to_str().unwrap(), store.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert!(!refused.status.success());
+    assert!(
+        err.contains("is a ckptfs store") && err.contains("did you mean"),
+        "{err}"
+    );
+    assert!(tree_of(&empty).is_empty(), "{:?}", tree_of(&empty));
+    assert_eq!(tree_of(&store), before);
+
+    let unrelated = mkdir(dir.path(), "photos");
+    std::fs::write(unrelated.join("cat.jpg"), b"meow").unwrap();
+    let mnt = mkdir(dir.path(), "mnt2");
+    let refused = ckptfs(&["mount", unrelated.to_str().unwrap(), mnt.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert!(!refused.status.success());
+    assert!(
+        err.contains("neither a ckptfs store nor an empty directory"),
+        "{err}"
+    );
+    assert_eq!(tree_of(&unrelated), vec!["cat.jpg"]);
+
+    let new_store = dir.path().join("new-store");
+    let missing = dir.path().join("nowhere");
+    let refused = ckptfs(&[
+        "mount",
+        new_store.to_str().unwrap(),
+        missing.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert!(!refused.status.success());
+    assert!(err.contains("mkdir -p"), "{err}");
+    assert!(
+        !new_store.exists(),
+        "a refused mount created {}",
+        new_store.display()
+    );
+
+    std::fs::write(mnt.join("notes.txt"), b"keep me").unwrap();
+    let refused = ckptfs(&["mount", new_store.to_str().unwrap(), mnt.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert!(!refused.status.success());
+    assert!(
+        err.contains("is not empty") && err.contains("--nonempty"),
+        "{err}"
+    );
+    assert!(!new_store.exists());
+    let over = Mounted::at(&new_store, &mnt, &["--nonempty"]);
+    assert!(!over.mnt.join("notes.txt").exists());
+    over.umount();
+    assert_eq!(std::fs::read(mnt.join("notes.txt")).unwrap(), b"keep me");
+}
+
+/// Without FUSE's device (a container that lacks it: here a mount namespace with
+/// /dev/null bound over /dev/fuse), the mount fails naming /dev/fuse, and creates no store.
+#[test]
+fn a_mount_without_fuse_names_the_device_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let mnt = mkdir(dir.path(), "mnt");
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount --bind /dev/null /dev/fuse && exec "$0" mount "$1" "$2""#)
+        .arg(BIN)
+        .arg(&store)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("/dev/fuse") && err.contains("FUSE is not available"),
+        "{err}"
+    );
+    assert!(!store.exists(), "a refused mount created the store");
+}
+
+fn mkdir(parent: &Path, name: &str) -> PathBuf {
+    let dir = parent.join(name);
+    std::fs::create_dir(&dir).unwrap();
+    dir
+}
