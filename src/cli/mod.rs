@@ -311,6 +311,12 @@ pub(crate) enum Command {
     },
     /// Run the built-in workload against a store and checkpoint it (no mount needed).
     Workload(WorkloadArgs),
+    /// Print the completion script of SHELL for ckptfs, e.g.
+    /// `ckptfs completions bash > /etc/bash_completion.d/ckptfs`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 /// `ckptfs workload`'s options.

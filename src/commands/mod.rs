@@ -124,5 +124,6 @@ pub fn run(command: Command, args: &[OsString]) -> Result<ExitCode, Error> {
         } => fsck::fsck(&store, repair, &from, json),
         Command::Scan { dir, count } => tools::scan(&dir, count),
         Command::Workload(workload) => tools::workload(workload),
+        Command::Completions { shell } => tools::completions(shell),
     }
 }

@@ -106,3 +106,11 @@ pub fn workload(args: WorkloadArgs) -> Result<ExitCode, Error> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// `ckptfs completions SHELL`: the completion script, from the command line's clap types.
+pub fn completions(shell: clap_complete::Shell) -> Result<ExitCode, Error> {
+    use clap::CommandFactory;
+    let mut command = crate::cli::Cli::command();
+    clap_complete::generate(shell, &mut command, "ckptfs", &mut std::io::stdout());
+    Ok(ExitCode::SUCCESS)
+}

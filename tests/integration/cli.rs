@@ -145,3 +145,36 @@ fn the_demo_runs_to_its_end() {
     );
     assert!(stdout.contains("Unmount when done:"), "{stdout}");
 }
+
+/// `ckptfs completions bash` is a script bash sources, whose completion of `ckptfs imp`
+/// offers the two import commands and of `ckptfs mount S M --allow` the option; zsh's
+/// and fish's scripts are printed too.
+#[test]
+fn completions_complete_subcommands_and_options() {
+    let script = crate::common::mounted::ok(ckptfs(&["completions", "bash"]));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ckptfs.bash");
+    std::fs::write(&path, script).unwrap();
+    let complete = |words: &str| -> Vec<String> {
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                r#"source "$0"; COMP_WORDS=({words}); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1));
+                _ckptfs ckptfs "${{COMP_WORDS[COMP_CWORD]}}" "${{COMP_WORDS[COMP_CWORD-1]}}";
+                printf '%s\n' "${{COMPREPLY[@]}}""#
+            ))
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout).lines().map(str::to_string).collect()
+    };
+    let mut imports = complete("ckptfs imp");
+    imports.sort();
+    assert_eq!(imports, vec!["import", "import-flink"]);
+    assert!(complete("ckptfs mount s m --allow").contains(&"--allow-other".to_string()));
+    for shell in ["zsh", "fish"] {
+        let script = crate::common::mounted::ok(ckptfs(&["completions", shell]));
+        assert!(script.contains("import-flink"), "{shell}: {script}");
+    }
+}
