@@ -319,6 +319,17 @@ pub(crate) enum Command {
     },
 }
 
+/// An IP:PORT to listen on; a bare port is refused with the two usual spellings.
+fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    s.parse().map_err(|_| match s.parse::<u16>() {
+        Ok(port) => format!(
+            "give IP:PORT: 127.0.0.1:{port} (this host only) or 0.0.0.0:{port} (every \
+             interface)"
+        ),
+        Err(_) => format!("{s:?} is not IP:PORT (e.g. 127.0.0.1:9100 or [::1]:9100)"),
+    })
+}
+
 /// `ckptfs workload`'s options.
 #[derive(clap::Args)]
 pub(crate) struct WorkloadArgs {
@@ -497,7 +508,7 @@ pub(crate) struct MountArgs {
     /// Serve the metrics (the text of .ckptfs/metrics, for Prometheus) over HTTP at
     /// http://ADDR/metrics, ADDR being IP:PORT, e.g. 127.0.0.1:9100 (default: off;
     /// the file is always there).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen_addr)]
     pub(crate) metrics_listen: Option<std::net::SocketAddr>,
 }
 

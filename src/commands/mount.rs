@@ -140,6 +140,12 @@ fn check_fuse(device: &Path) -> Result<(), Error> {
 }
 
 pub fn umount(mountpoint: &Path, timeout: u64) -> Result<ExitCode, Error> {
+    if !crate::client::is_mount(mountpoint) {
+        return Err(Error::NotFound(format!(
+            "nothing to unmount: {} is not a ckptfs mount (no .ckptfs/ctl)",
+            mountpoint.display()
+        )));
+    }
     let pid = nix::unistd::Pid::from_raw(read_status(mountpoint)?.pid as i32);
     let out = std::process::Command::new("fusermount3")
         .arg("-u")

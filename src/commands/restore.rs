@@ -19,7 +19,8 @@ pub fn restore(
 ) -> Result<ExitCode, Error> {
     let total = restore::checkpoint_bytes(store, checkpoint).unwrap_or(0);
     let bar = progress::progress_bar(total, "restoring");
-    let report = restore::restore_checkpoint(store, checkpoint, dest, |n| bar.inc(n))?;
+    let report = restore::restore_checkpoint(store, checkpoint, dest, |n| bar.inc(n))
+        .map_err(|e| with_retained(e, store))?;
     bar.finish_and_clear();
     if json {
         println!("{}", serde_json::to_string(&report).expect("json"));
@@ -33,6 +34,29 @@ pub fn restore(
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `e`, and when it is "no such checkpoint", which checkpoints the store holds.
+fn with_retained(e: Error, store: &Location) -> Error {
+    let Error::NoSuchCheckpoint(id) = e else {
+        return e;
+    };
+    let ids: Vec<String> = match crate::client::store_checkpoints(store) {
+        Ok((_, manifests)) => manifests.iter().map(|m| m.id.to_string()).collect(),
+        Err(_) => return e,
+    };
+    let held = match ids.len() {
+        0 => "none".to_string(),
+        n if n > 20 => format!(
+            "{} ... {} ({n}; ckptfs ls lists them)",
+            ids[..10].join(", "),
+            ids[n - 10..].join(", ")
+        ),
+        _ => ids.join(", "),
+    };
+    Error::NotFound(format!(
+        "no such checkpoint: {id} in {store}; it holds {held}"
+    ))
 }
 
 /// `ckptfs export-flink`: from a mount, its `cp-N/` files and its label of N; from a store,

@@ -178,3 +178,38 @@ fn completions_complete_subcommands_and_options() {
         assert!(script.contains("import-flink"), "{shell}: {script}");
     }
 }
+
+/// Errors of everyday mistakes say what to do: a restore of a checkpoint the store does
+/// not hold lists those it holds; `umount` of a directory that is no mount says there is
+/// nothing to unmount (it suggested mounting it); `--metrics-listen 9100` names IP:PORT.
+#[test]
+fn everyday_mistakes_say_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    crate::common::cli::workload(&store, "2");
+    let err = |args: &[&str]| {
+        let out = ckptfs(args);
+        assert!(!out.status.success(), "{args:?}");
+        text(&out.stderr)
+    };
+    let s = store.to_str().unwrap();
+    let restored = dir.path().join("r");
+    let said = err(&["restore", s, "999", restored.to_str().unwrap()]);
+    assert!(
+        said.contains("no such checkpoint: 999") && said.contains("it holds 1, 2"),
+        "{said}"
+    );
+    assert!(!restored.exists());
+    let said = err(&["umount", s]);
+    assert!(said.contains("nothing to unmount"), "{said}");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let said = err(&[
+        "mount",
+        s,
+        mnt.to_str().unwrap(),
+        "--metrics-listen",
+        "9100",
+    ]);
+    assert!(said.contains("127.0.0.1:9100"), "{said}");
+}
