@@ -213,3 +213,65 @@ fn everyday_mistakes_say_what_to_do() {
     ]);
     assert!(said.contains("127.0.0.1:9100"), "{said}");
 }
+
+/// The man page's SYNOPSIS and each subcommand's `--help` give the same options: every
+/// option the SYNOPSIS gives a subcommand is one its `--help` shows (a removed or renamed
+/// option does not linger), and every option `--help` shows is in the SYNOPSIS.
+#[test]
+fn the_man_page_synopsis_and_help_give_the_same_options() {
+    let man = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/man/ckptfs.8"))
+        .unwrap()
+        .replace("\\-", "-");
+    let long_options = |text: &str| -> std::collections::BTreeSet<String> {
+        text.split(|c: char| c.is_whitespace() || "[]=<>,.|".contains(c))
+            .map(|w| w.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '-'))
+            .filter(|w| w.starts_with("--") && w.len() > 2 && *w != "--help" && *w != "--version")
+            .map(str::to_string)
+            .collect()
+    };
+    let mut synopsis: std::collections::BTreeMap<String, String> = Default::default();
+    let mut sub = String::new();
+    for line in man
+        .lines()
+        .skip_while(|l| *l != ".SH SYNOPSIS")
+        .take_while(|l| *l != ".SH DESCRIPTION")
+    {
+        if let Some(name) = line.strip_prefix(".B ckptfs ") {
+            sub = name.split_whitespace().next().unwrap().to_string();
+        } else if !sub.is_empty() {
+            let text = synopsis.entry(sub.clone()).or_default();
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    assert!(synopsis.len() > 15, "{:?}", synopsis.keys());
+    let mut checked = 0;
+    for (name, given) in &synopsis {
+        let in_man = long_options(given);
+        // The options `--help` lists: its lines that begin with one (not its prose). An
+        // alias (`--retain`) is shown in an option's text.
+        let help = text(&ckptfs(&[name, "--help"]).stdout);
+        let mentioned = long_options(&help);
+        let listed: String = help
+            .lines()
+            .filter(|l| l.trim_start().starts_with('-'))
+            .filter_map(|l| l.split_whitespace().find(|w| w.starts_with("--")))
+            .map(|w| format!("{w}\n"))
+            .collect();
+        let in_help = long_options(&listed);
+        for option in &in_man {
+            assert!(
+                mentioned.contains(option),
+                "the man page's SYNOPSIS gives {name} {option}, which its --help does not show"
+            );
+        }
+        for option in &in_help {
+            assert!(
+                in_man.contains(option),
+                "{name} --help shows {option}, which the man page's SYNOPSIS does not give it"
+            );
+        }
+        checked += in_man.len();
+    }
+    assert!(checked > 50, "only {checked} options found in the SYNOPSIS");
+}
