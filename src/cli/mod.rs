@@ -41,6 +41,7 @@ pub(crate) enum Command {
     Mount(MountArgs),
     /// Unmount MOUNTPOINT and wait until its daemon has stopped.
     Umount {
+        /// The mountpoint of a running ckptfs daemon.
         mountpoint: PathBuf,
         /// Seconds to wait for the daemon to finish in-flight checkpoints.
         #[arg(long, default_value_t = 300)]
@@ -51,6 +52,7 @@ pub(crate) enum Command {
     /// While other checkpoints hold every slot of the mount's --max-concurrent, the daemon
     /// answers busy; this command retries until --wait seconds have passed.
     Checkpoint {
+        /// The mountpoint of a running ckptfs daemon.
         mountpoint: PathBuf,
         /// Seconds to keep retrying while the daemon is busy (0: fail at once).
         #[arg(long, default_value_t = 600)]
@@ -145,6 +147,7 @@ pub(crate) enum Command {
     ExportFlink {
         /// A mountpoint, or a store read directly.
         target: PathBuf,
+        /// The ckptfs checkpoint's id (N of cp-N).
         checkpoint: u64,
         /// Destination: a directory (missing or empty), or s3://BUCKET/PREFIX (no object).
         dest: PathBuf,
@@ -172,6 +175,7 @@ pub(crate) enum Command {
     Pin {
         /// A mountpoint, or a store no daemon holds.
         target: PathBuf,
+        /// The checkpoint's id (N of cp-N).
         checkpoint: u64,
         /// 1 to 64 of A-Z a-z 0-9 . _ -, not starting with a dot.
         name: String,
@@ -184,6 +188,7 @@ pub(crate) enum Command {
     Unpin {
         /// A mountpoint, or a store no daemon holds.
         target: PathBuf,
+        /// The pin's name.
         name: String,
         /// A store on object storage: the local state directory.
         #[arg(long)]
@@ -191,7 +196,9 @@ pub(crate) enum Command {
     },
     /// Drop checkpoint N (as rmdir MOUNTPOINT/cp-N does).
     Rm {
+        /// The mountpoint of a running ckptfs daemon.
         mountpoint: PathBuf,
+        /// The checkpoint's id (N of cp-N).
         checkpoint: u64,
     },
     /// Show the daemon's state: backends, checkpoints, in flight, retain, last error.
@@ -203,22 +210,32 @@ pub(crate) enum Command {
     },
     /// Write KEY=VALUE into a backend.
     Put {
+        /// The mountpoint of a running ckptfs daemon.
         mountpoint: PathBuf,
+        /// The backend, <operator>/<subtask>.
         backend: BackendName,
+        /// The key (bytes as given).
         key: std::ffi::OsString,
+        /// The value (bytes as given).
         value: std::ffi::OsString,
     },
     /// Delete KEY from a backend.
     Del {
+        /// The mountpoint of a running ckptfs daemon.
         mountpoint: PathBuf,
+        /// The backend, <operator>/<subtask>.
         backend: BackendName,
+        /// The key (bytes as given).
         key: std::ffi::OsString,
     },
     /// Load tab-separated, percent-encoded KEY<TAB>VALUE lines (as `scan` prints them) from
     /// FILE or stdin into a backend, in atomic batches.
     Load {
+        /// The mountpoint of a running ckptfs daemon.
         mountpoint: PathBuf,
+        /// The backend, <operator>/<subtask>.
         backend: BackendName,
+        /// The lines to load (default: stdin).
         file: Option<PathBuf>,
     },
     /// Write checkpoint N of STORE to DEST/<operator>/<subtask>/, verifying every object.
@@ -226,6 +243,7 @@ pub(crate) enum Command {
         /// A store directory or s3://BUCKET/PREFIX.
         #[arg(value_parser = parse_location)]
         store: Location,
+        /// The checkpoint's id (N of cp-N).
         checkpoint: u64,
         /// Destination directory; must be missing or empty.
         dest: PathBuf,
@@ -304,6 +322,7 @@ pub(crate) enum Command {
     /// Print the keys and values of a RocksDB directory (read-only), tab-separated and
     /// percent-encoded.
     Scan {
+        /// A RocksDB directory (a checkpoint copied out, a restored backend).
         dir: PathBuf,
         /// Print only the number of keys.
         #[arg(long)]
@@ -333,6 +352,7 @@ fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
 /// `ckptfs workload`'s options.
 #[derive(clap::Args)]
 pub(crate) struct WorkloadArgs {
+    /// The store directory (created if missing).
     pub(crate) store: PathBuf,
     /// Local state directory (default STORE/state).
     #[arg(long)]
@@ -391,8 +411,11 @@ fn parse_import(text: &str) -> Result<(BackendName, PathBuf), String> {
 /// The options of `ckptfs mount`.
 #[derive(clap::Args)]
 pub(crate) struct MountArgs {
+    /// The store: a directory (a ckptfs store, or empty or missing for a new one) or
+    /// s3://BUCKET/PREFIX.
     #[arg(value_parser = parse_location)]
     pub(crate) store: Location,
+    /// An empty directory to show the checkpoints in.
     pub(crate) mountpoint: PathBuf,
     /// Local state directory for the live RocksDB instances and the read cache
     /// (default STORE/state; required for object storage unless --read-only is given).

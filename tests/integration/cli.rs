@@ -275,3 +275,31 @@ fn the_man_page_synopsis_and_help_give_the_same_options() {
     }
     assert!(checked > 50, "only {checked} options found in the SYNOPSIS");
 }
+
+/// Every positional argument of every subcommand says what it is in `-h` (STORE,
+/// MOUNTPOINT and CHECKPOINT were bare names).
+#[test]
+fn every_argument_has_help() {
+    let help = text(&ckptfs(&["--help"]).stdout);
+    let subcommands: Vec<&str> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .collect();
+    assert!(subcommands.len() > 15, "{subcommands:?}");
+    for sub in subcommands {
+        let short = text(&ckptfs(&[sub, "-h"]).stdout);
+        for line in short
+            .lines()
+            .skip_while(|l| *l != "Arguments:")
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+        {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            assert!(words.len() > 1, "{sub}: {line:?} has no help\n{short}");
+        }
+    }
+}
