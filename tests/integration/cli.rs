@@ -303,3 +303,71 @@ fn every_argument_has_help() {
         }
     }
 }
+
+/// `scripts/install` into a staging root puts the binary, the man page, the mount helper
+/// (a link mount(8) runs, which answers as `ckptfs mount`), the systemd unit naming the
+/// installed binary and the completions in place.
+#[test]
+fn the_install_script_puts_everything_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let out = std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/install"))
+        .env("DESTDIR", root)
+        .env("PREFIX", "/opt/ckptfs")
+        .env("CKPTFS_BIN", crate::common::mounted::BIN)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let bin = root.join("opt/ckptfs/bin/ckptfs");
+    let version = std::process::Command::new(&bin)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(text(&version.stdout).starts_with("ckptfs "));
+    let man = std::fs::read_to_string(root.join("opt/ckptfs/share/man/man8/ckptfs.8")).unwrap();
+    assert!(
+        man.starts_with(".TH CKPTFS 8") || man.contains(".TH CKPTFS"),
+        "{}",
+        &man[..80]
+    );
+    let helper = root.join("sbin/mount.fuse.ckptfs");
+    assert_eq!(
+        std::fs::read_link(&helper).unwrap(),
+        std::path::PathBuf::from("/opt/ckptfs/bin/ckptfs")
+    );
+    let unit = std::fs::read_to_string(root.join("etc/systemd/system/ckptfs.service")).unwrap();
+    assert!(
+        unit.contains("ExecStart=/opt/ckptfs/bin/ckptfs mount "),
+        "{unit}"
+    );
+    for (path, needle) in [
+        (
+            "opt/ckptfs/share/bash-completion/completions/ckptfs",
+            "_ckptfs",
+        ),
+        (
+            "opt/ckptfs/share/zsh/site-functions/_ckptfs",
+            "#compdef ckptfs",
+        ),
+        (
+            "opt/ckptfs/share/fish/vendor_completions.d/ckptfs.fish",
+            "complete -c ckptfs",
+        ),
+    ] {
+        let script = std::fs::read_to_string(root.join(path)).unwrap();
+        assert!(script.contains(needle), "{path}");
+    }
+    // The helper's name makes it mount(8)'s: a bad option is refused as by `ckptfs mount`.
+    let linked = root.join("mount.fuse.ckptfs");
+    std::os::unix::fs::symlink(&bin, &linked).unwrap();
+    let refused = std::process::Command::new(&linked)
+        .args(["/srv/x", "/mnt/x", "-o", "no_such_option"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused.stderr).contains("unknown mount option"),
+        "{}",
+        text(&refused.stderr)
+    );
+}
