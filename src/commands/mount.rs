@@ -62,15 +62,8 @@ fn check_paths(args: &MountArgs) -> Result<(), Error> {
         }
     }
     let mountpoint = &args.mountpoint;
-    match std::fs::metadata(mountpoint) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => {
-            return Err(Error::io(
-                format!("mountpoint {}", mountpoint.display()),
-                std::io::Error::from_raw_os_error(libc::ENOTDIR),
-            ))
-        }
-        Err(e) => {
+    match std::fs::symlink_metadata(mountpoint) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(Error::io(
                 format!(
                     "mountpoint {} (create it first: mkdir -p {})",
@@ -78,9 +71,17 @@ fn check_paths(args: &MountArgs) -> Result<(), Error> {
                     mountpoint.display()
                 ),
                 e,
-            ))
+            ));
         }
+        // A dead mount a killed daemon left: the daemon detaches it (and logs it) and
+        // checks the directory under it.
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            return check_fuse(Path::new("/dev/fuse"))
+        }
+        _ => {}
     }
+    // Not a directory, or already a mount point: refused.
+    ckptfs::daemon::check_mountpoint(mountpoint)?;
     if is_store(mountpoint) {
         return Err(Error::Invalid(swapped(&format!(
             "mountpoint {} is a ckptfs store: mounting over it would hide it",
