@@ -702,8 +702,13 @@ fn soak_writers_checkpoints_readers_and_drops() {
         std::thread::sleep(Duration::from_millis(500));
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
     });
-    // Quiesce: no more periodic checkpoints in flight when counting.
+    // Quiesce: no more periodic checkpoints in flight when counting (their workers end
+    // with them: on a loaded machine that takes longer than half a second).
+    let settled = std::time::Instant::now() + Duration::from_secs(10);
     std::thread::sleep(Duration::from_millis(500));
+    while proc_count(pid, "task") > threads_before + 2 && std::time::Instant::now() < settled {
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let (threads_after, fds_after) = (proc_count(pid, "task"), fds_besides_ssts(pid));
     let copies = copies.load(std::sync::atomic::Ordering::SeqCst);
     let failed = failed_copies.load(std::sync::atomic::Ordering::SeqCst);
