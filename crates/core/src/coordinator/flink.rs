@@ -15,16 +15,19 @@ use super::{CheckpointPlan, Engine, ImportReport};
 use crate::catalog::{FlinkLabel, Manifest};
 use crate::error::{IoContext, Result};
 use crate::flink::import::{self as flink, Completed, FlinkSource};
+use crate::flink::listing::Listing;
 use crate::names::BackendName;
 
-/// What a follower remembers between its looks: the Flink checkpoints (job directory's
-/// name, checkpoint id) that failed to import and are tried again while Flink has them.
+/// What a follower remembers between its looks: what it listed of Flink's directories
+/// ([`Listing`]), and the Flink checkpoints (job directory's name, checkpoint id) that
+/// failed to import and are tried again while Flink has them.
 #[derive(Debug, Default)]
 pub struct Retries {
     failed: std::collections::BTreeSet<(String, u64)>,
     /// The newest completed checkpoint the last look found (job directory's name, id): of
     /// a root's jobs, the newest checkpoint of the job that began last.
     newest: Option<(String, u64)>,
+    listing: Listing,
 }
 
 impl Retries {
@@ -80,7 +83,7 @@ impl Engine {
         crate::fsutil::raise_open_files_limit();
         // A follower may look before the job has written anything.
         let completed = if keep_going {
-            flink::completed_if_any(src)?.unwrap_or_default()
+            flink::completed_listed(src, &mut retries.listing)?.unwrap_or_default()
         } else {
             flink::completed(src)?
         };
