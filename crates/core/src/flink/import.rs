@@ -131,6 +131,15 @@ impl FlinkSource {
         &self.also
     }
 
+    /// A source of `tree` alone (tests read through trees that count).
+    #[cfg(test)]
+    pub(crate) fn of_tree(tree: Arc<dyn Tree>) -> FlinkSource {
+        FlinkSource {
+            tree,
+            also: Vec::new(),
+        }
+    }
+
     /// The roots read, for messages.
     fn roots(&self) -> String {
         std::iter::once(&self.tree)
