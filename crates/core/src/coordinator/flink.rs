@@ -9,7 +9,7 @@
 //! are the job's subtasks and its own files ([`crate::flink::import`]): nothing else is
 //! carried over, so an operator the job no longer has is not in its later checkpoints.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -42,6 +42,10 @@ pub struct Retries {
     /// a root's jobs, the newest checkpoint of the job that began last.
     newest: Option<(String, u64)>,
     listing: Listing,
+    /// The job id read from the `_metadata` of each checkpoint of a job directory not named
+    /// by its id (a copy under another name), with that file's stamp: while the stamp is
+    /// the same, a look asks whether the store holds the checkpoint without reading it.
+    jobs: HashMap<(String, u64), (FileStamp, String)>,
 }
 
 /// Why a checkpoint failed to import, and so when it is tried again.
@@ -198,11 +202,13 @@ impl Engine {
             retries.newest = Some((c.job.clone(), c.checkpoint));
         }
         // What Flink no longer has is not tried again.
-        retries.failed.retain(|key, _| {
+        let listed = |key: &(String, u64)| {
             completed
                 .iter()
                 .any(|c| (&c.job, c.checkpoint) == (&key.0, key.1))
-        });
+        };
+        retries.failed.retain(|key, _| listed(key));
+        retries.jobs.retain(|key, _| listed(key));
         let mut out = Vec::new();
         for checkpoint in completed {
             let key = (checkpoint.job.clone(), checkpoint.checkpoint);
@@ -214,13 +220,26 @@ impl Engine {
                 Some(Failure::Refused { .. }) => Some(0),
                 None => None,
             };
-            let (job, result) = match self.import_flink_checkpoint(&checkpoint, attempts.is_some())
+            let known = retries
+                .jobs
+                .get(&key)
+                .filter(|(seen, _)| Some(*seen) == checkpoint.seen)
+                .map(|(_, job)| job.clone());
+            let imported =
+                self.import_flink_checkpoint(&checkpoint, attempts.is_some(), known.as_deref());
+            if let (Ok(Imported::Held(job) | Imported::Done(job, _)), Some(seen)) =
+                (&imported, checkpoint.seen)
             {
-                Ok(None) => {
+                if !flink::is_job_id(&checkpoint.job) {
+                    retries.jobs.insert(key.clone(), (seen, job.clone()));
+                }
+            }
+            let (job, result) = match imported {
+                Ok(Imported::Held(_)) => {
                     retries.failed.remove(&key);
                     continue;
                 }
-                Ok(Some((job, done))) => (job, Ok(done)),
+                Ok(Imported::Done(job, done)) => (job, Ok(done)),
                 Err(e) => (checkpoint.job.clone(), Err(e)),
             };
             let retry = match &result {
@@ -300,17 +319,19 @@ impl Engine {
         })
     }
 
-    /// One checkpoint, unless [`Engine::skips_flink`] says so.
-    #[allow(clippy::type_complexity)]
+    /// One checkpoint, unless [`Engine::skips_flink`] says so; `job` is its job id where an
+    /// earlier look read it from the same `_metadata`.
     fn import_flink_checkpoint(
         &self,
         checkpoint: &Completed,
         retry: bool,
-    ) -> Result<Option<(String, (Arc<Manifest>, Vec<ImportReport>))>> {
+        job: Option<&str>,
+    ) -> Result<Imported> {
         let held = |job: &str| self.skips_flink(job, checkpoint.checkpoint, retry);
         // Named by its id, the job's directory says it without reading the metadata.
-        if flink::is_job_id(&checkpoint.job) && held(&checkpoint.job) {
-            return Ok(None);
+        let known = job.or(flink::is_job_id(&checkpoint.job).then_some(checkpoint.job.as_str()));
+        if let Some(job) = known.filter(|job| held(job)) {
+            return Ok(Imported::Held(job.to_string()));
         }
         let staging = tempfile::Builder::new()
             .prefix("flink-import-")
@@ -323,7 +344,7 @@ impl Engine {
         let listed = flink::subtasks(checkpoint, staging.path(), &known)?;
         let (backends, job, operators) = (listed.backends, listed.job, listed.operators);
         if held(&job) {
-            return Ok(None);
+            return Ok(Imported::Held(job));
         }
         crate::failpoint!("flink::before-begin");
         let mut pending = self.begin(CheckpointPlan::Application(backends))?;
@@ -331,7 +352,7 @@ impl Engine {
         // (the follower, a control line) may have committed it since the look above.
         if held(&job) {
             pending.abort();
-            return Ok(None);
+            return Ok(Imported::Held(job));
         }
         let time_unix_ms = checkpoint.metadata_time()?.and_then(|t| {
             t.duration_since(std::time::UNIX_EPOCH)
@@ -350,8 +371,16 @@ impl Engine {
             checkpoint.checkpoint,
             done.0.id
         );
-        Ok(Some((job, done)))
+        Ok(Imported::Done(job, done))
     }
+}
+
+/// What [`Engine::import_flink_checkpoint`] came to, with the checkpoint's job id.
+enum Imported {
+    /// Not imported: [`Engine::skips_flink`] says so.
+    Held(String),
+    /// Committed, with what each of its imports read and stored.
+    Done(String, (Arc<Manifest>, Vec<ImportReport>)),
 }
 
 #[cfg(test)]
@@ -497,6 +526,44 @@ mod tests {
         engine.follow_flink_at(&src, &mut retries, at(124)).unwrap();
         assert_eq!(flink_labels(&engine), [4, 6, 5]);
         assert!(engine.flink_refused().is_empty());
+    }
+
+    /// A copy of a job's directory under another name: the job id is read from each
+    /// `_metadata` once, and the checkpoints the store holds are not read again at later
+    /// looks (every one was, at every look).
+    #[test]
+    fn a_job_directory_under_another_name_is_read_once() {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/flink/job1");
+        let dir = tempfile::tempdir().unwrap();
+        let copy = dir.path().join("job-copy");
+        assert!(std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&fixture)
+            .arg(&copy)
+            .status()
+            .unwrap()
+            .success());
+        let engine = Engine::open(crate::EngineConfig::new(dir.path().join("store"))).unwrap();
+        let tree = Arc::new(CountingTree::open(&copy));
+        let src = FlinkSource::of_tree(tree.clone());
+        let mut retries = Retries::default();
+        for _ in 0..10 {
+            engine.follow_flink(&src, &mut retries).unwrap();
+        }
+        assert_eq!(flink_labels(&engine), [4, 5, 6]);
+        assert!(engine
+            .status()
+            .checkpoints
+            .iter()
+            .all(|m| m.flink.as_ref().unwrap().job == JOB));
+        assert_eq!(tree.counts().1, 3);
+        // Written again: read again (and held).
+        let metadata = copy.join("chk-6/_metadata");
+        set_mtime(&metadata, 3_000);
+        engine.follow_flink(&src, &mut retries).unwrap();
+        engine.follow_flink(&src, &mut retries).unwrap();
+        assert_eq!(tree.counts().1, 4);
+        assert_eq!(flink_labels(&engine), [4, 5, 6]);
     }
 
     #[test]
