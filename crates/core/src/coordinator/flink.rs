@@ -248,7 +248,9 @@ impl Engine {
                     None
                 }
                 Err(e) if refuses(e) => {
-                    self.inner.counters.flink_refused.inc();
+                    if keep_going {
+                        self.inner.counters.flink_refused.inc();
+                    }
                     let reason = e.to_string();
                     retries.failed.insert(
                         key,
