@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ckptfs_core::compaction::SmallFilePolicy;
-use ckptfs_core::coordinator::Retries;
+use ckptfs_core::coordinator::{Retries, Retry};
 use ckptfs_core::error::{Error, Result};
 use ckptfs_core::flink::import::FlinkSource;
 use ckptfs_core::fsutil::lock;
@@ -118,9 +118,11 @@ impl Tasks {
     }
 
     /// Follow a Flink job (`mount --flink SRC`): every `period`, import its completed
-    /// checkpoints the store does not hold yet. One that fails is reported in status and
-    /// tried again at the next look (while it is still the newest), never blocking later
-    /// ones. Each look that lists Flink's checkpoints is noted in `view`.
+    /// checkpoints the store does not hold yet. One that fails is reported in status, never
+    /// blocking later ones, and tried again while Flink has it: one refused for what it is
+    /// once its `_metadata` changes, one that failed otherwise after a pause growing from a
+    /// second to a minute ([`Retries`]). Each look that lists Flink's checkpoints is noted
+    /// in `view`.
     pub fn flink_follow(
         &mut self,
         src: PathBuf,
@@ -129,7 +131,7 @@ impl Tasks {
         view: SharedFollowerView,
     ) -> Result<()> {
         let source = OnceLock::new();
-        // Failed checkpoints, tried again at every look while Flink has them.
+        // What the follower remembers between its looks: the listing, failed checkpoints.
         let retries = Mutex::new(Retries::default());
         let due = self.flink_watch(&src)?;
         self.every(period, due, "ckptfs-flink", move |this| {
@@ -160,13 +162,21 @@ impl Tasks {
                     }
                     for imported in &imports {
                         if let Err(e) = &imported.result {
+                            let again = match imported.retry {
+                                Some(Retry::WhenChanged) => {
+                                    "refused: read again once its _metadata changes".to_string()
+                                }
+                                Some(Retry::After(wait)) => {
+                                    format!("tried again in {}", humantime::format_duration(wait))
+                                }
+                                None => "not tried again".to_string(),
+                            };
                             this.engine().record_error(format!(
                                 "could not import checkpoint {} of Flink job {} from {}: {e} \
-                                 (tried again in {})",
+                                 ({again})",
                                 imported.checkpoint,
                                 imported.job,
                                 src.display(),
-                                humantime::format_duration(period)
                             ));
                         }
                     }

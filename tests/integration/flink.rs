@@ -1097,6 +1097,89 @@ fn a_failed_flink_checkpoint_is_retried_after_a_newer_one_is_in() {
     m.umount();
 }
 
+/// Bytes process `pid` has read so far: `rchar` of /proc/PID/io (every read(2), whatever
+/// it read from).
+fn bytes_read_by(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("rchar: "))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// `bytes` (a `_metadata`) with the RocksDB file name `000024.sst` written `00/024.sst`, as
+/// the changelog backend and unaligned checkpoints name files: refused by ckptfs.
+pub(crate) fn with_a_slash(bytes: &[u8]) -> Vec<u8> {
+    let (from, to) = (b"\x00\x0a000024.sst", b"\x00\x0a00/024.sst");
+    let at = bytes
+        .windows(from.len())
+        .position(|w| w == from)
+        .expect("the name 000024.sst");
+    let mut out = bytes.to_vec();
+    out[at..at + from.len()].copy_from_slice(to);
+    out
+}
+
+/// A checkpoint the follower refuses (a file named with `/`) whose `_metadata` is 8 MiB is
+/// read once, not at every look: over 10 s the daemon reads less than twice its size (it
+/// read it at every look, about once a second). It is shown in status (`flink_refused`)
+/// and counted (`ckptfs_flink_refused_total`); written again, it is read again; the
+/// checkpoint after it is imported all the same.
+#[test]
+fn a_refused_checkpoint_is_not_read_again_until_its_metadata_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("a312c9034e3e0d2016dae60431b4c9dc");
+    std::fs::create_dir(&job).unwrap();
+    for part in ["shared", "chk-4", "chk-5"] {
+        cp_a(&fixture().join(part), &job.join(part));
+    }
+    let metadata = job.join("chk-5/_metadata");
+    // Flink's reader ignores what follows the checkpoint's properties, and so does ckptfs.
+    let mut refused = with_a_slash(&std::fs::read(&metadata).unwrap());
+    refused.resize(8 << 20, 0);
+    std::fs::write(&metadata, &refused).unwrap();
+    let m = Mounted::new(&["--flink", job.to_str().unwrap()]);
+    let refused_bytes = |m: &Mounted| m.status()["flink_refused"][0]["metadata_bytes"].as_u64();
+    wait_for("checkpoint 5 refused", || refused_bytes(&m).is_some());
+    wait_for("checkpoint 4", || labels(&m) == [4]);
+    let status = m.status();
+    assert_eq!(status["flink_refused"][0]["checkpoint"], 5, "{status}");
+    let reason = status["flink_refused"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("00/024.sst"), "{status}");
+    let error = status["last_error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("read again once its _metadata changes"),
+        "{status}"
+    );
+    let pid = crate::common::mounted::daemon_pid(&m);
+    let before = bytes_read_by(pid);
+    std::thread::sleep(std::time::Duration::from_secs(10));
+    let read = bytes_read_by(pid) - before;
+    let size = refused.len() as u64;
+    eprintln!("read {read} bytes in 10 s, the refused _metadata has {size}");
+    assert!(
+        read < 2 * size,
+        "read {read} bytes in 10 s with a refused _metadata of {size}"
+    );
+    let metrics = std::fs::read_to_string(m.mnt.join(".ckptfs/metrics")).unwrap();
+    assert!(
+        metrics.contains("ckptfs_flink_refused_total 1\n"),
+        "{metrics}"
+    );
+    // Written again: read again.
+    refused.push(0);
+    std::fs::write(&metadata, &refused).unwrap();
+    wait_for("checkpoint 5 read again", || {
+        refused_bytes(&m) == Some(size + 1)
+    });
+    // The next one is imported.
+    cp_a(&fixture().join("chk-6"), &job.join("chk-6"));
+    wait_for("checkpoint 6", || labels(&m) == [4, 6]);
+    m.umount();
+}
+
 /// The one job directory a StateJob run made under `ck`.
 pub(crate) fn job_dir_in(ck: &Path) -> PathBuf {
     let dirs: Vec<PathBuf> = std::fs::read_dir(ck)

@@ -129,6 +129,12 @@ fn register_imports(registry: &mut Registry, counters: &Counters, status: &Engin
         counters.import_unread_files.clone(),
     );
     registry.register(
+        "flink_refused",
+        "Flink checkpoints the follower refused for what they are (read again only once \
+         their _metadata changes), since the daemon started",
+        counters.flink_refused.clone(),
+    );
+    registry.register(
         "external_backends",
         "Backends whose state is imported, not hosted",
         ConstGauge::new(status.external.len() as i64),

@@ -112,6 +112,10 @@ pub struct Status {
     /// Flink checkpoints imported and dropped since, by job: never imported again.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub flink_dropped: BTreeMap<String, Vec<u64>>,
+    /// Flink checkpoints the follower refuses for what they are: not read again until
+    /// their `_metadata` changes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flink_refused: Vec<crate::coordinator::FlinkRefused>,
     /// The checkpoints begun and not yet committed or failed, ascending.
     pub in_flight: Vec<u64>,
     /// The newest error the daemon recorded, if any
@@ -159,6 +163,7 @@ impl Status {
             checkpoints_total: status.checkpoints.len(),
             external: status.external.iter().map(|b| b.to_string()).collect(),
             flink_dropped: engine.flink_dropped(),
+            flink_refused: engine.flink_refused(),
             in_flight: status.in_flight,
             last_error: status.last_error,
             materializations: status

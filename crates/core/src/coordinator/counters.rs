@@ -67,6 +67,9 @@ pub struct Counters {
     pub import_read_bytes: Counter,
     /// Files the committed imports re-referenced by their source, without reading them.
     pub import_unread_files: Counter,
+    /// Flink checkpoints a follower refused for what they are (each once per version of
+    /// its `_metadata`: it is not read again until that changes).
+    pub flink_refused: Counter,
 }
 
 impl Counters {
@@ -84,6 +87,7 @@ impl Counters {
             imports_failed: Counter::default(),
             import_read_bytes: Counter::default(),
             import_unread_files: Counter::default(),
+            flink_refused: Counter::default(),
         };
         for phase in [SYNC, ASYNC] {
             drop(counters.checkpoint_seconds.get_or_create(&phase));

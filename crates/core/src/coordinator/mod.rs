@@ -40,7 +40,7 @@ use crate::store::{Location, ObjectId, ObjectStore, DEFAULT_ORPHAN_GRACE};
 
 pub use crate::repo::ensure_store_dir;
 pub use checkpoint::{CheckpointPlan, ImportReport, PendingCheckpoint};
-pub use flink::{FlinkImport, Retries};
+pub use flink::{FlinkImport, FlinkRefused, Retries, Retry};
 pub use materialize::MaterializePolicy;
 pub use restore::materialize;
 
@@ -216,6 +216,8 @@ struct Inner {
     last_trim: Mutex<std::time::Instant>,
     /// What happened since the engine opened, for metrics.
     counters: counters::Counters,
+    /// The Flink checkpoints a follower refuses, as its last look left them (status).
+    flink_refused: Mutex<Vec<FlinkRefused>>,
     _state_lock: DirLock,
     /// The lock or lease that makes this process the writer (held, never read): the last
     /// field, so it is released only after everything else is closed.

@@ -151,6 +151,7 @@ impl Engine {
                 materialize: config.materialize,
                 last_trim: Mutex::new(std::time::Instant::now()),
                 counters: super::counters::Counters::new(parts.state.last_error.is_some()),
+                flink_refused: Mutex::new(Vec::new()),
                 max_concurrent: if read_only {
                     1
                 } else {

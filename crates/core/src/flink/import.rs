@@ -17,11 +17,14 @@ use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::listing::Listing;
 use super::metadata::{self, KeyedHandle, OperatorState, StreamHandle};
 use crate::error::{Error, IoContext, Result};
 use crate::import::{Scanned, ScannedFile};
 use crate::names::BackendName;
-use crate::source::{join, EntryKind, Fetched, LocalTree, S3Tree, Tree, MAX_METADATA_BYTES};
+use crate::source::{
+    join, EntryKind, Fetched, FileStamp, LocalTree, S3Tree, Tree, MAX_METADATA_BYTES,
+};
 
 /// The name under which a subtask's Flink meta data (`KeyedBackendSerializationProxy`) is
 /// kept beside its RocksDB files: RocksDB ignores files it does not name itself.
@@ -128,6 +131,15 @@ impl FlinkSource {
         &self.also
     }
 
+    /// A source of `tree` alone (tests read through trees that count).
+    #[cfg(test)]
+    pub(crate) fn of_tree(tree: Arc<dyn Tree>) -> FlinkSource {
+        FlinkSource {
+            tree,
+            also: Vec::new(),
+        }
+    }
+
     /// The roots read, for messages.
     fn roots(&self) -> String {
         std::iter::once(&self.tree)
@@ -151,6 +163,10 @@ pub struct Completed {
     pub job_dir: String,
     /// The source it was found in, through which its files are read.
     pub source: FlinkSource,
+    /// Its `_metadata` as the listing saw it (size, modification time); `None` where it is
+    /// refused (a link, not a regular file). A follower tells by it whether Flink wrote the
+    /// file again.
+    pub seen: Option<FileStamp>,
 }
 
 impl Completed {
@@ -230,13 +246,23 @@ pub fn completed(src: &FlinkSource) -> Result<Vec<Completed>> {
 /// restored from another one's checkpoint begins after it, so its checkpoints are imported
 /// after the older job's.
 pub fn completed_if_any(src: &FlinkSource) -> Result<Option<Vec<Completed>>> {
+    completed_listed(src, &mut Listing::default())
+}
+
+/// [`completed_if_any`] for a follower, which keeps `listing` from one look to the next: a
+/// look lists each job's directory and looks into few of its `chk-N/` ([`Listing`]).
+pub fn completed_listed(
+    src: &FlinkSource,
+    listing: &mut Listing,
+) -> Result<Option<Vec<Completed>>> {
     let tree = src.tree.as_ref();
-    let jobs = job_dirs(tree)?;
+    let jobs = job_listings(tree)?;
+    listing.keep_jobs(&jobs.iter().map(|(dir, _)| dir.clone()).collect::<Vec<_>>());
     if jobs.is_empty() {
         return Ok(None);
     }
     let mut by_job = Vec::new();
-    for job_dir in jobs {
+    for (job_dir, entries) in jobs {
         // A copied job directory keeps its id in every path of its metadata.
         let name = if job_dir.is_empty() {
             tree.describe()
@@ -248,22 +274,22 @@ pub fn completed_if_any(src: &FlinkSource) -> Result<Option<Vec<Completed>>> {
         } else {
             job_dir.rsplit('/').next().unwrap_or("").to_string()
         };
-        let mut ids = checkpoints(tree, &job_dir)?;
-        ids.sort_unstable();
-        let found: Vec<Completed> = ids
+        let found: Vec<Completed> = listing
+            .checkpoints(tree, &job_dir, &entries)?
             .into_iter()
-            .map(|checkpoint| Completed {
+            .map(|(checkpoint, seen)| Completed {
                 job: name.clone(),
                 checkpoint,
                 job_dir: job_dir.clone(),
                 source: src.clone(),
+                seen,
             })
             .collect();
         let Some(oldest) = found.first() else {
             continue;
         };
-        // Only an order: a checkpoint Flink deleted meanwhile has no time.
-        let began = oldest.metadata_time().ok().flatten();
+        // Only an order: a refused one (a link) has no time.
+        let began = oldest.seen.and_then(|s| s.modified);
         by_job.push(((began.is_none(), began, name), found));
     }
     by_job.sort_by(|a, b| a.0.cmp(&b.0));
@@ -284,42 +310,35 @@ pub(crate) fn chk_number(name: &str) -> Option<u64> {
 
 /// The job directories below a source's root: itself, or those named by a job id in it.
 pub(crate) fn job_dirs(tree: &dyn Tree) -> Result<Vec<String>> {
-    let is_job_dir = |entries: &[crate::source::Entry]| {
-        entries.iter().any(|e| {
-            e.kind == EntryKind::Dir && (e.name == "shared" || chk_number(&e.name).is_some())
-        })
-    };
-    let top = tree.list("")?;
-    if is_job_dir(&top) {
-        return Ok(vec![String::new()]);
-    }
-    let mut jobs = Vec::new();
-    for entry in &top {
-        if entry.kind == EntryKind::Dir
-            && is_job_id(&entry.name)
-            && is_job_dir(&tree.list(&entry.name)?)
-        {
-            jobs.push(entry.name.clone());
-        }
-    }
-    Ok(jobs)
+    Ok(job_listings(tree)?
+        .into_iter()
+        .map(|(dir, _)| dir)
+        .collect())
 }
 
-/// The ids of a job directory's `chk-N` that hold a `_metadata` (one that is a link or no
-/// regular file is listed too: reading it says why it is refused).
-fn checkpoints(tree: &dyn Tree, job_dir: &str) -> Result<Vec<u64>> {
-    let mut ids = Vec::new();
-    for entry in tree.list(job_dir)? {
-        let Some(n) = chk_number(&entry.name).filter(|_| entry.kind == EntryKind::Dir) else {
-            continue;
-        };
-        match tree.size_of(&join(job_dir, &format!("chk-{n}/{METADATA}"))) {
-            Ok(Some(_)) | Err(Error::Refused { .. }) => ids.push(n),
-            Ok(None) => {}
-            Err(e) => return Err(e),
+/// [`job_dirs`], each with its entries (names and kinds, [`Tree::list_kinds`]).
+#[allow(clippy::type_complexity)]
+fn job_listings(tree: &dyn Tree) -> Result<Vec<(String, Vec<(String, EntryKind)>)>> {
+    let is_job_dir = |entries: &[(String, EntryKind)]| {
+        entries.iter().any(|(name, kind)| {
+            *kind == EntryKind::Dir && (name == "shared" || chk_number(name).is_some())
+        })
+    };
+    let top = tree.list_kinds("")?;
+    if is_job_dir(&top) {
+        return Ok(vec![(String::new(), top)]);
+    }
+    let mut jobs = Vec::new();
+    for (name, kind) in &top {
+        if *kind == EntryKind::Dir && is_job_id(name) {
+            let entries = tree.list_kinds(name)?;
+            if is_job_dir(&entries) {
+                jobs.push((name.clone(), entries));
+            }
         }
     }
-    Ok(ids)
+    jobs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    Ok(jobs)
 }
 
 /// Read and parse every checkpoint's `_metadata`, and check that ckptfs can import it

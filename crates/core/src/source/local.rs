@@ -9,13 +9,14 @@
 //! again by `fstat` after the read.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::{fstat, FileStat, Mode, SFlag};
 
-use super::{checked_relative, refused, Entry, EntryKind, Fetched, Tree};
+use super::{checked_relative, refused, Entry, EntryKind, Fetched, FileStamp, Tree};
 use crate::error::{Error, IoContext, Result};
 
 /// A local directory as a source's root.
@@ -227,6 +228,58 @@ impl LocalTree {
         Ok(Some((fd, stat)))
     }
 
+    /// The entries of directory `rel` as readdir gives them: each name (checked to be
+    /// UTF-8) and its type where the filesystem records it; with the directory's descriptor
+    /// and its path for messages.
+    #[allow(clippy::type_complexity)]
+    fn dir_entries(
+        &self,
+        rel: &str,
+    ) -> Result<(OwnedFd, PathBuf, Vec<(String, Option<nix::dir::Type>)>)> {
+        let shown = self.shown(rel);
+        let Some((fd, stat)) = self.resolve(rel)? else {
+            return Err(os_error(
+                "read directory",
+                &shown,
+                nix::errno::Errno::ENOENT,
+            ));
+        };
+        if kind_of(&stat) != SFlag::S_IFDIR {
+            return Err(os_error(
+                "read directory",
+                &shown,
+                nix::errno::Errno::ENOTDIR,
+            ));
+        }
+        // The directory the descriptor holds (not whatever is at its path now).
+        let mut dir = nix::dir::Dir::openat(
+            &fd,
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| os_error("read directory", &shown, e))?;
+        let mut out = Vec::new();
+        for entry in dir.iter() {
+            let entry = entry.map_err(|e| os_error("read directory", &shown, e))?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let Ok(name) = std::str::from_utf8(name) else {
+                return Err(refused(
+                    shown
+                        .join(std::ffi::OsStr::from_bytes(entry.file_name().to_bytes()))
+                        .display(),
+                    "a name that is not UTF-8",
+                    libc::EINVAL,
+                ));
+            };
+            out.push((name.to_string(), entry.file_type()));
+        }
+        Ok((fd, shown, out))
+    }
+
     /// `rel` below the root as an absolute path, `None` if it is not below it.
     fn below(&self, abs: &str) -> Option<String> {
         let abs = Path::new(abs);
@@ -350,34 +403,9 @@ impl Tree for LocalTree {
     }
 
     fn list(&self, rel: &str) -> Result<Vec<Entry>> {
-        let shown = self.shown(rel);
-        let Some((fd, stat)) = self.resolve(rel)? else {
-            return Err(os_error(
-                "read directory",
-                &shown,
-                nix::errno::Errno::ENOENT,
-            ));
-        };
-        if kind_of(&stat) != SFlag::S_IFDIR {
-            return Err(os_error(
-                "read directory",
-                &shown,
-                nix::errno::Errno::ENOTDIR,
-            ));
-        }
-        // The directory the descriptor holds (not whatever is at its path now).
-        let listed = std::fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-            .ctx("read directory", &shown)?;
+        let (fd, shown, entries) = self.dir_entries(rel)?;
         let mut out = Vec::new();
-        for entry in listed {
-            let entry = entry.ctx("read directory", &shown)?;
-            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
-                return Err(refused(
-                    shown.join(entry.file_name()).display(),
-                    "a name that is not UTF-8",
-                    libc::EINVAL,
-                ));
-            };
+        for (name, _) in entries {
             // lstat, relative to the descriptor.
             let stat = match nix::sys::stat::fstatat(
                 &fd,
@@ -404,9 +432,45 @@ impl Tree for LocalTree {
         Ok(out)
     }
 
+    fn list_kinds(&self, rel: &str) -> Result<Vec<(String, EntryKind)>> {
+        let (fd, shown, entries) = self.dir_entries(rel)?;
+        let mut out = Vec::with_capacity(entries.len());
+        for (name, known) in entries {
+            use nix::dir::Type;
+            let kind = match known {
+                Some(Type::File) => EntryKind::File,
+                Some(Type::Directory) => EntryKind::Dir,
+                Some(_) => EntryKind::Other,
+                // The filesystem records no type: lstat, relative to the descriptor.
+                None => match nix::sys::stat::fstatat(
+                    &fd,
+                    name.as_str(),
+                    nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+                ) {
+                    Ok(stat) => match kind_of(&stat) {
+                        SFlag::S_IFREG => EntryKind::File,
+                        SFlag::S_IFDIR => EntryKind::Dir,
+                        _ => EntryKind::Other,
+                    },
+                    Err(nix::errno::Errno::ENOENT) => continue, // deleted meanwhile
+                    Err(e) => return Err(os_error("stat", &shown.join(&name), e)),
+                },
+            };
+            out.push((name, kind));
+        }
+        Ok(out)
+    }
+
     fn size_of(&self, rel: &str) -> Result<Option<u64>> {
         // The path descriptor's fstat: nothing is opened for reading.
         Ok(self.resolve_file(rel)?.map(|(_, stat)| stat.st_size as u64))
+    }
+
+    fn stamp(&self, rel: &str) -> Result<Option<FileStamp>> {
+        Ok(self.resolve_file(rel)?.map(|(_, stat)| FileStamp {
+            size: stat.st_size as u64,
+            modified: Some(mtime_of(&stat)),
+        }))
     }
 
     fn read(&self, rel: &str, limit: u64) -> Result<Vec<u8>> {

@@ -80,6 +80,17 @@ pub struct Entry {
     pub modified: Option<std::time::SystemTime>,
 }
 
+/// What a look at a file says without reading it: its size and when it was last written
+/// (a writer that writes it again changes one or the other).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStamp {
+    /// Bytes.
+    pub size: u64,
+    /// When it was last written, where the source tells (a local file's mtime, an object's
+    /// last modification).
+    pub modified: Option<std::time::SystemTime>,
+}
+
 /// Most entries [`Tree::walk`] lists below one directory: a tree past it is refused (a
 /// source's writer must not make ckptfs hold an unbounded listing).
 pub const MAX_WALK_ENTRIES: usize = 10_000_000;
@@ -135,9 +146,22 @@ pub trait Tree: Send + Sync {
     }
     /// The entries directly under directory `rel` ("" is the root), sorted by name.
     fn list(&self, rel: &str) -> Result<Vec<Entry>>;
+    /// The names directly under directory `rel` ("" is the root) with their kinds as the
+    /// directory itself records them, in no particular order: [`Tree::list`] without a look
+    /// at each entry (a local directory's entry types; `lstat` only where the filesystem
+    /// records none), for a listing repeated every second.
+    fn list_kinds(&self, rel: &str) -> Result<Vec<(String, EntryKind)>> {
+        Ok(self
+            .list(rel)?
+            .into_iter()
+            .map(|e| (e.name, e.kind))
+            .collect())
+    }
     /// The size of regular file `rel`, `None` if there is nothing there; a link or another
     /// kind of file is refused.
     fn size_of(&self, rel: &str) -> Result<Option<u64>>;
+    /// [`Tree::size_of`] with the file's modification time.
+    fn stamp(&self, rel: &str) -> Result<Option<FileStamp>>;
     /// File `rel` whole, refused (before anything is read) beyond `limit` bytes.
     fn read(&self, rel: &str, limit: u64) -> Result<Vec<u8>>;
     /// File `rel` made readable: held open where it is, or downloaded into `staging` (a
@@ -233,6 +257,94 @@ pub fn join(a: &str, b: &str) -> String {
         (true, _) => b.to_string(),
         (_, true) => a.to_string(),
         _ => format!("{a}/{b}"),
+    }
+}
+
+/// A tree for tests: a local one that counts what is looked at and read through it.
+#[cfg(test)]
+pub(crate) mod counting {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A [`LocalTree`] counting the files looked at ([`Tree::size_of`], [`Tree::stamp`])
+    /// and read whole ([`Tree::read`]: calls and bytes).
+    pub(crate) struct CountingTree {
+        pub tree: LocalTree,
+        pub stamps: AtomicU64,
+        pub reads: AtomicU64,
+        pub read_bytes: AtomicU64,
+    }
+
+    impl CountingTree {
+        pub(crate) fn open(path: &Path) -> CountingTree {
+            CountingTree {
+                tree: LocalTree::open(path).unwrap(),
+                stamps: AtomicU64::new(0),
+                reads: AtomicU64::new(0),
+                read_bytes: AtomicU64::new(0),
+            }
+        }
+
+        /// (files looked at, files read, bytes read) so far.
+        pub(crate) fn counts(&self) -> (u64, u64, u64) {
+            (
+                self.stamps.load(Ordering::SeqCst),
+                self.reads.load(Ordering::SeqCst),
+                self.read_bytes.load(Ordering::SeqCst),
+            )
+        }
+    }
+
+    impl Tree for CountingTree {
+        fn describe(&self) -> String {
+            self.tree.describe()
+        }
+        fn list(&self, rel: &str) -> Result<Vec<Entry>> {
+            self.tree.list(rel)
+        }
+        fn list_kinds(&self, rel: &str) -> Result<Vec<(String, EntryKind)>> {
+            self.tree.list_kinds(rel)
+        }
+        fn size_of(&self, rel: &str) -> Result<Option<u64>> {
+            self.stamps.fetch_add(1, Ordering::SeqCst);
+            self.tree.size_of(rel)
+        }
+        fn stamp(&self, rel: &str) -> Result<Option<FileStamp>> {
+            self.stamps.fetch_add(1, Ordering::SeqCst);
+            self.tree.stamp(rel)
+        }
+        fn read(&self, rel: &str, limit: u64) -> Result<Vec<u8>> {
+            let bytes = self.tree.read(rel, limit)?;
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            self.read_bytes
+                .fetch_add(bytes.len() as u64, Ordering::SeqCst);
+            Ok(bytes)
+        }
+        fn fetch(&self, rel: &str, staging: &Path, name: &str, limit: u64) -> Result<Fetched> {
+            self.tree.fetch(rel, staging, name, limit)
+        }
+        fn fetch_segment(
+            &self,
+            rel: &str,
+            start: u64,
+            size: u64,
+            staging: &Path,
+            name: &str,
+        ) -> Result<Fetched> {
+            self.tree.fetch_segment(rel, start, size, staging, name)
+        }
+        fn locate(&self, uri: &str) -> Option<String> {
+            self.tree.locate(uri)
+        }
+        fn immutable_name(&self, rel: &str) -> Option<String> {
+            self.tree.immutable_name(rel)
+        }
+        fn remove_file(&self, rel: &str, seen: &Walked) -> Result<bool> {
+            self.tree.remove_file(rel, seen)
+        }
+        fn remove_empty_dir(&self, rel: &str) -> Result<bool> {
+            self.tree.remove_empty_dir(rel)
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{checked_relative, join, refused, Entry, EntryKind, Fetched, Tree, Walked};
+use super::{checked_relative, join, refused, Entry, EntryKind, Fetched, FileStamp, Tree, Walked};
 use crate::error::{Error, IoContext, Result};
 use crate::store::s3::Remote;
 
@@ -87,6 +87,16 @@ impl Tree for S3Tree {
 
     fn size_of(&self, rel: &str) -> Result<Option<u64>> {
         self.remote.size_of(&self.key(rel)?)
+    }
+
+    fn stamp(&self, rel: &str) -> Result<Option<FileStamp>> {
+        Ok(self
+            .remote
+            .stamp_of(&self.key(rel)?)?
+            .map(|(size, modified)| FileStamp {
+                size,
+                modified: Some(modified),
+            }))
     }
 
     fn read(&self, rel: &str, limit: u64) -> Result<Vec<u8>> {

@@ -306,9 +306,15 @@ impl Remote {
 
     /// The size of object `key`, or `None` if there is none.
     pub fn size_of(&self, key: &str) -> Result<Option<u64>> {
+        Ok(self.stamp_of(key)?.map(|(size, _)| size))
+    }
+
+    /// The size and last modification of object `key` (one HEAD), or `None` if there is
+    /// none.
+    pub fn stamp_of(&self, key: &str) -> Result<Option<(u64, SystemTime)>> {
         let what = format!("look up s3://{}/{key}", self.bucket);
         match self.block_on(self.client.head(&Key::from(key))) {
-            Ok(meta) => Ok(Some(meta.size)),
+            Ok(meta) => Ok(Some((meta.size, SystemTime::from(meta.last_modified)))),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(remote_error(&what, e)),
         }
