@@ -23,10 +23,10 @@ fn main() -> ExitCode {
     };
     let cli = cli::Cli::parse_from(&args);
     let default_level = match cli.command {
-        cli::Command::Mount(_) => "info",
+        cli::Command::Mount(_) | cli::Command::Serve(_) => "info",
         _ => "warn",
     };
-    if !matches!(cli.command, cli::Command::Mount(_)) {
+    if !matches!(cli.command, cli::Command::Mount(_) | cli::Command::Serve(_)) {
         // `ckptfs diff ... | head`: a reader that is gone ends the command quietly, as it
         // ends `cat` (Rust ignores SIGPIPE, and printing would panic). Not for the daemon,
         // whose sockets and pipes must not kill it.

@@ -157,11 +157,11 @@ mod tests {
         let Command::Mount(args) = cli.command else {
             panic!("not a mount: {out:?}");
         };
-        assert_eq!(args.lease_ttl, std::time::Duration::from_secs(10));
-        assert_eq!(args.lease_wait, std::time::Duration::from_secs(20));
+        assert_eq!(args.daemon.lease_ttl, std::time::Duration::from_secs(10));
+        assert_eq!(args.daemon.lease_wait, std::time::Duration::from_secs(20));
         assert!(args.allow_other);
-        assert_eq!(args.backends.len(), 2);
-        assert_eq!(args.upload_concurrency, 4);
+        assert_eq!(args.daemon.backends.len(), 2);
+        assert_eq!(args.daemon.upload_concurrency, 4);
         // A read-only view from fstab; clap's rules hold (no backends with read_only).
         let view = helper("read_only,cache_size=1GiB").unwrap();
         assert!(matches!(
@@ -177,7 +177,7 @@ mod tests {
         let Command::Mount(args) = Cli::try_parse_from(&keep).unwrap().command else {
             panic!("not a mount: {keep:?}");
         };
-        let policy = args.keep.policy().unwrap().unwrap();
+        let policy = args.daemon.keep.policy().unwrap().unwrap();
         assert_eq!(policy.to_rules(), ["last=5", "daily=7", "within=1day12h"]);
         assert!(helper("read_only=yes")
             .unwrap_err()

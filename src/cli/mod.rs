@@ -39,6 +39,15 @@ pub(crate) enum Command {
     /// (logging to STORE/ckptfs.log, or DIR/ckptfs.log for object storage), unless
     /// --foreground is given.
     Mount(MountArgs),
+    /// Host the backends and checkpoint them into STORE, as mount does, without a tree:
+    /// no FUSE, no root needed.
+    ///
+    /// Runs in the foreground, logging to stderr, until SIGTERM or SIGINT (in-flight
+    /// checkpoints finish first). Commands reach it by the store: `ckptfs checkpoint
+    /// STORE` and the others talk to it through the Unix socket ctl.sock in its state
+    /// directory (STORE/state, or the DIR of --state DIR), which only the daemon's user
+    /// and root may use; it speaks the line protocol of a mount's .ckptfs/ctl.
+    Serve(ServeArgs),
     /// Unmount MOUNTPOINT and wait until its daemon has stopped.
     Umount {
         /// The mountpoint of a running ckptfs daemon.
@@ -417,19 +426,54 @@ pub(crate) struct MountArgs {
     pub(crate) store: Location,
     /// An empty directory to show the checkpoints in.
     pub(crate) mountpoint: PathBuf,
-    /// Local state directory for the live RocksDB instances and the read cache
-    /// (default STORE/state; required for object storage unless --read-only is given).
-    #[arg(long)]
-    pub(crate) state: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) daemon: DaemonArgs,
     /// Show the checkpoints of a store that another daemon writes (on another host):
     /// no backends, no lease, new checkpoints shown within seconds; rmdir and the
     /// control file answer EROFS. The cache goes to --state DIR (default
     /// ~/.cache/ckptfs/ro-HASH).
     #[arg(long, conflicts_with_all = [
         "backends", "keep_last", "keep_hourly", "keep_daily", "keep_weekly", "keep_monthly",
-        "keep_yearly", "keep_within", "restore", "interval",
+        "keep_yearly", "keep_within", "restore", "interval", "flink",
     ])]
     pub(crate) read_only: bool,
+    /// Stay attached and log to stderr.
+    #[arg(long)]
+    pub(crate) foreground: bool,
+    /// Let other users in (with default_permissions).
+    #[arg(long)]
+    pub(crate) allow_other: bool,
+    /// Mount over a MOUNTPOINT that is not empty (what it holds is hidden until the
+    /// unmount); refused without it.
+    #[arg(long)]
+    pub(crate) nonempty: bool,
+    /// Log file of the background daemon (default STORE/ckptfs.log).
+    #[arg(long)]
+    pub(crate) log_file: Option<PathBuf>,
+    /// Do not verify each stored object's checksum at its first open (faster first
+    /// reads; a corrupt object is then served as it is).
+    #[arg(long)]
+    pub(crate) no_verify: bool,
+}
+
+/// The options of `ckptfs serve`: a daemon's, without a tree.
+#[derive(clap::Args)]
+pub(crate) struct ServeArgs {
+    /// The store: a directory (a ckptfs store, or empty or missing for a new one) or
+    /// s3://BUCKET/PREFIX.
+    #[arg(value_parser = parse_location)]
+    pub(crate) store: Location,
+    #[command(flatten)]
+    pub(crate) daemon: DaemonArgs,
+}
+
+/// The options of every daemon (`ckptfs mount` and `ckptfs serve`), spelled once.
+#[derive(clap::Args)]
+pub(crate) struct DaemonArgs {
+    /// Local state directory for the live RocksDB instances and the read cache
+    /// (default STORE/state; required for object storage, except by a read-only mount).
+    #[arg(long)]
+    pub(crate) state: Option<PathBuf>,
     /// Object storage: uploads (and parts of large ones) in flight at once; all uploads
     /// together hold at most this many 8 MiB parts in memory.
     #[arg(long, default_value_t = 8)]
@@ -473,7 +517,7 @@ pub(crate) struct MountArgs {
     /// one, followed as well without a restart; a path, a file:// URL or s3://BUCKET/PREFIX)
     /// as its _metadata appears (inotify on a local directory, a poll every second as the
     /// fallback; every 2 s on object storage), keeping them as the policy (--keep-*) says. The daemon then hosts no RocksDB of its own.
-    #[arg(long, value_name = "SRC", conflicts_with_all = ["backends", "restore", "interval", "read_only"])]
+    #[arg(long, value_name = "SRC", conflicts_with_all = ["backends", "restore", "interval"])]
     pub(crate) flink: Option<PathBuf>,
     /// Also read the files below DIR that the checkpoints of the job followed with --flink
     /// name (a job restored in CLAIM mode names the files of the job it was restored from:
@@ -489,23 +533,6 @@ pub(crate) struct MountArgs {
     /// Start the backends from checkpoint N, discarding their local state.
     #[arg(long)]
     pub(crate) restore: Option<u64>,
-    /// Stay attached and log to stderr.
-    #[arg(long)]
-    pub(crate) foreground: bool,
-    /// Let other users in (with default_permissions).
-    #[arg(long)]
-    pub(crate) allow_other: bool,
-    /// Mount over a MOUNTPOINT that is not empty (what it holds is hidden until the
-    /// unmount); refused without it.
-    #[arg(long)]
-    pub(crate) nonempty: bool,
-    /// Log file of the background daemon (default STORE/ckptfs.log).
-    #[arg(long)]
-    pub(crate) log_file: Option<PathBuf>,
-    /// Do not verify each stored object's checksum at its first open (faster first
-    /// reads; a corrupt object is then served as it is).
-    #[arg(long)]
-    pub(crate) no_verify: bool,
     /// Further RocksDB options for the backends, in RocksDB's name=value;name=value
     /// syntax (e.g. target_file_size_base=8388608;max_bytes_for_level_base=33554432);
     /// wal_dir is refused in wal mode.
@@ -665,7 +692,7 @@ pub(crate) struct FlinkGcArgs {
     pub(crate) json: bool,
 }
 
-impl MountArgs {
+impl DaemonArgs {
     fn backend_options(&self) -> BackendOptions {
         BackendOptions {
             format_version: self.format_version,
@@ -697,30 +724,23 @@ impl MountArgs {
         Ok(())
     }
 
-    /// The default state directory of a read-only mount: its own cache per store and
-    /// mountpoint, under ~/.cache/ckptfs.
-    pub(crate) fn read_only_state(&self) -> Result<PathBuf, Error> {
-        let mountpoint = std::path::absolute(&self.mountpoint)
-            .map_err(|e| Error::io("resolve mountpoint", e))?;
-        let key = format!("{}\0{}", self.store, mountpoint.display());
-        let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-        Ok(PathBuf::from(home).join(".cache/ckptfs").join(format!(
-            "ro-{}",
-            &blake3::hash(key.as_bytes()).to_hex()[..16]
-        )))
-    }
-
     /// The daemon's configuration, with absolute paths (the daemon changes to /, and its
-    /// log, status and fsname stay meaningful).
-    pub(crate) fn into_config(self) -> Result<MountConfig, Error> {
+    /// log, status and fsname stay meaningful); no tree unless `mountpoint` is given.
+    pub(crate) fn into_config(
+        self,
+        store: Location,
+        mountpoint: Option<PathBuf>,
+    ) -> Result<MountConfig, Error> {
         let backend_options = self.backend_options();
-        let store = match self.store {
+        let store = match store {
             Location::Local(path) => Location::Local(
                 std::path::absolute(&path).map_err(|e| Error::io("resolve store path", e))?,
             ),
             remote => remote,
         };
-        let mountpoint = std::path::absolute(&self.mountpoint)
+        let mountpoint = mountpoint
+            .map(std::path::absolute)
+            .transpose()
             .map_err(|e| Error::io("resolve mountpoint", e))?;
         let state = self
             .state
@@ -767,14 +787,55 @@ impl MountArgs {
             interval: self.interval,
             small_file_compaction: Some(self.small_file_compaction_interval)
                 .filter(|d| !d.is_zero()),
-            allow_other: self.allow_other,
+            allow_other: false,
             threads: 4,
-            verify: !self.no_verify,
-            read_only: self.read_only,
+            verify: true,
+            read_only: false,
+            control_socket: false,
             metrics_listen: self.metrics_listen,
             flink,
             flink_roots,
         })
+    }
+}
+
+impl MountArgs {
+    /// Refuse options that would not work before anything is created or started.
+    pub(crate) fn validate(&self) -> Result<(), Error> {
+        self.daemon.validate()
+    }
+
+    /// The default state directory of a read-only mount: its own cache per store and
+    /// mountpoint, under ~/.cache/ckptfs.
+    pub(crate) fn read_only_state(&self) -> Result<PathBuf, Error> {
+        let mountpoint = std::path::absolute(&self.mountpoint)
+            .map_err(|e| Error::io("resolve mountpoint", e))?;
+        let key = format!("{}\0{}", self.store, mountpoint.display());
+        let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+        Ok(PathBuf::from(home).join(".cache/ckptfs").join(format!(
+            "ro-{}",
+            &blake3::hash(key.as_bytes()).to_hex()[..16]
+        )))
+    }
+
+    /// The mount daemon's configuration: the daemon's, with the tree at MOUNTPOINT.
+    pub(crate) fn into_config(self) -> Result<MountConfig, Error> {
+        let (allow_other, verify, read_only) = (self.allow_other, !self.no_verify, self.read_only);
+        let mut config = self.daemon.into_config(self.store, Some(self.mountpoint))?;
+        config.allow_other = allow_other;
+        config.verify = verify;
+        config.read_only = read_only;
+        Ok(config)
+    }
+}
+
+impl ServeArgs {
+    /// The serving daemon's configuration: no tree; commands reach it through the
+    /// control socket in its state directory.
+    pub(crate) fn into_config(self) -> Result<MountConfig, Error> {
+        let mut config = self.daemon.into_config(self.store, None)?;
+        config.control_socket = true;
+        Ok(config)
     }
 }
 

@@ -1,6 +1,7 @@
-//! The command line's side of a mount: what a command names (a mount, or a store read
-//! directly), the control file's client (typed commands out, typed answers back, a
-//! daemon's errno kept), and the status files it reads. Starting the daemon is
+//! The command line's side of a daemon: what a command names (a mount, a store a serving
+//! daemon holds, or a store read directly), the control client (typed commands out, typed
+//! answers back, a daemon's errno kept) over a mount's control file or a serving daemon's
+//! control socket, and the status files it reads. Starting the daemon is
 //! [`daemonize`]; terminal progress is [`progress`].
 
 pub mod daemonize;
@@ -28,6 +29,29 @@ pub fn is_mount(path: &Path) -> bool {
     path.join(".ckptfs/status").exists()
 }
 
+/// The control socket a serving daemon (`ckptfs serve`) listens at for `path`: `path`
+/// itself when it is a socket, else `path/state/ctl.sock` of a store directory (its
+/// default state directory) when that socket exists.
+pub fn serving_socket(path: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
+    let is_socket = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.file_type().is_socket());
+    if is_socket(path) {
+        return Some(path.to_path_buf());
+    }
+    let socket = path
+        .join(ckptfs_core::store::layout::STATE)
+        .join(ckptfs::daemon::socket::SOCKET_NAME);
+    is_socket(&socket).then_some(socket)
+}
+
+/// True when a daemon takes commands for `path`: a mount, or a store (or its socket)
+/// whose serving daemon accepts connections.
+pub fn has_daemon(path: &Path) -> bool {
+    is_mount(path)
+        || serving_socket(path)
+            .is_some_and(|socket| std::os::unix::net::UnixStream::connect(socket).is_ok())
+}
+
 fn not_a_mount(mountpoint: &Path, e: std::io::Error) -> Error {
     if e.kind() == std::io::ErrorKind::NotFound {
         Error::NotFound(format!(
@@ -42,31 +66,55 @@ fn not_a_mount(mountpoint: &Path, e: std::io::Error) -> Error {
 
 /// Send commands in one write and read one answer per command. The first refusal is
 /// returned as the daemon's error (its message and errno); the commands before it ran.
+/// `mountpoint` is a mount (its control file) or a store a serving daemon holds (its
+/// control socket, see [`serving_socket`]).
 pub fn requests(mountpoint: &Path, commands: &[Request]) -> Result<Vec<Reply>, Error> {
+    if !is_mount(mountpoint) {
+        if let Some(socket) = serving_socket(mountpoint) {
+            let stream = std::os::unix::net::UnixStream::connect(&socket).map_err(|e| {
+                Error::io(
+                    format!(
+                        "connect to {} (is `ckptfs serve` running for this store?)",
+                        socket.display()
+                    ),
+                    e,
+                )
+            })?;
+            return exchange(&stream, &socket, commands);
+        }
+    }
     let path = ctl_path(mountpoint);
     let file = OpenOptions::new()
         .read(true)
         .write(true)
         .open(&path)
         .map_err(|e| not_a_mount(mountpoint, e))?;
+    exchange(&file, &path, commands)
+}
+
+/// Write the command lines to a control file or socket, read one answer each.
+fn exchange<T>(file: &T, path: &Path, commands: &[Request]) -> Result<Vec<Reply>, Error>
+where
+    for<'a> &'a T: Read + Write,
+{
     let mut text: String = commands.iter().map(|c| c.to_line() + "\n").collect();
     if text.is_empty() {
         text.push('\n');
     }
-    let write = (&file).write_all(text.as_bytes());
-    let mut reader = BufReader::new(&file);
+    let write = { file }.write_all(text.as_bytes());
+    let mut reader = BufReader::new(file);
     let mut answers = Vec::new();
     // A refused write is answered once, with why.
     let expected = if write.is_ok() { commands.len() } else { 1 };
     for _ in 0..expected {
         let mut line = String::new();
-        reader.read_line(&mut line).ctx("read answer from", &path)?;
+        reader.read_line(&mut line).ctx("read answer from", path)?;
         if line.is_empty() {
             break;
         }
         answers.push(parse_answer(&line)?.map_err(|failure| failure.into_error())?);
     }
-    write.ctx("write to", &path)?;
+    write.ctx("write to", path)?;
     Ok(answers)
 }
 

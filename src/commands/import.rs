@@ -34,7 +34,7 @@ pub fn import(
     wait: Duration,
     json: bool,
 ) -> Result<ExitCode, Error> {
-    let done = if client::is_mount(target) {
+    let done = if client::has_daemon(target) {
         import_through_daemon(target, imports, wait)?
     } else {
         import_into_store(target, imports, state)?
@@ -108,7 +108,7 @@ pub fn import_flink(
     state: Option<PathBuf>,
     json: bool,
 ) -> Result<ExitCode, Error> {
-    let done = if client::is_mount(target) {
+    let done = if client::has_daemon(target) {
         // The daemon runs elsewhere: it needs the whole paths.
         let command = Request::ImportFlink {
             src: flink::FlinkSource::absolute(src)?,

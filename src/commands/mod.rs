@@ -1,4 +1,4 @@
-//! What each subcommand does, one file per family: [`mount`] (mount, umount), [`mounted`]
+//! What each subcommand does, one file per family: [`mount`] (mount, serve, umount), [`mounted`]
 //! (checkpoint, put, del, load, rm: through a mount's control file), [`policy`] (forget,
 //! pin, unpin), [`show`] (ls, status, graph, du), [`diff`], [`import`] (import,
 //! import-flink), [`restore`] (restore, export-flink), [`flink_gc`], [`fsck`], and [`tools`]
@@ -29,6 +29,7 @@ use crate::cli::Command;
 pub fn run(command: Command, args: &[OsString]) -> Result<ExitCode, Error> {
     match command {
         Command::Mount(mount) => mount::mount(mount, args),
+        Command::Serve(serve) => mount::serve(serve),
         Command::Umount {
             mountpoint,
             timeout,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use ckptfs_core::error::Error;
 
-use crate::cli::MountArgs;
+use crate::cli::{MountArgs, ServeArgs};
 use crate::client::{daemonize, read_status};
 
 pub fn mount(mut args: MountArgs, argv: &[OsString]) -> Result<ExitCode, Error> {
@@ -17,13 +17,13 @@ pub fn mount(mut args: MountArgs, argv: &[OsString]) -> Result<ExitCode, Error> 
     if !daemonize::is_daemon_child() {
         check_paths(&args)?;
     }
-    if args.state.is_none() && args.read_only {
-        args.state = Some(args.read_only_state()?);
+    if args.daemon.state.is_none() && args.read_only {
+        args.daemon.state = Some(args.read_only_state()?);
     }
     if !args.foreground {
         return daemonize::daemonize(
             &args.store,
-            args.state.as_deref(),
+            args.daemon.state.as_deref(),
             args.read_only,
             args.log_file.as_deref(),
             argv.get(1..).unwrap_or_default(),
@@ -33,6 +33,32 @@ pub fn mount(mut args: MountArgs, argv: &[OsString]) -> Result<ExitCode, Error> 
     ckptfs_core::lease::on_wait(daemonize::notify_note);
     ckptfs::daemon::serve(config, daemonize::notify_ready)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `ckptfs serve`: the daemon of a mount without its tree, in the foreground, until
+/// SIGTERM or SIGINT; commands reach it through its control socket.
+pub fn serve(args: ServeArgs) -> Result<ExitCode, Error> {
+    args.daemon.validate()?;
+    if let Some(store) = args.store.local() {
+        check_store_dir(store)?;
+    }
+    let config = args.into_config()?;
+    ckptfs_core::lease::on_wait(daemonize::notify_note);
+    ckptfs::daemon::serve(config, daemonize::notify_ready)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A local STORE must be a ckptfs store, an empty directory or missing: an unrelated
+/// directory would get the store's files written into it.
+fn check_store_dir(store: &Path) -> Result<(), Error> {
+    if store.exists() && !is_store(store) && !is_empty_dir(store)? {
+        return Err(Error::Invalid(format!(
+            "{} is neither a ckptfs store nor an empty directory: a new store needs an \
+             empty or missing directory",
+            store.display()
+        )));
+    }
+    Ok(())
 }
 
 /// Refuse a mount whose paths are wrong before anything is created: STORE, when local,

@@ -64,7 +64,7 @@ fn open_store(
 
 pub fn forget(args: ForgetArgs) -> Result<ExitCode, Error> {
     let given = args.keep.policy()?;
-    let plan = if client::is_mount(&args.target) {
+    let plan = if client::has_daemon(&args.target) {
         let request = match (args.dry_run, given) {
             (true, policy) => Request::Forget(policy),
             (false, Some(policy)) => Request::Keep(policy),
@@ -141,7 +141,7 @@ pub fn pin(
     state: Option<PathBuf>,
 ) -> Result<ExitCode, Error> {
     ckptfs_core::catalog::meta::valid_pin_name(name)?;
-    if client::is_mount(target) {
+    if client::has_daemon(target) {
         client::request(
             target,
             &Request::Pin {
@@ -157,7 +157,7 @@ pub fn pin(
 
 pub fn unpin(target: &Path, name: &str, state: Option<PathBuf>) -> Result<ExitCode, Error> {
     ckptfs_core::catalog::meta::valid_pin_name(name)?;
-    if client::is_mount(target) {
+    if client::has_daemon(target) {
         client::request(target, &Request::Unpin(name.to_string()))?;
     } else {
         open_store(target, state, false)?.0.unpin(name)?;

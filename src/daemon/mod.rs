@@ -1,4 +1,6 @@
-//! `ckptfs mount`: open the engine, mount the tree, serve until unmounted or signalled.
+//! The daemon of `ckptfs mount` and `ckptfs serve`: open the engine, start its tasks, the
+//! metrics and the front doors (the FUSE tree of a mount, the control socket of `serve`),
+//! serve until unmounted or signalled.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,16 +17,19 @@ use ckptfs_core::coordinator::{Engine, EngineConfig};
 use ckptfs_core::error::{Error, IoContext, Result};
 use tasks::Tasks;
 
+pub mod socket;
 pub mod tasks;
 mod watch;
 
-/// What `ckptfs mount` serves, from its options (`crate`'s `cli::MountArgs`).
+/// What a daemon serves, from its options (`crate`'s `cli::MountArgs` and `cli::ServeArgs`).
 #[derive(Debug, Clone)]
 pub struct MountConfig {
     /// The engine to open: the store, the state directory, the backends, retention.
     pub engine: EngineConfig,
-    /// Where the tree is mounted.
-    pub mountpoint: PathBuf,
+    /// Where the tree is mounted (None: no tree, no FUSE: `ckptfs serve`).
+    pub mountpoint: Option<PathBuf>,
+    /// Listen at `ctl.sock` in the state directory for the control file's commands.
+    pub control_socket: bool,
     /// Take a checkpoint this often (None: only when asked).
     pub interval: Option<Duration>,
     /// Merge small SSTs this often (None: never).
@@ -164,6 +169,47 @@ pub fn check_mountpoint(mountpoint: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The FUSE front door: mount the tree at `mountpoint` and serve it on background threads.
+fn mount_tree(
+    config: &MountConfig,
+    mountpoint: &Path,
+    engine: &Engine,
+    controller: &Arc<Controller>,
+) -> Result<fuser::BackgroundSession> {
+    let fs = CkptFs::with_verification(controller.clone(), config.verify);
+    let mut options = vec![
+        MountOption::FSName(format!("ckptfs:{}", engine.location())),
+        MountOption::Subtype("ckptfs".into()),
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::NoAtime,
+    ];
+    if config.read_only {
+        // The kernel answers EROFS to rmdir and to writes of the control file.
+        options.push(MountOption::RO);
+    }
+    if config.allow_other {
+        options.push(MountOption::DefaultPermissions);
+    }
+    let mut fuse_config = Config::default();
+    fuse_config.mount_options = options;
+    fuse_config.acl = if config.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    fuse_config.n_threads = Some(config.threads.max(1));
+    fuse_config.clone_fd = true;
+    let session = fuser::Session::new(FuseAdapter::new(fs.clone()), mountpoint, &fuse_config)
+        .map_err(|e| Error::io(format!("mount {}", mountpoint.display()), e))?;
+    fs.set_invalidator(NotifierInvalidator::start(session.notifier()));
+    fs.set_mountpoint(mountpoint.to_path_buf());
+    let background = session
+        .spawn()
+        .map_err(|e| Error::io("start the FUSE session", e))?;
+    Ok(background)
+}
+
 /// Mount and serve in this process. `ready` is called once the mount is usable (or with
 /// the error that prevented it); serving continues until an unmount or a signal.
 pub fn serve(
@@ -174,7 +220,9 @@ pub fn serve(
         // A daemon keeps no directory busy and creates nothing others can read.
         nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
         std::env::set_current_dir("/").map_err(|e| Error::io("chdir /", e))?;
-        check_mountpoint(&config.mountpoint)?;
+        if let Some(mountpoint) = &config.mountpoint {
+            check_mountpoint(mountpoint)?;
+        }
         // Bound before the engine opens: a busy address fails the mount, not the scrape.
         let metrics_listener = config
             .metrics_listen
@@ -196,41 +244,16 @@ pub fn serve(
             .map(|listener| MetricsServer::start(listener, engine.clone(), follower.clone()))
             .transpose()?;
         let controller = Arc::new(Controller::new(engine.clone()));
-        let fs = CkptFs::with_verification(controller.clone(), config.verify);
-        let mut options = vec![
-            MountOption::FSName(format!("ckptfs:{}", engine.location())),
-            MountOption::Subtype("ckptfs".into()),
-            MountOption::NoDev,
-            MountOption::NoSuid,
-            MountOption::NoAtime,
-        ];
-        if config.read_only {
-            // The kernel answers EROFS to rmdir and to writes of the control file.
-            options.push(MountOption::RO);
-        }
-        if config.allow_other {
-            options.push(MountOption::DefaultPermissions);
-        }
-        let mut fuse_config = Config::default();
-        fuse_config.mount_options = options;
-        fuse_config.acl = if config.allow_other {
-            SessionACL::All
-        } else {
-            SessionACL::Owner
+        let background = match &config.mountpoint {
+            Some(mountpoint) => Some(mount_tree(&config, mountpoint, &engine, &controller)?),
+            None => None,
         };
-        fuse_config.n_threads = Some(config.threads.max(1));
-        fuse_config.clone_fd = true;
-        let session = fuser::Session::new(
-            FuseAdapter::new(fs.clone()),
-            &config.mountpoint,
-            &fuse_config,
-        )
-        .map_err(|e| Error::io(format!("mount {}", config.mountpoint.display()), e))?;
-        fs.set_invalidator(NotifierInvalidator::start(session.notifier()));
-        fs.set_mountpoint(config.mountpoint.clone());
-        let background = session
-            .spawn()
-            .map_err(|e| Error::io("start the FUSE session", e))?;
+        let socket = if config.control_socket {
+            let path = engine.state_dir().join(socket::SOCKET_NAME);
+            Some(socket::ControlSocket::start(path, &controller)?)
+        } else {
+            None
+        };
         let mut tasks = Tasks::new(controller.clone());
         if let Some(period) = config.interval.filter(|_| !config.read_only) {
             tasks.interval(period)?;
@@ -253,9 +276,16 @@ pub fn serve(
         if let Some(period) = config.small_file_compaction.filter(|_| !config.read_only) {
             tasks.small_file_compaction(period, Default::default())?;
         }
-        Ok((engine, controller, tasks, background, metrics_server))
+        Ok((
+            engine,
+            controller,
+            tasks,
+            background,
+            socket,
+            metrics_server,
+        ))
     })();
-    let (engine, controller, tasks, background, metrics_server) = match started {
+    let (engine, controller, tasks, background, socket, metrics_server) = match started {
         Ok(parts) => {
             ready(Ok(()));
             parts
@@ -265,30 +295,33 @@ pub fn serve(
             return Err(e);
         }
     };
-    log::info!(
-        "serving {} at {}",
-        engine.location(),
-        config.mountpoint.display()
-    );
-    while !STOP.load(Ordering::SeqCst) && !background.guard.is_finished() {
+    let front = match (&config.mountpoint, &socket) {
+        (Some(mountpoint), _) => format!("at {}", mountpoint.display()),
+        (None, Some(socket)) => format!("through {}", socket.path().display()),
+        (None, None) => "without a front door".into(),
+    };
+    log::info!("serving {} {front}", engine.location());
+    let unmounted = || background.as_ref().is_some_and(|b| b.guard.is_finished());
+    while !STOP.load(Ordering::SeqCst) && !unmounted() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let signalled = STOP.load(Ordering::SeqCst);
     if signalled {
-        log::info!(
-            "signal received: unmounting {}",
-            config.mountpoint.display()
-        );
+        log::info!("signal received: stopping ({front})");
     } else {
-        log::info!("{} was unmounted", config.mountpoint.display());
+        log::info!("{front}: unmounted");
     }
-    // After an external unmount the session has ended and our own unmount fails with
-    // EINVAL; asking explicitly keeps fuser from warning about it on drop.
-    match background.umount_and_join() {
-        Ok(()) => {}
-        Err(e) if !signalled => log::debug!("unmount after an external unmount: {e}"),
-        Err(e) => log::warn!("FUSE session ended with: {e}"),
+    if let Some(background) = background {
+        // After an external unmount the session has ended and our own unmount fails with
+        // EINVAL; asking explicitly keeps fuser from warning about it on drop.
+        match background.umount_and_join() {
+            Ok(()) => {}
+            Err(e) if !signalled => log::debug!("unmount after an external unmount: {e}"),
+            Err(e) => log::warn!("FUSE session ended with: {e}"),
+        }
     }
+    // No new commands; those running hold the controller until they have answered.
+    drop(socket);
     // Stop the periodic tasks, let in-flight checkpoints finish, then close the databases.
     tasks.stop();
     controller.shutdown();

@@ -30,6 +30,7 @@ mod page;
 mod policy;
 mod restore;
 mod scale;
+mod serve;
 mod store_safety;
 #[cfg(feature = "failpoints")]
 mod torture;

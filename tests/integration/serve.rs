@@ -1,0 +1,308 @@
+//! `ckptfs serve`: the daemon without a tree. No FUSE, no root: it runs as nobody with
+//! /dev/fuse replaced by /dev/null; commands reach it through `ctl.sock` in its state
+//! directory, which lets in its own user and root only; SIGTERM ends it cleanly.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::common::mounted::{ok, BIN};
+
+/// The binary where nobody may run it (/root is closed to others): copied once into a
+/// directory of its own under /tmp.
+fn public_bin() -> &'static str {
+    static BIN_COPY: OnceLock<String> = OnceLock::new();
+    BIN_COPY.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("ckptfs-serve-bin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let bin = dir.join("ckptfs");
+        std::fs::copy(BIN, &bin).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        bin.to_string_lossy().into_owned()
+    })
+}
+
+/// A temporary directory others may enter, with `store` in it (owned by nobody when
+/// `nobody_owns`).
+fn store_dir(nobody_owns: bool) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let store = dir.path().join("store");
+    std::fs::create_dir(&store).unwrap();
+    if nobody_owns {
+        crate::common::run("chown", &["nobody", &store.to_string_lossy()]);
+    }
+    (dir, store)
+}
+
+/// `ckptfs ARGS` run as nobody.
+fn as_nobody(args: &[&str]) -> Output {
+    Command::new("runuser")
+        .args(["-u", "nobody", "--", public_bin()])
+        .args(args)
+        .output()
+        .expect("runuser (util-linux)")
+}
+
+/// `ckptfs ARGS` run as root.
+fn as_root(args: &[&str]) -> Output {
+    Command::new(public_bin())
+        .args(args)
+        .output()
+        .expect("run ckptfs")
+}
+
+fn socket_of(store: &Path) -> PathBuf {
+    store.join("state/ctl.sock")
+}
+
+/// A serving daemon, stopped (SIGTERM, then SIGKILL) when dropped.
+struct Served {
+    child: Option<Child>,
+    socket: PathBuf,
+}
+
+impl Served {
+    /// Start `command` and wait until its socket answers.
+    fn start(mut command: Command, store: &Path) -> Served {
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start ckptfs serve");
+        let mut served = Served {
+            child: Some(child),
+            socket: socket_of(store),
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::os::unix::net::UnixStream::connect(&served.socket).is_err() {
+            let child = served.child.as_mut().unwrap();
+            if let Some(status) = child.try_wait().unwrap() {
+                let out = served.child.take().unwrap().wait_with_output().unwrap();
+                panic!(
+                    "serve exited with {status} before its socket answered: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no socket at {}",
+                served.socket.display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        served
+    }
+
+    /// SIGTERM; its exit status and what it logged.
+    fn stop(&mut self) -> Output {
+        let child = self.child.take().expect("running");
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        child.wait_with_output().unwrap()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while child.try_wait().ok().flatten().is_none() {
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// A user without root and without FUSE (/dev/null bound over /dev/fuse in a mount
+/// namespace of its own) serves a store (setpriv, not runuser: it execs the daemon, whose
+/// own exit status the test reads); `ckptfs checkpoint STORE` run as that user and
+/// as root reach it through the socket.
+#[test]
+fn serve_runs_as_nobody_without_fuse_and_checkpoints_through_the_socket() {
+    let (_dir, store) = store_dir(true);
+    let store_arg = store.to_string_lossy().into_owned();
+    let script = format!(
+        "mount --bind /dev/null /dev/fuse || exit 97; \
+         exec setpriv --reuid=nobody --regid=nogroup --clear-groups {} serve {store_arg} \
+         --backend A/0",
+        public_bin()
+    );
+    let mut command = Command::new("unshare");
+    command.args(["-m", "--propagation", "private", "sh", "-c", &script]);
+    let mut served = Served::start(command, &store);
+    let meta = std::fs::metadata(&served.socket).unwrap();
+    assert_eq!(
+        meta.permissions().mode() & 0o777,
+        0o600,
+        "the socket's mode"
+    );
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::uid(&meta),
+        nix::unistd::User::from_name("nobody")
+            .unwrap()
+            .unwrap()
+            .uid
+            .as_raw(),
+        "the daemon runs as nobody"
+    );
+    assert_eq!(ok(as_nobody(&["checkpoint", &store_arg])).trim(), "1");
+    assert!(store.join("checkpoints/1.json").exists());
+    // Root is let in too.
+    assert_eq!(ok(as_root(&["checkpoint", &store_arg])).trim(), "2");
+    assert!(store.join("checkpoints/2.json").exists());
+    let out = served.stop();
+    assert!(
+        out.status.success(),
+        "serve as nobody: {:?} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Another user than the daemon's (and not root) is refused with an answer that says so;
+/// the daemon's user and root are let in.
+#[test]
+fn the_socket_lets_in_its_user_and_root_only() {
+    let (_dir, store) = store_dir(false);
+    let store_arg = store.to_string_lossy().into_owned();
+    let mut command = Command::new(public_bin());
+    command.args(["serve", &store_arg, "--backend", "A/0"]);
+    let served = Served::start(command, &store);
+    // Open the way to the socket: only SO_PEERCRED stands in nobody's way then.
+    std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(store.join("state"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&served.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let refused = as_nobody(&["checkpoint", &store_arg, "--wait", "0"]);
+    assert!(!refused.status.success(), "nobody was let in");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("may not control"), "{stderr}");
+    assert!(!store.join("checkpoints/1.json").exists());
+    assert_eq!(ok(as_root(&["checkpoint", &store_arg])).trim(), "1");
+    // A raw client reads the refusal line and then the end of the stream.
+    let out = Command::new("runuser")
+        .args(["-u", "nobody", "--", "python3", "-c"])
+        .arg(format!(
+            "import socket; s = socket.socket(socket.AF_UNIX); s.connect({:?}); \
+             s.sendall(b'checkpoint\\n'); print(s.makefile().read())",
+            served.socket.to_string_lossy()
+        ))
+        .output()
+        .unwrap();
+    let answer = ok(out);
+    assert_eq!(answer.trim().lines().count(), 1, "{answer}");
+    assert!(answer.contains("\"ok\":false"), "{answer}");
+    assert!(!store.join("checkpoints/2.json").exists());
+}
+
+/// SIGTERM ends the daemon with exit 0 once the checkpoint in flight is done; the socket
+/// is gone, and a new daemon opens the store at once.
+#[test]
+fn sigterm_ends_serve_cleanly() {
+    let (_dir, store) = store_dir(false);
+    let store_arg = store.to_string_lossy().into_owned();
+    let start = || {
+        let mut command = Command::new(public_bin());
+        command.args(["serve", &store_arg, "--backend", "A/0"]);
+        Served::start(command, &store)
+    };
+    let mut served = start();
+    assert_eq!(ok(as_root(&["put", &store_arg, "A/0", "k", "v"])), "");
+    assert_eq!(ok(as_root(&["checkpoint", &store_arg])).trim(), "1");
+    let out = served.stop();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!socket_of(&store).exists(), "the socket is left behind");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("stopped"), "{stderr}");
+    // The databases were closed: the next daemon opens them and checkpoints on.
+    let mut again = start();
+    assert_eq!(ok(as_root(&["checkpoint", &store_arg])).trim(), "2");
+    assert!(again.stop().status.success());
+}
+
+/// `serve --flink DIR` imports the job's 3 checkpoints as they are there.
+#[test]
+fn serve_follows_a_flink_job() {
+    let (dir, store) = store_dir(false);
+    let job = dir.path().join("job");
+    crate::common::run(
+        "cp",
+        &[
+            "-a",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/flink/job1"),
+            &job.to_string_lossy(),
+        ],
+    );
+    let store_arg = store.to_string_lossy().into_owned();
+    let mut command = Command::new(public_bin());
+    command
+        .args(["serve", &store_arg, "--flink", &job.to_string_lossy()])
+        .env("CKPTFS_FLINK_POLL_MS", "200");
+    let mut served = Served::start(command, &store);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let ids = loop {
+        let listed: serde_json::Value =
+            serde_json::from_str(&ok(as_root(&["ls", &store_arg, "--json"]))).unwrap();
+        let ids: Vec<u64> = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|row| row["id"].as_u64().unwrap())
+            .collect();
+        if ids.len() >= 3 || Instant::now() > deadline {
+            break ids;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(ids, [1, 2, 3]);
+    let out = served.stop();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// --metrics-listen serves the metrics at /metrics.
+#[test]
+fn serve_serves_its_metrics() {
+    let (_dir, store) = store_dir(false);
+    let store_arg = store.to_string_lossy().into_owned();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", crate::common::moto::free_port())
+        .parse()
+        .unwrap();
+    let mut command = Command::new(public_bin());
+    command.args([
+        "serve",
+        &store_arg,
+        "--backend",
+        "A/0",
+        "--metrics-listen",
+        &addr.to_string(),
+    ]);
+    let _served = Served::start(command, &store);
+    assert_eq!(ok(as_root(&["checkpoint", &store_arg])).trim(), "1");
+    let (code, _, body) = crate::metrics::http_get(addr, "/metrics");
+    assert_eq!(code, 200);
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("ckptfs_checkpoints_completed_total") && l.ends_with(" 1")),
+        "{body}"
+    );
+}
