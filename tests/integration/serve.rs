@@ -306,3 +306,61 @@ fn serve_serves_its_metrics() {
         "{body}"
     );
 }
+
+/// scripts/ckptfs-serve.service: systemd accepts it, it names a user of its own (not
+/// root), and its ExecStart, run as nobody with the example store replaced, serves, takes
+/// a checkpoint through the socket and stops with exit 0 on the unit's KillSignal.
+#[test]
+fn the_serve_unit_is_valid_and_runs_without_root() {
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/ckptfs-serve.service"
+    ))
+    .unwrap();
+    let user = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("User="))
+        .expect("User=");
+    assert!(user != "root" && !user.is_empty(), "User={user}");
+    assert!(unit.contains("KillSignal=SIGTERM"));
+    let (dir, store) = store_dir(true);
+    let tested = dir.path().join("ckptfs-serve.service");
+    std::fs::write(&tested, unit.replace("/usr/local/bin/ckptfs", public_bin())).unwrap();
+    let verify = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&tested)
+        .output()
+        .expect("systemd-analyze");
+    let complaints = String::from_utf8_lossy(&verify.stderr).into_owned();
+    assert!(
+        verify.status.success() && !complaints.contains(&*tested.to_string_lossy()),
+        "{complaints}"
+    );
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .unwrap()
+        .replace("/var/lib/ckptfs/store", &store.to_string_lossy());
+    let mut words = exec.split_whitespace();
+    assert_eq!(words.next(), Some("/usr/local/bin/ckptfs"));
+    let mut command = Command::new("setpriv");
+    command
+        .args([
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            public_bin(),
+        ])
+        .args(words);
+    let mut served = Served::start(command, &store);
+    let store_arg = store.to_string_lossy().into_owned();
+    assert_eq!(ok(as_nobody(&["checkpoint", &store_arg])).trim(), "1");
+    let out = served.stop();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!socket_of(&store).exists());
+}
