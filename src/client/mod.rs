@@ -148,6 +148,16 @@ fn read_meta_file(mountpoint: &Path, name: &str) -> Result<String, Error> {
     Ok(text)
 }
 
+/// The status of the serving daemon (`ckptfs serve`) that holds `path` (a store
+/// directory or its socket), asked through its socket; `None` when `path` is a mount or
+/// no serving daemon answers for it.
+pub fn served_status(path: &Path) -> Result<Option<Status>, Error> {
+    if is_mount(path) || !has_daemon(path) {
+        return Ok(None);
+    }
+    Ok(Some(request(path, &Request::Status)?.into_status()?))
+}
+
 /// A mount's `.ckptfs/status`.
 pub fn read_status(mountpoint: &Path) -> Result<Status, Error> {
     serde_json::from_str(&read_meta_file(mountpoint, "status")?)

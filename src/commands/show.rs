@@ -11,7 +11,7 @@ use ckptfs_core::error::Error;
 use ckptfs_core::store::Location;
 use ckptfs_core::views::{CheckpointRow, Status, StoreStatus};
 
-use crate::client::{read_checkpoints, read_status, store_checkpoints, Target};
+use crate::client::{read_checkpoints, read_status, served_status, store_checkpoints, Target};
 
 /// A time of the status files, as RFC 3339.
 pub fn when(ms: u64) -> String {
@@ -20,19 +20,24 @@ pub fn when(ms: u64) -> String {
 
 /// The retained checkpoints, a table or JSON.
 pub fn ls(path: &Path, json: bool) -> Result<ExitCode, Error> {
-    let (checkpoints, external) = match Target::of(path)? {
-        Target::Mount(mountpoint) => (
-            read_checkpoints(&mountpoint)?,
-            read_status(&mountpoint)?.external,
-        ),
-        Target::Store(location) => {
-            let (repo, manifests) = store_checkpoints(&location)?;
-            let external = repo
-                .catalog
-                .load_meta()?
-                .map(|m| m.external.iter().map(|b| b.to_string()).collect())
-                .unwrap_or_default();
-            (manifests.iter().map(CheckpointRow::of).collect(), external)
+    // A serving daemon's view, through its socket; else a mount's, or the store's.
+    let (checkpoints, external) = if let Some(status) = served_status(path)? {
+        (status.checkpoints, status.external)
+    } else {
+        match Target::of(path)? {
+            Target::Mount(mountpoint) => (
+                read_checkpoints(&mountpoint)?,
+                read_status(&mountpoint)?.external,
+            ),
+            Target::Store(location) => {
+                let (repo, manifests) = store_checkpoints(&location)?;
+                let external = repo
+                    .catalog
+                    .load_meta()?
+                    .map(|m| m.external.iter().map(|b| b.to_string()).collect())
+                    .unwrap_or_default();
+                (manifests.iter().map(CheckpointRow::of).collect(), external)
+            }
         }
     };
     if json {
@@ -108,8 +113,17 @@ fn runs_text(runs: &[[u64; 2]]) -> String {
         .join(" ")
 }
 
-/// The daemon's status (a mount) or the store's (read directly).
+/// The daemon's status (a mount, or a serving daemon through its socket) or the store's
+/// (read directly).
 pub fn status(path: &Path, json: bool) -> Result<ExitCode, Error> {
+    if let Some(status) = served_status(path)? {
+        if json {
+            print!("{}", ckptfs_core::views::to_pretty_text(&status));
+        } else {
+            print_daemon_status(&status);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     match Target::of(path)? {
         Target::Mount(mountpoint) => {
             let status = read_status(&mountpoint)?;

@@ -24,6 +24,7 @@ use ckptfs_core::Engine;
 use crate::retry::{is_busy, Backoff};
 use protocol::{
     Answer, CheckpointDone, Done, Failure, Imported, Line, Plan, Reply, Request, StagedImport,
+    StatusReply,
 };
 
 /// What `import` lines staged on one control handle for its next `checkpoint`.
@@ -253,6 +254,10 @@ impl Controller {
                     let result = self.engine.unpin(name).map(|_| ());
                     self.changed();
                     answer(i, done(&self.engine, result));
+                }
+                Request::Status => {
+                    let status = Box::new(ckptfs_core::views::Status::of(&self.engine));
+                    answer(i, Ok(Reply::Status(StatusReply { status })));
                 }
             }
             i += 1;

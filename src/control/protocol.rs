@@ -73,6 +73,9 @@ pub enum Request {
         /// More roots whose files its checkpoints may name (`--source-root`).
         roots: Vec<PathBuf>,
     },
+    /// The daemon's status, as `.ckptfs/status` shows it (what `ckptfs status` and `ckptfs
+    /// ls` ask a serving daemon, which has no tree).
+    Status,
 }
 
 impl Request {
@@ -86,7 +89,7 @@ impl Request {
 /// The commands, for error messages.
 pub const USAGE: &str = "commands: checkpoint | put BACKEND KEY VALUE | del BACKEND KEY | \
 flush BACKEND | compact BACKEND | retain N | keep RULE... | forget [RULE...] | pin N NAME | \
-unpin NAME | delete N | import BACKEND DIR | import-flink DIR [ROOT...] (RULE: last=N, hourly=N, \
+unpin NAME | delete N | import BACKEND DIR | import-flink DIR [ROOT...] | status (RULE: last=N, hourly=N, \
 daily=N, weekly=N, monthly=N, yearly=N, within=DURATION)";
 
 /// Parse one line (without its newline).
@@ -177,6 +180,10 @@ pub fn parse_line(line: &str) -> Result<Request> {
                 id: number(1)?,
                 name: fields[2].to_string(),
             })
+        }
+        "status" => {
+            arity(1)?;
+            Ok(Request::Status)
         }
         "unpin" => {
             arity(2)?;
@@ -271,6 +278,7 @@ impl Request {
             Request::Forget(Some(policy)) => format!("forget {}", policy.to_rules().join(" ")),
             Request::Pin { id, name } => format!("pin {id} {name}"),
             Request::Unpin(name) => format!("unpin {name}"),
+            Request::Status => "status".into(),
             Request::Import(import) => format!("import {} {}", import.backend, path(&import.dir)),
             Request::ImportFlink { src, roots } => std::iter::once(src)
                 .chain(roots)
@@ -289,6 +297,8 @@ pub type Answer = std::result::Result<Reply, Failure>;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Reply {
+    /// `status`.
+    Status(StatusReply),
     /// `import-flink`.
     Imported(Imported),
     /// `checkpoint`.
@@ -299,6 +309,13 @@ pub enum Reply {
     Plan(Plan),
     /// Every other command.
     Done(Done),
+}
+
+/// `status`'s answer: the daemon's status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusReply {
+    /// What `.ckptfs/status` holds.
+    pub status: Box<ckptfs_core::views::Status>,
 }
 
 /// `forget`'s answer: the policy, and what it decides for each retained checkpoint, newest
@@ -462,6 +479,14 @@ impl Reply {
         match self {
             Reply::Checkpoint(done) => Ok(done),
             other => Err(other.unexpected("a checkpoint")),
+        }
+    }
+
+    /// The status a `status` answers.
+    pub fn into_status(self) -> Result<ckptfs_core::views::Status> {
+        match self {
+            Reply::Status(reply) => Ok(*reply.status),
+            other => Err(other.unexpected("a status")),
         }
     }
 

@@ -66,8 +66,13 @@ struct Served {
 }
 
 impl Served {
-    /// Start `command` and wait until its socket answers.
-    fn start(mut command: Command, store: &Path) -> Served {
+    /// Start `command` and wait until the socket of `store` answers.
+    fn start(command: Command, store: &Path) -> Served {
+        Served::start_at(command, socket_of(store))
+    }
+
+    /// Start `command` and wait until `socket` answers.
+    fn start_at(mut command: Command, socket: PathBuf) -> Served {
         let child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -76,7 +81,7 @@ impl Served {
             .expect("start ckptfs serve");
         let mut served = Served {
             child: Some(child),
-            socket: socket_of(store),
+            socket,
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         while std::os::unix::net::UnixStream::connect(&served.socket).is_err() {
@@ -236,7 +241,8 @@ fn sigterm_ends_serve_cleanly() {
     assert!(again.stop().status.success());
 }
 
-/// `serve --flink DIR` imports the job's 3 checkpoints as they are there.
+/// `serve --flink DIR` imports the job's 3 checkpoints as they are there; `ls STORE` and
+/// `status STORE` show them.
 #[test]
 fn serve_follows_a_flink_job() {
     let (dir, store) = store_dir(false);
@@ -271,6 +277,19 @@ fn serve_follows_a_flink_job() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(ids, [1, 2, 3]);
+    // status STORE is the daemon's own, asked through the socket: its pid, what it follows.
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(as_root(&["status", &store_arg, "--json"]))).unwrap();
+    assert_eq!(
+        status["pid"],
+        served.child.as_ref().unwrap().id(),
+        "{status}"
+    );
+    assert_eq!(
+        status["checkpoints"].as_array().unwrap().len(),
+        3,
+        "{status}"
+    );
     let out = served.stop();
     assert!(
         out.status.success(),
@@ -363,4 +382,37 @@ fn the_serve_unit_is_valid_and_runs_without_root() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!socket_of(&store).exists());
+}
+
+/// With --state DIR elsewhere, commands name the socket itself: checkpoint, ls and status
+/// of DIR/ctl.sock (no store to read there: only the daemon can answer).
+#[test]
+fn commands_reach_a_daemon_by_its_socket() {
+    let (dir, store) = store_dir(false);
+    let state = dir.path().join("state-elsewhere");
+    let mut command = Command::new(public_bin());
+    command.args([
+        "serve",
+        &store.to_string_lossy(),
+        "--state",
+        &state.to_string_lossy(),
+        "--backend",
+        "A/0",
+    ]);
+    let socket = state.join("ctl.sock");
+    let mut served = Served::start_at(command, socket.clone());
+    let socket_arg = socket.to_string_lossy().into_owned();
+    assert_eq!(ok(as_root(&["checkpoint", &socket_arg])).trim(), "1");
+    let listed: serde_json::Value =
+        serde_json::from_str(&ok(as_root(&["ls", &socket_arg, "--json"]))).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed[0]["id"], 1);
+    let status = ok(as_root(&["status", &socket_arg]));
+    assert!(status.contains("A/0"), "{status}");
+    // The store directory has no socket of its own: read directly, it shows the same.
+    let direct: serde_json::Value =
+        serde_json::from_str(&ok(as_root(&["ls", &store.to_string_lossy(), "--json"]))).unwrap();
+    assert_eq!(direct[0]["id"], 1);
+    assert!(served.stop().status.success());
+    assert!(!socket.exists());
 }
