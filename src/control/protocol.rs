@@ -594,6 +594,7 @@ mod tests {
                 name: "before-deploy_2.1".into(),
             },
             Request::Unpin("before-deploy_2.1".into()),
+            Request::Status,
             Request::Import(ImportDir {
                 backend: b,
                 dir: "/var/lib/app checkpoints/cp 1".into(),

@@ -409,10 +409,47 @@ fn commands_reach_a_daemon_by_its_socket() {
     assert_eq!(listed[0]["id"], 1);
     let status = ok(as_root(&["status", &socket_arg]));
     assert!(status.contains("A/0"), "{status}");
+    // pin and unpin go through it too; the pin shows in the daemon's status.
+    ok(as_root(&["pin", &socket_arg, "1", "keep"]));
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(as_root(&["status", &socket_arg, "--json"]))).unwrap();
+    assert!(status.to_string().contains("\"keep\""), "{status}");
+    ok(as_root(&["unpin", &socket_arg, "keep"]));
     // The store directory has no socket of its own: read directly, it shows the same.
     let direct: serde_json::Value =
         serde_json::from_str(&ok(as_root(&["ls", &store.to_string_lossy(), "--json"]))).unwrap();
     assert_eq!(direct[0]["id"], 1);
     assert!(served.stop().status.success());
     assert!(!socket.exists());
+}
+
+/// A line longer than the control file takes (4 MiB) is refused with one answer and the
+/// connection closed (the daemon never waits for its end); the daemon serves the next
+/// client.
+#[test]
+fn an_overlong_line_is_refused_and_the_connection_closed() {
+    use std::io::{Read, Write};
+    let (_dir, store) = store_dir(false);
+    let store_arg = store.to_string_lossy().into_owned();
+    let mut command = Command::new(public_bin());
+    command.args(["serve", &store_arg, "--backend", "A/0"]);
+    let served = Served::start(command, &store);
+    let mut stream = std::os::unix::net::UnixStream::connect(&served.socket).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    // "put A/0 k " and a value that makes the line one byte too long, no newline.
+    let mut line = b"put A/0 k ".to_vec();
+    line.resize((4 << 20) + 1, b'v');
+    let _ = stream.write_all(&line);
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    assert_eq!(answer.lines().count(), 1, "{answer:.200}");
+    assert!(answer.contains("\"ok\":false"), "{answer}");
+    assert!(answer.contains("longer than"), "{answer}");
+    // The daemon answers the next client.
+    assert_eq!(ok(as_root(&["checkpoint", &store_arg])).trim(), "1");
+    let listed = ok(as_root(&["ls", &store_arg, "--json"]));
+    let rows: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 1);
 }
