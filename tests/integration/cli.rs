@@ -340,6 +340,12 @@ fn the_install_script_puts_everything_in_place() {
         unit.contains("ExecStart=/opt/ckptfs/bin/ckptfs mount "),
         "{unit}"
     );
+    let unit =
+        std::fs::read_to_string(root.join("etc/systemd/system/ckptfs-serve.service")).unwrap();
+    assert!(
+        unit.contains("ExecStart=/opt/ckptfs/bin/ckptfs serve "),
+        "{unit}"
+    );
     for (path, needle) in [
         (
             "opt/ckptfs/share/bash-completion/completions/ckptfs",
