@@ -453,3 +453,38 @@ fn an_overlong_line_is_refused_and_the_connection_closed() {
     let rows: serde_json::Value = serde_json::from_str(&listed).unwrap();
     assert_eq!(rows.as_array().unwrap().len(), 1);
 }
+
+/// `ckptfs import-flink SRC STORE` of a served store imports through the daemon (the
+/// store's lock is the daemon's: read directly, it would be refused).
+#[test]
+fn import_flink_into_a_served_store_goes_through_the_daemon() {
+    let (dir, store) = store_dir(false);
+    let job = dir.path().join("job");
+    crate::common::run(
+        "cp",
+        &[
+            "-a",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/flink/job1"),
+            &job.to_string_lossy(),
+        ],
+    );
+    let store_arg = store.to_string_lossy().into_owned();
+    let mut command = Command::new(public_bin());
+    command.args(["serve", &store_arg]);
+    let mut served = Served::start(command, &store);
+    let ids = ok(as_root(&[
+        "import-flink",
+        &job.to_string_lossy(),
+        &store_arg,
+    ]));
+    assert_eq!(
+        ids.split_whitespace().collect::<Vec<_>>(),
+        ["1", "2", "3"],
+        "{ids}"
+    );
+    let out = served.stop();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // The daemon did it: its log has the three checkpoints.
+    assert!(stderr.contains("checkpoint 3"), "{stderr}");
+}
