@@ -10,17 +10,23 @@ use std::time::{Duration, Instant};
 
 use crate::common::mounted::{ok, BIN};
 
-/// The binary where nobody may run it (/root is closed to others): copied once into a
-/// directory of its own under /tmp.
+/// The binary where nobody may run it (/root is closed to others): hard-linked (copied
+/// when another filesystem holds it) to /tmp/ckptfs-serve-bin/ckptfs, replaced by a
+/// rename at each run, so that one file at most is left behind.
 fn public_bin() -> &'static str {
     static BIN_COPY: OnceLock<String> = OnceLock::new();
     BIN_COPY.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("ckptfs-serve-bin-{}", std::process::id()));
+        let dir = std::env::temp_dir().join("ckptfs-serve-bin");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let staged = dir.join(format!("ckptfs.{}", std::process::id()));
+        let _ = std::fs::remove_file(&staged);
+        if std::fs::hard_link(BIN, &staged).is_err() {
+            std::fs::copy(BIN, &staged).unwrap();
+        }
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755)).unwrap();
         let bin = dir.join("ckptfs");
-        std::fs::copy(BIN, &bin).unwrap();
-        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&staged, &bin).unwrap();
         bin.to_string_lossy().into_owned()
     })
 }
