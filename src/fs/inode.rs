@@ -2,7 +2,7 @@
 //! lookup, directory listings as pictures taken at `opendir` (with the kernel's readdir
 //! cache for the root), readlink, and `rmdir cp-N`, which drops a checkpoint.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -62,26 +62,51 @@ pub(super) fn make_ino(cp: u64, index: usize) -> u64 {
     (cp << 32) | index as u64
 }
 
+/// The names of the links in `pinned/`: every pin name seen, in the order seen (the k-th
+/// is inode [`PIN_LINKS`] + k, stable while mounted), and each name's place, so that
+/// listing 10,000 links costs 10,000 steps, not a search of every name per link.
+#[derive(Default)]
+pub(super) struct PinNames {
+    pub(super) names: Vec<String>,
+    index: HashMap<String, u64>,
+}
+
+impl PinNames {
+    /// The inode of the link `pinned/NAME` (given one if the name is new).
+    fn ino(&mut self, name: &str) -> u64 {
+        if let Some(ino) = self.index.get(name) {
+            return *ino;
+        }
+        let ino = PIN_LINKS + self.names.len() as u64;
+        self.names.push(name.to_string());
+        self.index.insert(name.to_string(), ino);
+        ino
+    }
+
+    /// The name of link inode `ino`.
+    fn name(&self, ino: u64) -> Option<&str> {
+        let k = usize::try_from(ino.checked_sub(PIN_LINKS)?).ok()?;
+        self.names.get(k).map(String::as_str)
+    }
+}
+
 impl CkptFs {
     /// The inode of the link `pinned/NAME`.
     fn pin_ino(&self, name: &str) -> u64 {
-        let mut names = lock(&self.pin_names);
-        let k = match names.iter().position(|n| n == name) {
-            Some(k) => k,
-            None => {
-                names.push(name.to_string());
-                names.len() - 1
-            }
-        };
-        PIN_LINKS + k as u64
+        lock(&self.pin_names).ino(name)
     }
 
     /// The pin a link inode shows, and the retained checkpoint it points to.
     fn pin_of(&self, ino: u64) -> Option<(String, u64)> {
-        let k = usize::try_from(ino.checked_sub(PIN_LINKS)?).ok()?;
-        let name = lock(&self.pin_names).get(k)?.clone();
-        let cp = *self.checkpoints.pins().get(&name)?;
+        let name = lock(&self.pin_names).name(ino)?.to_string();
+        let cp = self.checkpoints.pinned(&name)?;
         self.checkpoints.manifest(cp).map(|_| (name, cp))
+    }
+
+    /// What `stat` shows of link `pinned/NAME`, inode `ino`, to `cp-{cp}`.
+    fn pin_attr(&self, ino: u64, cp: u64) -> Attr {
+        let len = format!("../cp-{cp}").len() as u64;
+        self.attr(ino, Kind::Symlink, len, 0o777, 1, self.mounted_at)
     }
 
     /// `pinned/` is shown while some retained checkpoint is pinned (as `latest` while
@@ -155,8 +180,7 @@ impl CkptFs {
                 let (_, cp) = self
                     .pin_of(ino)
                     .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
-                let len = format!("../cp-{cp}").len() as u64;
-                Ok(self.attr(ino, Kind::Symlink, len, 0o777, 1, self.mounted_at))
+                Ok(self.pin_attr(ino, cp))
             }
             // cp-N itself: from its manifest, without building its tree (listing the root
             // of thousands of checkpoints must not churn the tree cache).
@@ -226,11 +250,11 @@ impl CkptFs {
                 }
             },
             PINNED => {
-                let cp = *self.checkpoints.pins().get(name).ok_or_else(missing)?;
+                let cp = self.checkpoints.pinned(name).ok_or_else(missing)?;
                 if self.checkpoints.manifest(cp).is_none() {
                     return Err(missing());
                 }
-                self.getattr(self.pin_ino(name))
+                Ok(self.pin_attr(self.pin_ino(name), cp))
             }
             META_DIR => match name {
                 "ctl" => self.getattr(CTL),
@@ -276,13 +300,23 @@ impl CkptFs {
                 }
                 Ok(out)
             }
-            PINNED => Ok(self
-                .checkpoints
-                .pins()
-                .into_iter()
-                .filter(|(_, cp)| self.checkpoints.manifest(*cp).is_some())
-                .filter_map(|(name, _)| entry(&name, self.pin_ino(&name)).ok())
-                .collect()),
+            PINNED => {
+                // The pins once, and each link's inode from its name (not one search each).
+                let shown: Vec<(String, u64)> = self
+                    .checkpoints
+                    .pins()
+                    .into_iter()
+                    .filter(|(_, cp)| self.checkpoints.manifest(*cp).is_some())
+                    .collect();
+                let mut names = lock(&self.pin_names);
+                Ok(shown
+                    .into_iter()
+                    .map(|(name, cp)| {
+                        let attr = self.pin_attr(names.ino(&name), cp);
+                        DirEntry { name, attr }
+                    })
+                    .collect())
+            }
             META_DIR => Ok(vec![
                 entry("ctl", CTL)?,
                 entry("checkpoints", CHECKPOINTS)?,

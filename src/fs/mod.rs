@@ -189,7 +189,7 @@ pub struct CkptFs {
     root_cache: Mutex<RootCache>,
     /// Every pin name seen, in the order seen: the link of the k-th is inode
     /// [`PIN_LINKS`] + k, stable while mounted.
-    pin_names: Mutex<Vec<String>>,
+    pin_names: Mutex<inode::PinNames>,
     /// Where the tree is mounted (absolute), once known: a Flink checkpoint's `cp-N/`
     /// then shows a `_metadata` naming the files below it there.
     mountpoint: Mutex<Option<std::path::PathBuf>>,
@@ -236,7 +236,7 @@ impl CkptFs {
             verify,
             root_generation: AtomicU64::new(1),
             root_cache: Mutex::new(RootCache::default()),
-            pin_names: Mutex::new(Vec::new()),
+            pin_names: Mutex::default(),
             mountpoint: Mutex::new(None),
             claimed: Mutex::new(BTreeSet::new()),
             flink: Mutex::default(),
@@ -294,7 +294,7 @@ impl CkptFs {
             // Pins change without a checkpoint coming or going: each link the kernel was
             // shown is looked up again.
             // Told with no lock held.
-            let pins = lock(&self.pin_names).clone();
+            let pins = lock(&self.pin_names).names.clone();
             if !pins.is_empty() {
                 inv.inode(PINNED);
             }
@@ -935,5 +935,46 @@ mod tests {
         double.drop_and_tell(3);
         assert!(fs.readlink(link.ino).is_err());
         assert!(!names(&fs, ROOT).contains(&"pinned".to_string()));
+    }
+
+    /// `ls -l pinned/` at the most pins a store keeps (10,000): opendir, then each link's
+    /// lookup, stat and readlink. The tree takes a few pins' worth from the engine per
+    /// link, at any number of pins: each link's stat and lookup took a copy of every pin
+    /// (and searched every name seen for its inode), 5 * n * n pins handed over for n
+    /// links, 6.9 s in release at 10,000. Counted, not timed (a ratio of times measured
+    /// 7 to 35 for the linear code on a loaded machine).
+    #[test]
+    fn listing_pinned_costs_the_same_per_link_at_any_number_of_pins() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let ls_l = |fs: &CkptFs| -> BTreeSet<u64> {
+            let (fh, _) = fs.opendir(PINNED).unwrap();
+            let entries = fs.readdir_handle(fh).unwrap();
+            let mut inodes = BTreeSet::new();
+            for entry in entries.iter().skip(2) {
+                let link = fs.lookup(PINNED, &entry.name).unwrap();
+                assert_eq!(link, entry.attr);
+                assert_eq!(fs.getattr(link.ino).unwrap(), link);
+                let cp = fs.readlink(link.ino).unwrap();
+                assert_eq!(link.size, cp.len() as u64);
+                inodes.insert(link.ino);
+            }
+            fs.releasedir(fh);
+            inodes
+        };
+        for n in [1_000, ckptfs_core::catalog::meta::MAX_PINS] {
+            let double = Double::with_checkpoints(3);
+            lock(&double.pins).extend((0..n).map(|k| (format!("pin-{k:05}"), k as u64 % 3 + 1)));
+            let fs = double.fs();
+            double.pins_handed.store(0, Relaxed);
+            let inodes = ls_l(&fs);
+            assert_eq!(inodes.len(), n);
+            let handed = double.pins_handed.load(Relaxed);
+            assert!(
+                handed <= 8 * n,
+                "{handed} pins handed to the tree to list {n} links"
+            );
+            // Listed again, the same links.
+            assert_eq!(ls_l(&fs), inodes);
+        }
     }
 }
