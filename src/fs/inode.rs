@@ -351,6 +351,12 @@ impl CkptFs {
     /// directories and `.ckptfs` never change; the root's cache is used only as
     /// [`RootCache`] tells.
     pub fn opendir(&self, ino: u64) -> Result<(u64, DirCache)> {
+        self.opendir_as(ino, self.uid)
+    }
+
+    /// [`CkptFs::opendir`] by user `uid` (whose listing of a `cp-N` may hold its drop: see
+    /// [`CkptFs::rmdir`]).
+    pub fn opendir_as(&self, ino: u64, uid: u32) -> Result<(u64, DirCache)> {
         // Read before the picture is taken: the picture is at least this new.
         let generation = self.root_generation.load(Ordering::SeqCst);
         // The top directory of a checkpoint is counted while open: `rmdir` waits for no one
@@ -368,10 +374,10 @@ impl CkptFs {
         }
         let entries = self.dir_snapshot(ino)?;
         if let (Some(cp), Some(listing)) = (top, listing.as_mut()) {
-            *listing.entry(cp).or_default() += 1;
+            *listing.entry(cp).or_default().entry(uid).or_default() += 1;
         }
         let (of, cache) = match top {
-            Some(cp) => (DirOf::Top(cp), DirCache::Keep),
+            Some(cp) => (DirOf::Top(cp, uid), DirCache::Keep),
             None if ino == ROOT => {
                 let mut root = lock(&self.root_cache);
                 let cache = if root.open > 0 {
@@ -428,11 +434,16 @@ impl CkptFs {
         let handle = lock(&self.handles).remove(&fh);
         if let Some(Handle::Dir(_, DirOf::Root)) = handle {
             lock(&self.root_cache).open -= 1;
-        } else if let Some(Handle::Dir(_, DirOf::Top(cp))) = handle {
+        } else if let Some(Handle::Dir(_, DirOf::Top(cp, uid))) = handle {
             let mut listing = lock(&self.listing);
-            if let Some(n) = listing.get_mut(&cp) {
-                *n -= 1;
-                if *n == 0 {
+            if let Some(uids) = listing.get_mut(&cp) {
+                if let Some(n) = uids.get_mut(&uid) {
+                    *n -= 1;
+                    if *n == 0 {
+                        uids.remove(&uid);
+                    }
+                }
+                if uids.is_empty() {
                     listing.remove(&cp);
                 }
             }
@@ -471,10 +482,15 @@ impl CkptFs {
         Ok(format!("cp-{target}"))
     }
 
-    /// `rmdir cp-N` drops checkpoint N; anything else is refused. Refused with EBUSY while
-    /// cp-N itself is open (a listing in progress): the kernel marks a removed directory
-    /// dead and a listing on it then ends early without error, so a `cp -r` racing the
-    /// drop could succeed with part of the checkpoint. Directories below cp-N keep their
+    /// `rmdir cp-N` drops checkpoint N; anything else is refused. The kernel marks a
+    /// removed directory dead and a listing on it then ends early without error, so a
+    /// `cp -r` racing the drop could succeed with part of the checkpoint: while cp-N itself
+    /// is open (a listing in progress), rmdir waits up to 2 s for it to be closed. A
+    /// listing by root or the mount's owner (who may drop checkpoints themselves) then
+    /// holds the drop: EBUSY. One by another user (`--allow-other`) does not: nobody who
+    /// may only read can keep a checkpoint from being dropped. The drop goes ahead and is
+    /// logged with the uids whose listing it ends (any file they hold open stays readable;
+    /// whatever they open next of cp-N fails, ENOENT). Directories below cp-N keep their
     /// listings (see [`CkptFs::opendir`]); files below it fail to open once it is gone.
     pub fn rmdir(&self, parent: u64, name: &str) -> Result<()> {
         if parent != ROOT {
@@ -497,22 +513,36 @@ impl CkptFs {
         };
         // Held through the drop, so no opendir of cp-N slips in between check and drop.
         // The kernel releases a closed directory asynchronously (`ls cp-N && rmdir cp-N`
-        // may arrive first): wait a moment for that before calling it busy.
+        // may arrive first): wait a moment for that before calling it busy. The same moment
+        // is all another user's listing holds the drop (see `may_drop`).
         let mut listing = lock(&self.listing);
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
-        while listing.get(&cp).is_some_and(|n| *n > 0) {
+        while listing.contains_key(&cp) {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 break;
             }
             listing = ckptfs_core::fsutil::wait_timeout(&self.listing_released, listing, left);
         }
-        if listing.get(&cp).is_some_and(|n| *n > 0) {
+        let (holding, others): (Vec<u32>, Vec<u32>) = listing
+            .get(&cp)
+            .map(|uids| uids.keys().partition(|u| self.may_drop(**u)))
+            .unwrap_or_default();
+        if !holding.is_empty() {
             return Err(Error::Busy(format!(
-                "cp-{cp} is open (being listed, e.g. by a copy); try again when it is closed"
+                "cp-{cp} is open by root or the mount's owner (being listed, e.g. by a copy); \
+                 try again when it is closed"
             )));
         }
         self.checkpoints.delete_checkpoint(cp)?;
+        if !others.is_empty() {
+            let uids: Vec<String> = others.iter().map(|u| format!("uid {u}")).collect();
+            log::warn!(
+                "cp-{cp} dropped while other users held it open for more than 2 s ({}): \
+                 their listing of it ends here, files they hold open stay readable",
+                uids.join(", ")
+            );
+        }
         self.root_generation.fetch_add(1, Ordering::SeqCst);
         lock(&self.trees).remove(&cp);
         drop(listing);
@@ -523,6 +553,13 @@ impl CkptFs {
             inv.inode(LATEST);
         }
         Ok(())
+    }
+
+    /// Whether user `uid` may drop checkpoints itself, and so hold a drop with a listing:
+    /// root and the mount's owner (the daemon's user). With `--allow-other` others may
+    /// only read, and the kernel refuses them `rmdir` and the control file.
+    fn may_drop(&self, uid: u32) -> bool {
+        uid == 0 || uid == self.uid
     }
 
     /// `unlink`, always refused. From a JVM (process `pid` runs `java`), below a checkpoint

@@ -31,7 +31,7 @@ mod registry_view;
 pub mod seam;
 pub mod tree;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -176,8 +176,9 @@ pub struct CkptFs {
     /// Checkpoints the kernel may have cached entries for.
     shown: Mutex<BTreeSet<u64>>,
     invalidator: Mutex<Option<Arc<dyn Invalidator>>>,
-    /// Open handles of each checkpoint's top directory (`cp-N`), see [`CkptFs::rmdir`].
-    listing: Mutex<HashMap<u64, usize>>,
+    /// Open handles of each checkpoint's top directory (`cp-N`) by the uid that opened
+    /// them, see [`CkptFs::rmdir`].
+    listing: Mutex<HashMap<u64, BTreeMap<u32, usize>>>,
     /// Signalled when a `cp-N` handle is released.
     listing_released: std::sync::Condvar,
     /// Objects whose checksum this daemon has verified.
@@ -786,6 +787,33 @@ mod tests {
             .collect();
         assert_eq!(names, vec![".", "..", "A"]);
         fs.releasedir(fh);
+    }
+
+    /// A listing of `cp-N` by root or the mount's owner holds its drop until closed
+    /// (EBUSY); one by another user (`--allow-other`) only for the 2 s rmdir waits.
+    #[test]
+    fn only_listings_of_users_who_may_drop_hold_a_drop() {
+        let double = Double::with_checkpoints(3);
+        let fs = double.fs();
+        let other = fs.uid.wrapping_add(1).max(1);
+        for (cp, uid) in [(1, 0), (2, fs.uid)] {
+            let dir = fs.lookup(ROOT, &format!("cp-{cp}")).unwrap();
+            let fh = fs.opendir_as(dir.ino, uid).unwrap().0;
+            let busy = fs.rmdir(ROOT, &format!("cp-{cp}")).unwrap_err();
+            assert_eq!(busy.errno(), libc::EBUSY, "uid {uid}");
+            fs.releasedir(fh);
+        }
+        let dir = fs.lookup(ROOT, "cp-3").unwrap();
+        let fh = fs.opendir_as(dir.ino, other).unwrap().0;
+        let started = std::time::Instant::now();
+        fs.rmdir(ROOT, "cp-3").unwrap();
+        assert!(started.elapsed() >= Duration::from_secs(2));
+        assert!(double.manifest(3).is_none());
+        // Its picture is still served; the handle is released as any other.
+        assert_eq!(fs.readdir_handle(fh).unwrap().len(), 3);
+        fs.releasedir(fh);
+        assert!(lock(&fs.listing).is_empty());
+        fs.rmdir(ROOT, "cp-1").unwrap();
     }
 
     /// Trees are a bounded cache; an evicted one is rebuilt with the same inodes.
