@@ -27,6 +27,9 @@ pub struct Double {
     hook: Mutex<Option<ChangeHook>>,
     /// The pins the tree shows (set by the test).
     pub pins: Mutex<BTreeMap<String, u64>>,
+    /// Pins handed to the tree so far, counted one per pin in each answer (what a tree
+    /// that asks for all of them per link pays).
+    pub pins_handed: std::sync::atomic::AtomicUsize,
 }
 
 /// What the double's control file answers every line with: it runs no commands.
@@ -43,6 +46,7 @@ impl Double {
             last_error: Mutex::default(),
             hook: Mutex::default(),
             pins: Mutex::default(),
+            pins_handed: Default::default(),
         })
     }
 
@@ -199,7 +203,16 @@ impl Checkpoints for Double {
     }
 
     fn pins(&self) -> BTreeMap<String, u64> {
-        lock(&self.pins).clone()
+        let pins = lock(&self.pins).clone();
+        self.pins_handed
+            .fetch_add(pins.len(), std::sync::atomic::Ordering::Relaxed);
+        pins
+    }
+
+    fn pinned(&self, name: &str) -> Option<u64> {
+        self.pins_handed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        lock(&self.pins).get(name).copied()
     }
 
     /// Pins it as the engine does.

@@ -365,8 +365,8 @@ impl Filesystem for FuseAdapter {
         reply.ok()
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.opendir(ino.0) {
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.opendir_as(ino.0, req.uid()) {
             Ok((fh, cache)) => {
                 let flags = match cache {
                     DirCache::Off => FopenFlags::empty(),

@@ -23,8 +23,8 @@ use ckptfs_core::views;
 /// `CkptFs::opendir` and `CkptFs::rmdir`).
 pub(super) enum DirOf {
     Root,
-    /// The top directory of this checkpoint.
-    Top(u64),
+    /// The top directory of this checkpoint, opened by this uid.
+    Top(u64, u32),
     Other,
 }
 

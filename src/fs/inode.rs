@@ -2,7 +2,7 @@
 //! lookup, directory listings as pictures taken at `opendir` (with the kernel's readdir
 //! cache for the root), readlink, and `rmdir cp-N`, which drops a checkpoint.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -62,26 +62,51 @@ pub(super) fn make_ino(cp: u64, index: usize) -> u64 {
     (cp << 32) | index as u64
 }
 
+/// The names of the links in `pinned/`: every pin name seen, in the order seen (the k-th
+/// is inode [`PIN_LINKS`] + k, stable while mounted), and each name's place, so that
+/// listing 10,000 links costs 10,000 steps, not a search of every name per link.
+#[derive(Default)]
+pub(super) struct PinNames {
+    pub(super) names: Vec<String>,
+    index: HashMap<String, u64>,
+}
+
+impl PinNames {
+    /// The inode of the link `pinned/NAME` (given one if the name is new).
+    fn ino(&mut self, name: &str) -> u64 {
+        if let Some(ino) = self.index.get(name) {
+            return *ino;
+        }
+        let ino = PIN_LINKS + self.names.len() as u64;
+        self.names.push(name.to_string());
+        self.index.insert(name.to_string(), ino);
+        ino
+    }
+
+    /// The name of link inode `ino`.
+    fn name(&self, ino: u64) -> Option<&str> {
+        let k = usize::try_from(ino.checked_sub(PIN_LINKS)?).ok()?;
+        self.names.get(k).map(String::as_str)
+    }
+}
+
 impl CkptFs {
     /// The inode of the link `pinned/NAME`.
     fn pin_ino(&self, name: &str) -> u64 {
-        let mut names = lock(&self.pin_names);
-        let k = match names.iter().position(|n| n == name) {
-            Some(k) => k,
-            None => {
-                names.push(name.to_string());
-                names.len() - 1
-            }
-        };
-        PIN_LINKS + k as u64
+        lock(&self.pin_names).ino(name)
     }
 
     /// The pin a link inode shows, and the retained checkpoint it points to.
     fn pin_of(&self, ino: u64) -> Option<(String, u64)> {
-        let k = usize::try_from(ino.checked_sub(PIN_LINKS)?).ok()?;
-        let name = lock(&self.pin_names).get(k)?.clone();
-        let cp = *self.checkpoints.pins().get(&name)?;
+        let name = lock(&self.pin_names).name(ino)?.to_string();
+        let cp = self.checkpoints.pinned(&name)?;
         self.checkpoints.manifest(cp).map(|_| (name, cp))
+    }
+
+    /// What `stat` shows of link `pinned/NAME`, inode `ino`, to `cp-{cp}`.
+    fn pin_attr(&self, ino: u64, cp: u64) -> Attr {
+        let len = format!("../cp-{cp}").len() as u64;
+        self.attr(ino, Kind::Symlink, len, 0o777, 1, self.mounted_at)
     }
 
     /// `pinned/` is shown while some retained checkpoint is pinned (as `latest` while
@@ -155,8 +180,7 @@ impl CkptFs {
                 let (_, cp) = self
                     .pin_of(ino)
                     .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
-                let len = format!("../cp-{cp}").len() as u64;
-                Ok(self.attr(ino, Kind::Symlink, len, 0o777, 1, self.mounted_at))
+                Ok(self.pin_attr(ino, cp))
             }
             // cp-N itself: from its manifest, without building its tree (listing the root
             // of thousands of checkpoints must not churn the tree cache).
@@ -226,11 +250,11 @@ impl CkptFs {
                 }
             },
             PINNED => {
-                let cp = *self.checkpoints.pins().get(name).ok_or_else(missing)?;
+                let cp = self.checkpoints.pinned(name).ok_or_else(missing)?;
                 if self.checkpoints.manifest(cp).is_none() {
                     return Err(missing());
                 }
-                self.getattr(self.pin_ino(name))
+                Ok(self.pin_attr(self.pin_ino(name), cp))
             }
             META_DIR => match name {
                 "ctl" => self.getattr(CTL),
@@ -276,13 +300,23 @@ impl CkptFs {
                 }
                 Ok(out)
             }
-            PINNED => Ok(self
-                .checkpoints
-                .pins()
-                .into_iter()
-                .filter(|(_, cp)| self.checkpoints.manifest(*cp).is_some())
-                .filter_map(|(name, _)| entry(&name, self.pin_ino(&name)).ok())
-                .collect()),
+            PINNED => {
+                // The pins once, and each link's inode from its name (not one search each).
+                let shown: Vec<(String, u64)> = self
+                    .checkpoints
+                    .pins()
+                    .into_iter()
+                    .filter(|(_, cp)| self.checkpoints.manifest(*cp).is_some())
+                    .collect();
+                let mut names = lock(&self.pin_names);
+                Ok(shown
+                    .into_iter()
+                    .map(|(name, cp)| {
+                        let attr = self.pin_attr(names.ino(&name), cp);
+                        DirEntry { name, attr }
+                    })
+                    .collect())
+            }
             META_DIR => Ok(vec![
                 entry("ctl", CTL)?,
                 entry("checkpoints", CHECKPOINTS)?,
@@ -317,6 +351,12 @@ impl CkptFs {
     /// directories and `.ckptfs` never change; the root's cache is used only as
     /// [`RootCache`] tells.
     pub fn opendir(&self, ino: u64) -> Result<(u64, DirCache)> {
+        self.opendir_as(ino, self.uid)
+    }
+
+    /// [`CkptFs::opendir`] by user `uid` (whose listing of a `cp-N` may hold its drop: see
+    /// [`CkptFs::rmdir`]).
+    pub fn opendir_as(&self, ino: u64, uid: u32) -> Result<(u64, DirCache)> {
         // Read before the picture is taken: the picture is at least this new.
         let generation = self.root_generation.load(Ordering::SeqCst);
         // The top directory of a checkpoint is counted while open: `rmdir` waits for no one
@@ -334,10 +374,10 @@ impl CkptFs {
         }
         let entries = self.dir_snapshot(ino)?;
         if let (Some(cp), Some(listing)) = (top, listing.as_mut()) {
-            *listing.entry(cp).or_default() += 1;
+            *listing.entry(cp).or_default().entry(uid).or_default() += 1;
         }
         let (of, cache) = match top {
-            Some(cp) => (DirOf::Top(cp), DirCache::Keep),
+            Some(cp) => (DirOf::Top(cp, uid), DirCache::Keep),
             None if ino == ROOT => {
                 let mut root = lock(&self.root_cache);
                 let cache = if root.open > 0 {
@@ -394,11 +434,16 @@ impl CkptFs {
         let handle = lock(&self.handles).remove(&fh);
         if let Some(Handle::Dir(_, DirOf::Root)) = handle {
             lock(&self.root_cache).open -= 1;
-        } else if let Some(Handle::Dir(_, DirOf::Top(cp))) = handle {
+        } else if let Some(Handle::Dir(_, DirOf::Top(cp, uid))) = handle {
             let mut listing = lock(&self.listing);
-            if let Some(n) = listing.get_mut(&cp) {
-                *n -= 1;
-                if *n == 0 {
+            if let Some(uids) = listing.get_mut(&cp) {
+                if let Some(n) = uids.get_mut(&uid) {
+                    *n -= 1;
+                    if *n == 0 {
+                        uids.remove(&uid);
+                    }
+                }
+                if uids.is_empty() {
                     listing.remove(&cp);
                 }
             }
@@ -437,10 +482,15 @@ impl CkptFs {
         Ok(format!("cp-{target}"))
     }
 
-    /// `rmdir cp-N` drops checkpoint N; anything else is refused. Refused with EBUSY while
-    /// cp-N itself is open (a listing in progress): the kernel marks a removed directory
-    /// dead and a listing on it then ends early without error, so a `cp -r` racing the
-    /// drop could succeed with part of the checkpoint. Directories below cp-N keep their
+    /// `rmdir cp-N` drops checkpoint N; anything else is refused. The kernel marks a
+    /// removed directory dead and a listing on it then ends early without error, so a
+    /// `cp -r` racing the drop could succeed with part of the checkpoint: while cp-N itself
+    /// is open (a listing in progress), rmdir waits up to 2 s for it to be closed. A
+    /// listing by root or the mount's owner (who may drop checkpoints themselves) then
+    /// holds the drop: EBUSY. One by another user (`--allow-other`) does not: nobody who
+    /// may only read can keep a checkpoint from being dropped. The drop goes ahead and is
+    /// logged with the uids whose listing it ends (any file they hold open stays readable;
+    /// whatever they open next of cp-N fails, ENOENT). Directories below cp-N keep their
     /// listings (see [`CkptFs::opendir`]); files below it fail to open once it is gone.
     pub fn rmdir(&self, parent: u64, name: &str) -> Result<()> {
         if parent != ROOT {
@@ -463,22 +513,36 @@ impl CkptFs {
         };
         // Held through the drop, so no opendir of cp-N slips in between check and drop.
         // The kernel releases a closed directory asynchronously (`ls cp-N && rmdir cp-N`
-        // may arrive first): wait a moment for that before calling it busy.
+        // may arrive first): wait a moment for that before calling it busy. The same moment
+        // is all another user's listing holds the drop (see `may_drop`).
         let mut listing = lock(&self.listing);
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
-        while listing.get(&cp).is_some_and(|n| *n > 0) {
+        while listing.contains_key(&cp) {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 break;
             }
             listing = ckptfs_core::fsutil::wait_timeout(&self.listing_released, listing, left);
         }
-        if listing.get(&cp).is_some_and(|n| *n > 0) {
+        let (holding, others): (Vec<u32>, Vec<u32>) = listing
+            .get(&cp)
+            .map(|uids| uids.keys().partition(|u| self.may_drop(**u)))
+            .unwrap_or_default();
+        if !holding.is_empty() {
             return Err(Error::Busy(format!(
-                "cp-{cp} is open (being listed, e.g. by a copy); try again when it is closed"
+                "cp-{cp} is open by root or the mount's owner (being listed, e.g. by a copy); \
+                 try again when it is closed"
             )));
         }
         self.checkpoints.delete_checkpoint(cp)?;
+        if !others.is_empty() {
+            let uids: Vec<String> = others.iter().map(|u| format!("uid {u}")).collect();
+            log::warn!(
+                "cp-{cp} dropped while other users held it open for more than 2 s ({}): \
+                 their listing of it ends here, files they hold open stay readable",
+                uids.join(", ")
+            );
+        }
         self.root_generation.fetch_add(1, Ordering::SeqCst);
         lock(&self.trees).remove(&cp);
         drop(listing);
@@ -489,6 +553,13 @@ impl CkptFs {
             inv.inode(LATEST);
         }
         Ok(())
+    }
+
+    /// Whether user `uid` may drop checkpoints itself, and so hold a drop with a listing:
+    /// root and the mount's owner (the daemon's user). With `--allow-other` others may
+    /// only read, and the kernel refuses them `rmdir` and the control file.
+    fn may_drop(&self, uid: u32) -> bool {
+        uid == 0 || uid == self.uid
     }
 
     /// `unlink`, always refused. From a JVM (process `pid` runs `java`), below a checkpoint

@@ -30,6 +30,8 @@ pub trait Checkpoints: Send + Sync {
     fn delete_checkpoint(&self, id: u64) -> Result<()>;
     /// The pins: name -> checkpoint (`pinned/`).
     fn pins(&self) -> BTreeMap<String, u64>;
+    /// The checkpoint pinned as `name` (`pinned/NAME`), without copying every pin.
+    fn pinned(&self, name: &str) -> Option<u64>;
     /// A Flink job restored from checkpoint `id` in CLAIM mode tried to delete `path` of
     /// it: keep the checkpoint (the job's checkpoints name its files) and say so.
     fn flink_claimed(&self, id: u64, path: &str);
@@ -87,6 +89,10 @@ impl Checkpoints for Live {
 
     fn pins(&self) -> BTreeMap<String, u64> {
         self.0.engine().pins()
+    }
+
+    fn pinned(&self, name: &str) -> Option<u64> {
+        self.0.engine().pinned(name)
     }
 
     /// Pinned as `flink-claim-cp-N` off the FUSE thread (a pin waits for the catalog, which

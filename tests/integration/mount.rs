@@ -548,6 +548,65 @@ fn other_users_get_in_only_with_allow_other_and_then_read_only() {
     }
 }
 
+/// With --allow-other, another user holding `cp-N` open (`exec 3< cp-N` and then waiting)
+/// cannot keep root from dropping it: `rmdir` waits its 2 s and goes ahead, and the daemon
+/// logs whose listing it cut. A listing of root's own (the mount owner's) still holds the
+/// drop: EBUSY until it is closed, as it protects that user's `cp -r`.
+#[test]
+fn another_users_open_checkpoint_does_not_block_a_drop_but_the_owners_does() {
+    use std::process::Stdio;
+    let m = Mounted::new(&["--backend", "A/0", "--allow-other", "--retain", "5"]);
+    std::fs::set_permissions(&m.root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    m.put("A/0", "k", "v");
+    let (first, second) = (m.checkpoint(), m.checkpoint());
+    let cp = |id: u64| m.mnt.join(format!("cp-{id}"));
+    // As nobody: cp-N opened (FUSE's opendir, as that user), held until stdin closes.
+    let mut holder = Command::new("runuser")
+        .args(["-u", "nobody", "--", "sh", "-c"])
+        .arg(r#"exec 3< "$1" && echo held && read _"#)
+        .arg("sh")
+        .arg(cp(first))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "held\n", "nobody could not open cp-{first}");
+    let started = std::time::Instant::now();
+    let dropped = std::fs::remove_dir(cp(first));
+    let waited = started.elapsed();
+    drop(holder.stdin.take());
+    holder.wait().unwrap();
+    dropped.unwrap_or_else(|e| panic!("rmdir while nobody holds cp-{first}: {e}"));
+    assert_eq!(m.checkpoint_ids(), vec![second]);
+    assert!(
+        waited >= Duration::from_secs(1),
+        "rmdir did not wait: {waited:?}"
+    );
+    let log = std::fs::read_to_string(m.store.join("ckptfs.log")).unwrap();
+    let uid = nix::unistd::User::from_name("nobody")
+        .unwrap()
+        .unwrap()
+        .uid
+        .to_string();
+    assert!(
+        log.lines()
+            .any(|l| l.contains(&format!("cp-{first}")) && l.contains(&format!("uid {uid}"))),
+        "{log}"
+    );
+    // Root's own listing holds the drop until it is closed.
+    let held = std::fs::File::open(cp(second)).unwrap();
+    assert_eq!(errno_of(std::fs::remove_dir(cp(second))), libc::EBUSY);
+    assert_eq!(m.checkpoint_ids(), vec![second]);
+    drop(held);
+    std::fs::remove_dir(cp(second)).unwrap();
+    assert!(m.checkpoint_ids().is_empty());
+}
+
 /// Stores written by earlier versions (tests/fixtures/store-formatN) mount: their
 /// checkpoints are shown, `cp -r` of each gives exactly the data of its round (checkpoint
 /// N holds round N-1 of `ckptfs workload`), and a new checkpoint can be taken.

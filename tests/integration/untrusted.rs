@@ -824,6 +824,79 @@ fn an_export_is_never_redirected_by_a_link_planted_in_its_place() {
     );
 }
 
+/// `export-flink DEST` resolves DEST as a source's root is (docs/security.md): the Flink
+/// user, who owns a directory on DEST's path, replaces a directory in it with a link to a
+/// directory only root may write; root's export through it is refused (EACCES, naming the
+/// link) and writes nothing there. A link only root could have put there is followed.
+#[test]
+fn an_export_follows_no_link_another_user_planted_on_its_path() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let store = store_with_the_fixture(dir.path());
+    let root_only = dir.path().join("root-only");
+    std::fs::create_dir(&root_only).unwrap();
+    let home = dir.path().join("flink-home");
+    std::fs::create_dir(&home).unwrap();
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    nix::unistd::chown(&home, Some(nobody.uid), Some(nobody.gid)).unwrap();
+    let link = home.join("restores");
+    let planted = Command::new("runuser")
+        .args(["-u", "nobody", "--", "ln", "-s"])
+        .arg(&root_only)
+        .arg(&link)
+        .output()
+        .unwrap();
+    assert!(
+        planted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&planted.stderr)
+    );
+    assert_eq!(
+        std::fs::symlink_metadata(&link).unwrap().uid(),
+        nobody.uid.as_raw()
+    );
+    let export = |dest: &Path| {
+        ckptfs(&[
+            "export-flink",
+            store.to_str().unwrap(),
+            "3",
+            dest.to_str().unwrap(),
+        ])
+    };
+    // Below the link, and the link itself as DEST.
+    for dest in [link.join("chk-6"), link.clone()] {
+        let out = export(&dest);
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "exported to {}", dest.display());
+        assert!(e.contains("EACCES") && e.contains("restores"), "{e}");
+        assert_eq!(
+            std::fs::read_dir(&root_only).unwrap().count(),
+            0,
+            "written through the link"
+        );
+    }
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    // The same link where only root can have put it is followed, as on a source's path.
+    let roots = dir.path().join("root-links");
+    std::fs::create_dir(&roots).unwrap();
+    std::os::unix::fs::symlink(&root_only, roots.join("restores")).unwrap();
+    let printed = ok(export(&roots.join("restores/chk-6")));
+    let written = std::fs::canonicalize(&root_only).unwrap().join("chk-6");
+    assert!(
+        PathBuf::from(printed.trim()).starts_with(&written),
+        "{printed}"
+    );
+    let files = files_below(&written);
+    assert!(files.len() > 4, "{files:?}");
+    assert!(files
+        .iter()
+        .all(|f| std::fs::metadata(f).unwrap().uid() == 0));
+}
+
 /// A loop-mounted btrfs with a subvolume: its files have a device of their own (`st_dev`),
 /// while `/proc/locks` lists their locks by the filesystem's.
 struct Btrfs {

@@ -681,6 +681,11 @@ impl Engine {
         self.state().meta.pins.clone()
     }
 
+    /// The checkpoint pinned as `name`, if any.
+    pub fn pinned(&self, name: &str) -> Option<u64> {
+        self.state().meta.pins.get(name).copied()
+    }
+
     /// The retained checkpoints, oldest first.
     pub fn checkpoints(&self) -> Vec<Arc<Manifest>> {
         self.state().manifests.values().cloned().collect()

@@ -174,8 +174,9 @@ impl Write for Bounded<'_> {
 }
 
 /// Write checkpoint `checkpoint` of Flink job `job`, whose files `stored` reads, as a Flink
-/// checkpoint directory under `dest` (missing or empty), owned by `dest`'s owner (its
-/// parent's when it is missing). Everything is written into a temporary directory beside
+/// checkpoint directory under `dest` (missing or empty; a link on its path followed only
+/// where a source's would be, else EACCES), owned by `dest`'s owner (its parent's when it
+/// is missing). Everything is written into a temporary directory beside
 /// `dest`, through a descriptor of it, and renamed into place last: a failed export leaves
 /// nothing.
 pub fn export(
@@ -187,19 +188,31 @@ pub fn export(
     if !super::import::is_job_id(job) {
         return Err(Error::Invalid(format!("{job:?} is not a Flink job id")));
     }
-    let dest = absolute(dest)?;
-    if !crate::fsutil::is_empty_or_missing(&dest)? {
-        return Err(Error::NotEmpty(dest.to_path_buf()));
-    }
+    // DEST is resolved as a source is: a link on its way is followed only where nobody but
+    // root (or this user) can have put it (the Flink user may own a directory on the way,
+    // and could otherwise point the export anywhere). Everything is then done in DEST's
+    // parent through a descriptor of it, whatever is renamed or swapped in on the way.
+    let (dest, held_parent) = resolve_dest(dest)?;
     let parent = dest
         .parent()
         .expect("an absolute path that is not / has a parent");
-    let owner = owner_of(&dest, parent)?;
+    let name = dest.file_name().expect("a resolved DEST has a last name");
+    let at_parent = fd_path(&held_parent);
+    let dest_at = at_parent.join(name);
+    if !crate::fsutil::is_empty_or_missing(&dest_at)? {
+        return Err(Error::NotEmpty(dest.to_path_buf()));
+    }
+    let owner = owner_of(&dest_at, &at_parent)?;
     let tmp = tempfile::Builder::new()
         .prefix(".ckptfs-export-")
         .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
-        .tempdir_in(parent)
+        .tempdir_in(&at_parent)
         .ctx("create a directory in", parent)?;
+    let tmp_shown = parent.join(
+        tmp.path()
+            .file_name()
+            .expect("a temporary directory's name"),
+    );
     // Written through a descriptor of the directory just made, never by its path: DEST's
     // parent may be writable by others (the Flink user), who could rename it and plant a
     // link in its place while the files are copied. Inside it (0700, ours) nobody else
@@ -240,7 +253,7 @@ pub fn export(
     if let Some((uid, gid)) = owner {
         chown_below(&base, uid, gid)?;
         std::os::unix::fs::fchown(&held.dir, Some(uid), Some(gid))
-            .ctx("change the owner of", tmp.path())?;
+            .ctx("change the owner of", &tmp_shown)?;
     }
     if !held.is_at(tmp.path()) {
         // What was written goes, wherever it was moved.
@@ -249,15 +262,15 @@ pub fn export(
             "{} changed during the export: {} is no longer the directory ckptfs wrote \
              (another user renamed it); nothing was exported",
             parent.display(),
-            tmp.path().display()
+            tmp_shown.display()
         )));
     }
-    if dest.exists() {
-        std::fs::remove_dir(&dest).ctx("replace the empty directory", &dest)?;
+    if std::fs::symlink_metadata(&dest_at).is_ok() {
+        std::fs::remove_dir(&dest_at).ctx("replace the empty directory", &dest)?;
     }
     let tmp = tmp.keep();
-    std::fs::rename(&tmp, &dest).ctx("rename into place", &dest)?;
-    crate::fsutil::fsync_dir(parent)?;
+    std::fs::rename(&tmp, &dest_at).ctx("rename into place", &dest)?;
+    crate::fsutil::fsync_dir(&at_parent)?;
     Ok(out)
 }
 
@@ -590,18 +603,28 @@ fn chown_below(dir: &Path, uid: u32, gid: u32) -> Result<()> {
     Ok(())
 }
 
-/// `path` made absolute without following a last component that does not exist yet.
-fn absolute(path: &Path) -> Result<PathBuf> {
-    let name = path
+/// Where `dest` is, and a path descriptor of its parent: `dest` made absolute and resolved
+/// with the rule sources follow ([`crate::source::local::open_trusted_dir`]), its last
+/// component allowed to be missing (a link there is followed by that rule too).
+fn resolve_dest(dest: &Path) -> Result<(PathBuf, std::os::fd::OwnedFd)> {
+    let mut given = std::path::absolute(dest).ctx("resolve", dest)?;
+    if std::fs::symlink_metadata(&given).is_ok_and(|m| m.file_type().is_symlink()) {
+        given = crate::source::local::resolve_trusted(&given)?;
+    }
+    let name = given
         .file_name()
         .filter(|n| *n != "..")
-        .ok_or_else(|| Error::Invalid(format!("{} names no directory", path.display())))?;
-    let parent = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let parent = std::fs::canonicalize(parent).ctx("find", parent)?;
-    Ok(parent.join(name))
+        .ok_or_else(|| Error::Invalid(format!("{} names no directory", dest.display())))?
+        .to_os_string();
+    let parent = given.parent().unwrap_or(Path::new("/"));
+    let (parent, held) = crate::source::local::open_trusted_dir(parent)?;
+    Ok((parent.join(name), held))
+}
+
+/// The path that reaches what `fd` is (`/proc/self/fd/N`), whatever is at its path now.
+fn fd_path(fd: &std::os::fd::OwnedFd) -> PathBuf {
+    use std::os::fd::AsRawFd;
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
 /// The refusal of a checkpoint that is no Flink checkpoint.

@@ -64,35 +64,7 @@ impl LocalTree {
     /// time from `/` without following links, so none swapped in meanwhile is either.
     pub fn open(path: &Path) -> Result<LocalTree> {
         let given = std::path::absolute(path).ctx("resolve", path)?;
-        let canonical = resolve_trusted(&given)?;
-        let mut dir = nix::fcntl::open(
-            "/",
-            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| os_error("open", Path::new("/"), e))?;
-        for part in canonical.components().skip(1) {
-            let next = openat(
-                &dir,
-                part.as_os_str(),
-                OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(|e| os_error("open", &canonical, e))?;
-            let stat = fstat(&next).map_err(|e| os_error("stat", &canonical, e))?;
-            if kind_of(&stat) != SFlag::S_IFDIR {
-                return Err(refused(
-                    canonical.display(),
-                    format!(
-                        "{} on the way is {} (changed while it was opened?)",
-                        part.as_os_str().to_string_lossy(),
-                        kind_name(kind_of(&stat))
-                    ),
-                    libc::ELOOP,
-                ));
-            }
-            dir = next;
-        }
+        let (canonical, dir) = open_trusted_dir(&given)?;
         Ok(LocalTree {
             given,
             canonical,
@@ -292,10 +264,48 @@ impl LocalTree {
     }
 }
 
+/// The directory `given` (absolute) names, with symbolic links on the way followed only as
+/// [`LocalTree::open`] says (where nobody but root or this user can have put them): where
+/// it is, and a path descriptor of it opened one component at a time from `/` without
+/// following links, so that none swapped in meanwhile is either. A source's root, and the
+/// directory an export writes into (`export-flink DEST`'s parent), are reached so.
+pub fn open_trusted_dir(given: &Path) -> Result<(PathBuf, OwnedFd)> {
+    let canonical = resolve_trusted(given)?;
+    let mut dir = nix::fcntl::open(
+        "/",
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| os_error("open", Path::new("/"), e))?;
+    for part in canonical.components().skip(1) {
+        let next = openat(
+            &dir,
+            part.as_os_str(),
+            OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| os_error("open", &canonical, e))?;
+        let stat = fstat(&next).map_err(|e| os_error("stat", &canonical, e))?;
+        if kind_of(&stat) != SFlag::S_IFDIR {
+            return Err(refused(
+                canonical.display(),
+                format!(
+                    "{} on the way is {} (changed while it was opened?)",
+                    part.as_os_str().to_string_lossy(),
+                    kind_name(kind_of(&stat))
+                ),
+                libc::ELOOP,
+            ));
+        }
+        dir = next;
+    }
+    Ok((canonical, dir))
+}
+
 /// `given` (absolute) resolved as the kernel would, `..` and links included, following a
 /// link only where it lies in a directory owned by root or this user and writable by no
 /// one else (see [`LocalTree::open`]).
-fn resolve_trusted(given: &Path) -> Result<PathBuf> {
+pub fn resolve_trusted(given: &Path) -> Result<PathBuf> {
     resolve_links(given, 0)
 }
 
@@ -328,8 +338,9 @@ fn resolve_links(given: &Path, followed: usize) -> Result<PathBuf> {
                         next.display(),
                         format!(
                             "a symbolic link in {}, which others may write: ckptfs follows a \
-                             link on the way to a source only in a directory only root can \
-                             change; name the directory it points to",
+                             link on the way to a source or an export's destination only in \
+                             a directory only root can change; name the directory it points \
+                             to",
                             at.display()
                         ),
                         libc::EACCES,
