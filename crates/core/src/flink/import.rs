@@ -17,6 +17,7 @@ use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub(crate) use super::listing::chk_number;
 use super::listing::Listing;
 use super::metadata::{self, KeyedHandle, OperatorState, StreamHandle};
 use crate::error::{Error, IoContext, Result};
@@ -298,16 +299,6 @@ pub fn completed_listed(
     ))
 }
 
-/// `N` of a `chk-N` name.
-pub(crate) fn chk_number(name: &str) -> Option<u64> {
-    // Digits only, no leading zero: the one spelling Flink writes (`chk-+5` and `chk-05`
-    // would parse as 5 and be read as `chk-5/`).
-    let n = name.strip_prefix("chk-")?;
-    let plain =
-        !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && (n == "0" || !n.starts_with('0'));
-    plain.then(|| n.parse().ok()).flatten()
-}
-
 /// The job directories below a source's root: itself, or those named by a job id in it.
 pub(crate) fn job_dirs(tree: &dyn Tree) -> Result<Vec<String>> {
     Ok(job_listings(tree)?
@@ -405,7 +396,7 @@ pub const LONG_NAME: usize = 200;
 pub const JOB_OPERATOR: &str = "_flink";
 /// The name of a Flink checkpoint's metadata file, in its `chk-N/` directory and in the
 /// [`job_backend`].
-pub const METADATA: &str = "_metadata";
+pub use super::listing::METADATA;
 
 /// The backend that keeps a Flink checkpoint's own files: [`JOB_OPERATOR`], subtask 0.
 pub fn job_backend() -> BackendName {

@@ -14,9 +14,21 @@
 
 use std::collections::HashMap;
 
-use super::import::{chk_number, METADATA};
 use crate::error::{Error, Result};
 use crate::source::{join, EntryKind, FileStamp, Tree};
+
+/// The name of a Flink checkpoint's metadata file, in its `chk-N/` directory.
+pub const METADATA: &str = "_metadata";
+
+/// `N` of a `chk-N` name.
+pub(crate) fn chk_number(name: &str) -> Option<u64> {
+    // Digits only, no leading zero: the one spelling Flink writes (`chk-+5` and `chk-05`
+    // would parse as 5 and be read as `chk-5/`).
+    let n = name.strip_prefix("chk-")?;
+    let plain =
+        !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && (n == "0" || !n.starts_with('0'));
+    plain.then(|| n.parse().ok()).flatten()
+}
 
 /// The newest `chk-N/` of a job, by id, looked into at every look: those a checkpoint in
 /// flight can be in (Flink's `execution.checkpointing.max-concurrent-checkpoints` is 1 by
