@@ -60,8 +60,38 @@ pub fn del(
 /// Drop checkpoint N: `rmdir cp-N`.
 pub fn rm(mountpoint: &Path, checkpoint: u64) -> Result<ExitCode, Error> {
     let dir = mountpoint.join(format!("cp-{checkpoint}"));
-    std::fs::remove_dir(&dir).map_err(|e| Error::io(format!("drop {}", dir.display()), e))?;
+    std::fs::remove_dir(&dir).map_err(|e| refused_drop(mountpoint, checkpoint, &dir, e))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Why `rmdir cp-N` was refused, said with what to do: a pin names itself (`EBUSY` alone
+/// said "Device or resource busy").
+fn refused_drop(mountpoint: &Path, checkpoint: u64, dir: &Path, e: std::io::Error) -> Error {
+    if e.raw_os_error() != Some(libc::EBUSY) {
+        return Error::io(format!("drop {}", dir.display()), e);
+    }
+    let pins: Vec<String> = client::read_status(mountpoint)
+        .map(|status| {
+            status
+                .pins
+                .into_iter()
+                .filter(|(_, on)| *on == checkpoint)
+                .map(|(name, _)| name)
+                .collect()
+        })
+        .unwrap_or_default();
+    match pins.first() {
+        Some(name) => Error::Busy(format!(
+            "checkpoint {checkpoint} is pinned as {}: `ckptfs unpin {} {name}` first",
+            pins.join(", "),
+            mountpoint.display()
+        )),
+        None => Error::Busy(format!(
+            "drop {}: a listing of it is open (root's or the mount owner's); try again once \
+             it is closed",
+            dir.display()
+        )),
+    }
 }
 
 /// Keep each write(2) well under the kernel's FUSE write size so it arrives whole.

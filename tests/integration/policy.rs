@@ -116,7 +116,12 @@ fn a_pinned_checkpoint_outlives_the_policy_rmdir_and_restarts() {
         errno_of(std::fs::remove_dir(mnt.join(format!("cp-{first}")))),
         libc::EBUSY
     );
-    assert!(failed(&["rm", m.mnt(), &first.to_string()]).contains("Device or resource busy"));
+    let said = failed(&["rm", m.mnt(), &first.to_string()]);
+    assert!(
+        said.contains(&format!("checkpoint {first} is pinned as before-deploy"))
+            && said.contains("ckptfs unpin"),
+        "{said}"
+    );
     let mut ctl = Ctl::open(&m);
     ctl.send(&format!("delete {first}\n")).unwrap();
     let answer = ctl.answer();
