@@ -40,6 +40,21 @@ pub struct StagedImports {
 /// How long `import-flink` through a mount waits for a checkpoint slot (one in flight).
 pub const FLINK_IMPORT_WAIT: Duration = Duration::from_secs(120);
 
+/// One write of a front door (the control file, the control socket) as commands: its
+/// lines parsed, then checked by `validate` (the engine's checks); a refused write is
+/// recorded by `record` (it shows in status, whoever reads the answer).
+pub fn checked_commands(
+    text: &[u8],
+    validate: impl FnOnce(&[Request]) -> Result<()>,
+    record: impl FnOnce(String),
+) -> Result<Vec<Request>> {
+    let commands = protocol::parse_write(text).and_then(|c| validate(&c).map(|()| c));
+    if let Err(e) = &commands {
+        record(e.to_string());
+    }
+    commands
+}
+
 /// Runs control commands against an engine.
 pub struct Controller {
     engine: Engine,

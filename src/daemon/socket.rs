@@ -13,7 +13,7 @@ use std::sync::{mpsc, Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::control::protocol::{self, answer_line, Failure};
+use crate::control::protocol::{answer_line, Failure};
 use crate::control::{Controller, StagedImports};
 use crate::fs::MAX_LINE;
 use ckptfs_core::error::{Error, IoContext, Result};
@@ -210,14 +210,14 @@ fn run_line(
     line: &[u8],
     imports: &Mutex<StagedImports>,
 ) -> Vec<String> {
-    let commands = protocol::parse_write(line).and_then(|c| {
-        controller.validate(&c)?;
-        Ok(c)
-    });
+    let commands = crate::control::checked_commands(
+        line,
+        |c| controller.validate(c),
+        |e| controller.engine().record_error(e),
+    );
     let commands = match commands {
         Ok(c) => c,
         Err(e) => {
-            controller.engine().record_error(e.to_string());
             return vec![answer_line(&Err(Failure::of(&e)))];
         }
     };

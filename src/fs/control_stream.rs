@@ -140,14 +140,14 @@ impl CkptFs {
 
     /// Parse, validate and run complete lines on behalf of a control handle.
     pub(super) fn run_lines(&self, stream: &Arc<ControlStream>, text: &[u8]) -> Result<()> {
-        let commands = protocol::parse_write(text).and_then(|c| {
-            self.control.validate(&c)?;
-            Ok(c)
-        });
+        let commands = crate::control::checked_commands(
+            text,
+            |c| self.control.validate(c),
+            |e| self.checkpoints.record_error(e),
+        );
         let commands = match commands {
             Ok(c) => c,
             Err(e) => {
-                self.checkpoints.record_error(e.to_string());
                 push_answers(stream, vec![Some(answer_line(&Err(Failure::of(&e))))]);
                 return Err(e);
             }
