@@ -46,7 +46,9 @@ pub(crate) enum Command {
     /// checkpoints finish first). Commands reach it by the store: `ckptfs checkpoint
     /// STORE` and the others talk to it through the Unix socket ctl.sock in its state
     /// directory (STORE/state, or the DIR of --state DIR), which only the daemon's user
-    /// and root may use; it speaks the line protocol of a mount's .ckptfs/ctl.
+    /// and root may use; it speaks the line protocol of a mount's .ckptfs/ctl, and a
+    /// mount's daemon listens there too. Under systemd (NOTIFY_SOCKET) it says READY=1
+    /// once it serves.
     Serve(ServeArgs),
     /// Unmount MOUNTPOINT and wait until its daemon has stopped.
     Umount {
@@ -791,7 +793,6 @@ impl DaemonArgs {
             threads: 4,
             verify: true,
             read_only: false,
-            control_socket: false,
             metrics_listen: self.metrics_listen,
             flink,
             flink_roots,
@@ -831,11 +832,9 @@ impl MountArgs {
 
 impl ServeArgs {
     /// The serving daemon's configuration: no tree; commands reach it through the
-    /// control socket in its state directory.
+    /// control socket in its state directory, as they reach a mount's daemon.
     pub(crate) fn into_config(self) -> Result<MountConfig, Error> {
-        let mut config = self.daemon.into_config(self.store, None)?;
-        config.control_socket = true;
-        Ok(config)
+        self.daemon.into_config(self.store, None)
     }
 }
 
