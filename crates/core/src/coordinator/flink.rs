@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{CheckpointPlan, Engine, ImportReport};
 use crate::catalog::{FlinkLabel, Manifest};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, ErrorKind, IoContext, Result};
 use crate::flink::import::{self as flink, Completed, FlinkSource};
 use crate::flink::listing::Listing;
 use crate::names::BackendName;
@@ -97,11 +97,7 @@ fn pause(attempts: u32) -> Duration {
 /// path the source's rules refuse ([`Error::Refused`]: outside the roots, a link). Anything
 /// else (I/O, object storage, a busy engine) may pass at a later try.
 pub fn refuses(error: &Error) -> bool {
-    match error {
-        Error::Invalid(_) | Error::InvalidBackendName { .. } | Error::Refused { .. } => true,
-        Error::Context { source, .. } => refuses(source),
-        _ => false,
-    }
+    matches!(error.kind(), ErrorKind::Invalid | ErrorKind::Refused)
 }
 
 /// A Flink checkpoint a follower refuses, as `.ckptfs/status` shows it (`flink_refused`).

@@ -29,7 +29,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 
 use crate::backend::{Backend, BackendOptions, WriteOp};
 use crate::catalog::{BackendSnapshot, Catalog, FileEntry, FileList, Manifest, StoreMeta};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::fsutil::{lock, wait};
 use crate::lock::DirLock;
 use crate::names::BackendName;
@@ -530,7 +530,9 @@ impl Engine {
         for (id, loaded) in self.inner.catalog.load_many(&new)? {
             match loaded {
                 Ok(m) => added.push(Arc::new(m)),
-                Err(e @ (Error::Corrupt(_) | Error::Invalid(_))) => broken.push((id, e)),
+                Err(e) if matches!(e.kind(), ErrorKind::Corrupt | ErrorKind::Invalid) => {
+                    broken.push((id, e))
+                }
                 // Dropped meanwhile, or being written: the next look decides.
                 Err(e) => log::debug!("checkpoint {id} not shown yet: {e}"),
             }

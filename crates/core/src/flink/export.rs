@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use super::import::{job_backend, layout, METADATA};
 use super::metadata::{self, StreamHandle};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, ErrorKind, IoContext, Result};
 use crate::names::BackendName;
 use crate::source::MAX_METADATA_BYTES;
 
@@ -101,12 +101,12 @@ fn plan_export(stored: &dyn CheckpointFiles, checkpoint: u64) -> Result<ExportPl
     };
     stored
         .write_to(&job_backend(), METADATA, &mut bounded)
-        .map_err(|e| match e {
-            Error::NotFound(_) => Error::NotFound(format!(
+        .map_err(|e| match e.kind() {
+            ErrorKind::NotFound => Error::NotFound(format!(
                 "the checkpoint holds no Flink _metadata (imported before ckptfs kept it: import \
              the Flink checkpoint again into a new store): {e}"
             )),
-            e => e,
+            _ => e,
         })?;
     let parsed = parse_for(&bytes, checkpoint)?;
     let layout = layout(&parsed)?;

@@ -34,7 +34,7 @@ use super::cache::Cache;
 use super::conditional::{read_back, ReadBack};
 use super::records::{Put, Record, Records};
 use super::{hash_file, layout, ObjectId, ObjectStore, Staged, WriteFence};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, ErrorKind, IoContext, Result};
 use crate::fsutil::{create_new_private, create_private_dir_all, lock, remove_tree};
 
 /// Keys deleted by one request (S3's DeleteObjects takes at most 1,000).
@@ -1202,12 +1202,12 @@ impl S3Records {
         let _ = self.delete(&key);
         self.put(&key, b"1", Put::Create)?;
         let checked = match self.put(&key, b"2", Put::Create) {
-            Err(Error::Exists(_)) => match self.put(
+            Err(e) if e.kind() == ErrorKind::Exists => match self.put(
                 &key,
                 b"3",
                 Put::Update(Some("\"ckptfs-probe-no-such-etag\"".into())),
             ) {
-                Err(Error::Conflict(_)) => Ok(()),
+                Err(e) if e.kind() == ErrorKind::Conflict => Ok(()),
                 Ok(_) => refuse("If-Match"),
                 Err(e) => Err(e),
             },
