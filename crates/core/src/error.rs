@@ -120,9 +120,10 @@ pub enum Error {
         /// The daemon's message.
         message: String,
     },
-    /// A request to object storage failed (after the client's retries), for a reason other
-    /// than the kinds above (a missing object is `NotFound`, a refused conditional write
-    /// `Exists` or `Conflict`). `EIO`.
+    /// A request to object storage failed (after the client's retries). Its kind is the
+    /// client's: a missing object is [`ErrorKind::NotFound`], a refused create-only write
+    /// [`ErrorKind::Exists`], a refused conditional write [`ErrorKind::Conflict`]; anything
+    /// else [`ErrorKind::Io`] (`EIO`).
     #[error("{what}: object storage: {source}")]
     ObjectStore {
         /// What was being done, and to which object.
@@ -239,10 +240,13 @@ impl Error {
                 io::ErrorKind::AlreadyExists => ErrorKind::Exists,
                 _ => ErrorKind::Io,
             },
-            Error::RocksDb(_)
-            | Error::SimulatedCrash
-            | Error::ObjectStore { .. }
-            | Error::BackendClosed(_) => ErrorKind::Io,
+            Error::ObjectStore { source, .. } => match source {
+                object_store::Error::NotFound { .. } => ErrorKind::NotFound,
+                object_store::Error::AlreadyExists { .. } => ErrorKind::Exists,
+                object_store::Error::Precondition { .. } => ErrorKind::Conflict,
+                _ => ErrorKind::Io,
+            },
+            Error::RocksDb(_) | Error::SimulatedCrash | Error::BackendClosed(_) => ErrorKind::Io,
             Error::InvalidBackendName { .. } | Error::Invalid(_) => ErrorKind::Invalid,
             Error::NoSuchBackend(_) | Error::NoSuchCheckpoint(_) | Error::NotFound(_) => {
                 ErrorKind::NotFound
@@ -382,6 +386,34 @@ mod tests {
         }
         .kind()
         .is_temporary());
+    }
+
+    #[test]
+    fn object_storage_errors_keep_their_cause_and_say_what_they_are() {
+        let missing = Error::ObjectStore {
+            what: "get checkpoints/7.json".into(),
+            source: object_store::Error::NotFound {
+                path: "checkpoints/7.json".into(),
+                source: "404".into(),
+            },
+        };
+        assert!(std::error::Error::source(&missing).is_some());
+        let missing = wrapped(missing);
+        assert_eq!(
+            (missing.kind(), missing.errno()),
+            (ErrorKind::NotFound, libc::ENOENT)
+        );
+        let refused = Error::ObjectStore {
+            what: "put ckptfs.json".into(),
+            source: object_store::Error::Precondition {
+                path: "ckptfs.json".into(),
+                source: "412".into(),
+            },
+        };
+        assert_eq!(
+            (refused.kind(), refused.errno()),
+            (ErrorKind::Conflict, libc::ESTALE)
+        );
     }
 
     #[test]

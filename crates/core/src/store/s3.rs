@@ -538,17 +538,13 @@ impl std::io::Write for Upload<'_> {
     }
 }
 
-/// An `object_store` error as ours: the operation and the key in the message, errno EIO
-/// (or ENOENT, EEXIST, ESTALE where the kind says so).
-fn remote_error(what: &str, e: object_store::Error) -> Error {
-    match e {
-        object_store::Error::NotFound { .. } => Error::NotFound(format!("{what}: {e}")),
-        object_store::Error::AlreadyExists { .. } => Error::Exists(format!("{what}: {e}")),
-        object_store::Error::Precondition { .. } => Error::Conflict(format!("{what}: {e}")),
-        source => Error::ObjectStore {
-            what: what.to_string(),
-            source,
-        },
+/// An `object_store` error as ours: the operation and the key in the message, the client's
+/// error kept as the source; its kind (a missing object, a create-only or conditional write
+/// refused) is [`Error::kind`]'s to tell.
+fn remote_error(what: &str, source: object_store::Error) -> Error {
+    Error::ObjectStore {
+        what: what.to_string(),
+        source,
     }
 }
 
