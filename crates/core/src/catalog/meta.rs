@@ -60,6 +60,14 @@ pub struct StoreMeta {
     /// and refused to `rmdir` and `delete` while pinned.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pins: BTreeMap<String, u64>,
+    /// Pins that expire (leases, such as the `restore-cp-N` a read of a Flink
+    /// checkpoint's `_metadata` in the mount takes): pin name -> when it expires, in
+    /// milliseconds since the Unix epoch. Each is in `pins` too, so that a reader that does
+    /// not know this field keeps the checkpoint as pinned (the safe side); a daemon
+    /// removes a pin once its time has passed. An optional field: a store without it has
+    /// none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pin_expires: BTreeMap<String, u64>,
 }
 
 /// Longest pin name.
@@ -113,6 +121,7 @@ impl Default for StoreMeta {
             flink_dropped: BTreeMap::new(),
             keep: ByTime::default(),
             pins: BTreeMap::new(),
+            pin_expires: BTreeMap::new(),
         }
     }
 }
