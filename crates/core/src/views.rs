@@ -437,6 +437,7 @@ mod tests {
             void: Vec::new(),
             external: Vec::new(),
             flink_dropped: Default::default(),
+            flink_dropped_ms: Default::default(),
             keep: Default::default(),
             pins: [("before-deploy".to_string(), 12)].into(),
             pin_expires: Default::default(),
