@@ -456,6 +456,12 @@ pub(crate) struct MountArgs {
     /// reads; a corrupt object is then served as it is).
     #[arg(long)]
     pub(crate) no_verify: bool,
+    /// A read of a Flink checkpoint's cp-N/_metadata (a job restoring from the mount)
+    /// pins cp-N as restore-cp-N for DURATION after the last read of its files, so that
+    /// no policy or rmdir drops it before the job's first own checkpoint (0: off).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
+          default_value = "1h", conflicts_with = "read_only")]
+    pub(crate) restore_lease: std::time::Duration,
 }
 
 /// The options of `ckptfs serve`: a daemon's, without a tree.
@@ -796,6 +802,7 @@ impl DaemonArgs {
             metrics_listen: self.metrics_listen,
             flink,
             flink_roots,
+            restore_lease: None,
         })
     }
 }
@@ -822,7 +829,9 @@ impl MountArgs {
     /// The mount daemon's configuration: the daemon's, with the tree at MOUNTPOINT.
     pub(crate) fn into_config(self) -> Result<MountConfig, Error> {
         let (allow_other, verify, read_only) = (self.allow_other, !self.no_verify, self.read_only);
+        let restore_lease = Some(self.restore_lease).filter(|d| !d.is_zero());
         let mut config = self.daemon.into_config(self.store, Some(self.mountpoint))?;
+        config.restore_lease = restore_lease;
         config.allow_other = allow_other;
         config.verify = verify;
         config.read_only = read_only;

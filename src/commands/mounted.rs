@@ -70,20 +70,35 @@ fn refused_drop(mountpoint: &Path, checkpoint: u64, dir: &Path, e: std::io::Erro
     if e.raw_os_error() != Some(libc::EBUSY) {
         return Error::io(format!("drop {}", dir.display()), e);
     }
-    let pins: Vec<String> = client::read_status(mountpoint)
+    let now = ckptfs_core::fsutil::now_unix_ms();
+    let pins: Vec<(String, String)> = client::read_status(mountpoint)
         .map(|status| {
             status
                 .pins
                 .into_iter()
                 .filter(|(_, on)| *on == checkpoint)
-                .map(|(name, _)| name)
+                .map(|(name, _)| {
+                    // A restore lease says when it lets go by itself.
+                    let shown = match status.pin_expires.get(&name) {
+                        Some(at) => format!(
+                            "{name} (a restore lease: a read of its _metadata; it expires \
+                             in {}s)",
+                            at.saturating_sub(now).div_ceil(1000)
+                        ),
+                        None => name.clone(),
+                    };
+                    (name, shown)
+                })
                 .collect()
         })
         .unwrap_or_default();
     match pins.first() {
-        Some(name) => Error::Busy(format!(
+        Some((name, _)) => Error::Busy(format!(
             "checkpoint {checkpoint} is pinned as {}: `ckptfs unpin {} {name}` first",
-            pins.join(", "),
+            pins.iter()
+                .map(|(_, shown)| shown.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
             mountpoint.display()
         )),
         None => Error::Busy(format!(

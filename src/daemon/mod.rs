@@ -48,6 +48,9 @@ pub struct MountConfig {
     pub flink: Option<PathBuf>,
     /// More roots whose files the job's checkpoints may name (`--flink-root`).
     pub flink_roots: Vec<PathBuf>,
+    /// How long a read of a Flink checkpoint's `_metadata` in the tree holds it after the
+    /// last read of its files (`--restore-lease`; `None`: not held).
+    pub restore_lease: Option<Duration>,
 }
 
 /// How often a daemon following a Flink job looks for its new checkpoints: in a directory
@@ -56,6 +59,9 @@ pub struct MountConfig {
 pub const FLINK_POLL: Duration = Duration::from_secs(1);
 /// [`FLINK_POLL`] for a job on object storage.
 pub const FLINK_POLL_S3: Duration = Duration::from_secs(2);
+
+/// How often a writing daemon removes the pins whose time is up (restore leases).
+pub const PIN_EXPIRY_PERIOD: Duration = Duration::from_secs(1);
 
 /// How often a read-only mount looks for the writer's new checkpoints.
 pub const REFRESH_PERIOD: Duration = Duration::from_secs(2);
@@ -174,7 +180,7 @@ fn mount_tree(
     engine: &Engine,
     controller: &Arc<Controller>,
 ) -> Result<fuser::BackgroundSession> {
-    let fs = CkptFs::with_verification(controller.clone(), config.verify);
+    let fs = CkptFs::with_options(controller.clone(), config.verify, config.restore_lease);
     let mut options = vec![
         MountOption::FSName(format!("ckptfs:{}", engine.location())),
         MountOption::Subtype("ckptfs".into()),
@@ -273,6 +279,9 @@ pub fn serve(
         }
         if let Some(period) = config.small_file_compaction.filter(|_| !config.read_only) {
             tasks.small_file_compaction(period, Default::default())?;
+        }
+        if !config.read_only {
+            tasks.expire_pins(PIN_EXPIRY_PERIOD)?;
         }
         Ok((
             engine,

@@ -225,6 +225,15 @@ impl Catalog {
                 "{path} is invalid (a pin named {name:?}); {advice}"
             )));
         }
+        if let Some(name) = meta
+            .pin_expires
+            .keys()
+            .find(|n| !meta.pins.contains_key(*n))
+        {
+            return Err(Error::Corrupt(format!(
+                "{path} is invalid (an expiry for {name:?}, which is no pin); {advice}"
+            )));
+        }
         Ok(meta)
     }
 
