@@ -660,3 +660,82 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// `btrfs filesystem du --raw -s PATH`: the bytes only PATH's files use (`Exclusive`).
+fn btrfs_exclusive(path: &Path) -> u64 {
+    let out = Command::new("btrfs")
+        .args(["filesystem", "du", "--raw", "-s"])
+        .arg(path)
+        .output()
+        .expect("btrfs (btrfs-progs)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().nth(1).expect("a summary line");
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// On a filesystem that shares extents (btrfs), an import into a store there clones each
+/// file (`FICLONE`) instead of copying it: the store's objects use almost no space of
+/// their own, every object still holds what its name says (fsck reads them all), and a
+/// file of the source rewritten afterwards changes nothing stored.
+#[test]
+fn an_import_on_btrfs_shares_the_sources_extents() {
+    let fs = crate::common::btrfs::Btrfs::new(1 << 30);
+    let db = fs.mnt.join("db");
+    let mut options = rocksdb::Options::default();
+    options.create_if_missing(true);
+    options.set_compression_type(rocksdb::DBCompressionType::None);
+    {
+        let rocks = rocksdb::DB::open(&options, &db).unwrap();
+        // 96 MiB of bytes that do not compress, in a few SSTs.
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..(96 * 1024) {
+            let value: Vec<u8> = (0..1024)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed as u8
+                })
+                .collect();
+            rocks.put(format!("key{i:08}"), value).unwrap();
+        }
+        rocks.flush().unwrap();
+        rocksdb::checkpoint::Checkpoint::new(&rocks)
+            .unwrap()
+            .create_checkpoint(fs.mnt.join("cp"))
+            .unwrap();
+    }
+    let cp = fs.mnt.join("cp");
+    let sst_bytes: u64 = std::fs::read_dir(&cp)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".sst"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    assert!(sst_bytes > 90 << 20, "{sst_bytes}");
+    let store = fs.mnt.join("store");
+    let answer = import(&store, &[("app/0", &cp)]);
+    assert_eq!(answer["id"], 1, "{answer}");
+    run_sync();
+    let exclusive = btrfs_exclusive(&store.join("objects"));
+    assert!(
+        exclusive < sst_bytes / 20,
+        "the store's objects use {exclusive} bytes of their own for {sst_bytes} bytes of SSTs"
+    );
+    // The source's files rewritten in place (same names, other bytes): the store's
+    // objects, clones, keep what they held.
+    for entry in std::fs::read_dir(&cp).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "sst") {
+            let len = std::fs::metadata(&path).unwrap().len();
+            std::fs::write(&path, vec![0u8; len as usize]).unwrap();
+        }
+    }
+    let report: serde_json::Value =
+        serde_json::from_str(&ok(ckptfs(&["fsck", store.to_str().unwrap(), "--json"]))).unwrap();
+    assert_eq!(report["problems"], serde_json::json!([]), "{report}");
+}
+
+fn run_sync() {
+    assert!(Command::new("sync").status().unwrap().success());
+}

@@ -897,44 +897,12 @@ fn an_export_follows_no_link_another_user_planted_on_its_path() {
         .all(|f| std::fs::metadata(f).unwrap().uid() == 0));
 }
 
-/// A loop-mounted btrfs with a subvolume: its files have a device of their own (`st_dev`),
-/// while `/proc/locks` lists their locks by the filesystem's.
-struct Btrfs {
-    mnt: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Btrfs {
-    fn new() -> Btrfs {
-        let dir = tempfile::tempdir().unwrap();
-        let image = dir.path().join("btrfs.img");
-        std::fs::File::create(&image)
-            .unwrap()
-            .set_len(256 << 20)
-            .unwrap();
-        run("mkfs.btrfs", &["-q", image.to_str().unwrap()]);
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&mnt).unwrap();
-        run(
-            "mount",
-            &["-o", "loop", image.to_str().unwrap(), mnt.to_str().unwrap()],
-        );
-        Btrfs { mnt, _dir: dir }
-    }
-}
-
-impl Drop for Btrfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mnt).status();
-    }
-}
-
 /// A database a running RocksDB holds open on a btrfs subvolume is refused like anywhere
 /// else: its LOCK's device in `/proc/locks` is not the file's `st_dev` there.
 #[test]
 fn a_live_database_on_a_btrfs_subvolume_is_refused() {
     use std::os::unix::fs::MetadataExt;
-    let fs = Btrfs::new();
+    let fs = crate::common::btrfs::Btrfs::new(256 << 20);
     let sub = fs.mnt.join("sub");
     run("btrfs", &["subvolume", "create", sub.to_str().unwrap()]);
     let db_dir = sub.join("db");

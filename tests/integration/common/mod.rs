@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod btrfs;
 pub mod cli;
 pub mod java;
 pub mod moto;

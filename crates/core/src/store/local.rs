@@ -68,7 +68,18 @@ impl ObjectStore for LocalStore {
         let tmp = self.tmp.join(format!("{}-{n}", std::process::id()));
         let mut input = fs::File::open(src).ctx("open", src)?;
         let mut out = create_new_private().open(&tmp).ctx("create", &tmp)?;
-        let result = hash_copy(&mut input, Some(&mut out), &tmp).and_then(|r| {
+        // Where the filesystem shares extents (btrfs, XFS) the object is a clone of the
+        // source, which writes no data; it is hashed from the clone, a private file no one
+        // else can change, so its name is its content whatever the source does after.
+        // Elsewhere it is copied while hashed.
+        let hashed = if crate::fsutil::reflink(&input, &out) {
+            fs::File::open(&tmp)
+                .ctx("open", &tmp)
+                .and_then(|mut clone| hash_copy(&mut clone, None, &tmp))
+        } else {
+            hash_copy(&mut input, Some(&mut out), &tmp)
+        };
+        let result = hashed.and_then(|r| {
             crate::failpoint!("store::staged-before-fsync");
             out.sync_all().ctx("fsync", &tmp).map(|_| r)
         });
