@@ -676,7 +676,9 @@ fn btrfs_exclusive(path: &Path) -> u64 {
 /// On a filesystem that shares extents (btrfs), an import into a store there clones each
 /// file (`FICLONE`) instead of copying it: the store's objects use almost no space of
 /// their own, every object still holds what its name says (fsck reads them all), and a
-/// file of the source rewritten afterwards changes nothing stored.
+/// file of the source rewritten afterwards changes nothing stored. A restore there clones
+/// the objects back, each checked by reading the clone: the restored database holds the
+/// source's keys, in files of almost no bytes of their own.
 #[test]
 fn an_import_on_btrfs_shares_the_sources_extents() {
     let fs = crate::common::btrfs::Btrfs::new(1 << 30);
@@ -722,6 +724,26 @@ fn an_import_on_btrfs_shares_the_sources_extents() {
         exclusive < sst_bytes / 20,
         "the store's objects use {exclusive} bytes of their own for {sst_bytes} bytes of SSTs"
     );
+    let restored = fs.mnt.join("restored");
+    ok(ckptfs(&[
+        "restore",
+        store.to_str().unwrap(),
+        "1",
+        restored.to_str().unwrap(),
+    ]));
+    run_sync();
+    let exclusive = btrfs_exclusive(&restored);
+    assert!(
+        exclusive < sst_bytes / 20,
+        "the restore uses {exclusive} bytes of its own for {sst_bytes} bytes of SSTs"
+    );
+    let reopened =
+        rocksdb::DB::open_for_read_only(&options, restored.join("app/0"), false).unwrap();
+    assert_eq!(
+        reopened.iterator(rocksdb::IteratorMode::Start).count(),
+        96 * 1024
+    );
+    drop(reopened);
     // The source's files rewritten in place (same names, other bytes): the store's
     // objects, clones, keep what they held.
     for entry in std::fs::read_dir(&cp).unwrap() {
