@@ -5,6 +5,7 @@
 //! export to object storage (moto_server) restores once its objects are copied anywhere.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use crate::common::mounted::{ckptfs, ok, Mounted};
 use crate::flink::{check_tree, fixture, imported_from, Job};
@@ -60,10 +61,16 @@ fn assert_relocatable(job_dir: &Path, chk: &str) {
 /// and a job restored from the moved copy goes on from 600 records with every key's state
 /// (StateJob checks each key's count itself). With `also_s3`, the job's directory is also
 /// copied to moto_server as it is (its `_metadata` naming the local paths: a moved job) and
-/// imported from there, each segment a ranged GET, and read back the same. Returns the
-/// source `_metadata` imported.
-fn import_export_restore(extra: &[&str], also_s3: bool) -> Vec<u8> {
-    let dir = tempfile::tempdir().unwrap();
+/// imported from there, each segment a ranged GET, and read back the same. With
+/// `on_btrfs`, everything is on a loop-mounted btrfs, and the job restores from an export
+/// of the store itself, whose files are clones of the store's objects. Returns the source
+/// `_metadata` imported.
+fn import_export_restore(extra: &[&str], also_s3: bool, on_btrfs: bool) -> Vec<u8> {
+    let btrfs = on_btrfs.then(|| crate::common::btrfs::Btrfs::new(1 << 30));
+    let dir = match &btrfs {
+        Some(fs) => tempfile::tempdir_in(&fs.mnt).unwrap(),
+        None => tempfile::tempdir().unwrap(),
+    };
     let classpath =
         crate::common::java::compile_java("tests/flink/StateJob.java", &dir.path().join("classes"));
     let ck = dir.path().join("ck");
@@ -148,6 +155,24 @@ fn import_export_restore(extra: &[&str], also_s3: bool) -> Vec<u8> {
         chk.file_name().unwrap().to_str().unwrap().to_string(),
     );
     assert_relocatable(&dest.join(&job_id), &chk_name);
+    if btrfs.is_some() {
+        // From the store itself on btrfs: each file its object's clone (the mount's files
+        // cannot be cloned), the export the job restores from below.
+        std::fs::remove_dir_all(&dest).unwrap();
+        ok(ckptfs(&[
+            "export-flink",
+            store.to_str().unwrap(),
+            &cp.to_string(),
+            dest.to_str().unwrap(),
+        ]));
+        assert_relocatable(&dest.join(&job_id), &chk_name);
+        assert!(Command::new("sync").status().unwrap().success());
+        let (total, exclusive) = btrfs_usage(&dest);
+        assert!(
+            exclusive * 2 < total,
+            "the export uses {exclusive} of its {total} bytes alone: not clones"
+        );
+    }
     // Moved elsewhere: the export names nothing by where it was written.
     let moved = dir.path().join("elsewhere/copy");
     std::fs::create_dir_all(moved.parent().unwrap()).unwrap();
@@ -166,7 +191,7 @@ fn import_export_restore(extra: &[&str], also_s3: bool) -> Vec<u8> {
 /// physical file; each subtask's RocksDB files are taken out of their segments.
 #[test]
 fn a_file_merging_jobs_checkpoints_import_export_and_restore() {
-    let source = import_export_restore(&["--file-merging", "true"], true);
+    let source = import_export_restore(&["--file-merging", "true"], true, false);
     let segments = handles(&source)
         .iter()
         .filter(|h| matches!(h, StreamHandle::Segment { .. }))
@@ -181,7 +206,7 @@ fn a_file_merging_jobs_checkpoints_import_export_and_restore() {
 /// RocksDB files too.
 #[test]
 fn a_forst_jobs_checkpoints_import_export_and_restore() {
-    let source = import_export_restore(&["--state-backend", "forst"], false);
+    let source = import_export_restore(&["--state-backend", "forst"], false, true);
     assert!(!handles(&source).is_empty());
 }
 
@@ -438,4 +463,17 @@ fn an_export_from_object_storage_into_its_bucket_is_copied_by_the_object_store()
         objects.len(),
         "{gets_copied} objects read by the copy, {gets_streamed} by the stream"
     );
+}
+
+/// `btrfs filesystem du --raw -s PATH`: PATH's bytes, and those only its files use.
+fn btrfs_usage(path: &Path) -> (u64, u64) {
+    let out = Command::new("btrfs")
+        .args(["filesystem", "du", "--raw", "-s"])
+        .arg(path)
+        .output()
+        .expect("btrfs (btrfs-progs)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().nth(1).expect("a summary line");
+    let mut numbers = line.split_whitespace().map(|n| n.parse::<u64>().unwrap());
+    (numbers.next().unwrap(), numbers.next().unwrap())
 }

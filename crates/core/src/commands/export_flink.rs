@@ -54,6 +54,27 @@ impl CheckpointFiles for StoredCheckpoint<'_> {
         let (remote, key) = self.objects.remote_object(&file.object)?;
         Some((remote, key, file.size))
     }
+
+    /// A file stored whole in a local store: its object cloned, where the filesystem
+    /// shares extents, and checked by reading the object (which the clone shares; objects
+    /// never change in place).
+    fn clone_into(
+        &self,
+        backend: &BackendName,
+        name: &str,
+        out: &std::fs::File,
+    ) -> Result<Option<u64>> {
+        let file = self.file(backend, name)?;
+        if file.chunks.is_some() || self.objects.local_path(&file.object).is_none() {
+            return Ok(None);
+        }
+        let object = self.objects.open(&file.object)?;
+        if !crate::fsutil::reflink(&object, out) {
+            return Ok(None);
+        }
+        self.objects.verify(&file.object, file.size)?;
+        Ok(Some(file.size))
+    }
 }
 
 /// [`export`] to `dest`: a directory ([`export`]) or `s3://BUCKET/PREFIX`

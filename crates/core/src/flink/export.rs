@@ -46,6 +46,18 @@ pub trait CheckpointFiles: Sync {
     ) -> Option<(std::sync::Arc<Remote>, String, u64)> {
         None
     }
+
+    /// Clone file `name` of `backend` into `out` (a new, empty file), checked, where the
+    /// two share a filesystem that shares extents (a local store on btrfs or XFS); its
+    /// length. `Ok(None)` (the default) where it cannot: then it is written out.
+    fn clone_into(
+        &self,
+        _backend: &BackendName,
+        _name: &str,
+        _out: &std::fs::File,
+    ) -> Result<Option<u64>> {
+        Ok(None)
+    }
 }
 
 /// The files of checkpoint N as a mount shows them (`MOUNTPOINT/cp-N/`).
@@ -69,6 +81,10 @@ fn copy_to_file(
     let file = crate::fsutil::create_new_private()
         .open(to)
         .ctx("create", to)?;
+    if let Some(n) = stored.clone_into(backend, name, &file)? {
+        file.sync_all().ctx("fsync", to)?;
+        return Ok(n);
+    }
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
     let n = stored.write_to(backend, name, &mut out)?;
     let file = out
