@@ -417,7 +417,7 @@ fn exported(scrape: &Scrape) -> BTreeMap<String, String> {
 }
 
 /// Set the modification time of `path` to `ms` since the Unix epoch.
-fn set_mtime_ms(path: &std::path::Path, ms: u64) {
+pub(crate) fn set_mtime_ms(path: &std::path::Path, ms: u64) {
     std::fs::File::options()
         .write(true)
         .open(path)
