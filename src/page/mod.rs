@@ -56,21 +56,7 @@ pub fn escape(s: &str) -> String {
     out
 }
 
-/// Bytes for people: `812 B`, `3.4 KiB`, `1.0 GiB`.
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
+pub use crate::units::human_bytes;
 
 /// A time as RFC 3339 (seconds).
 fn when(ms: u64) -> String {

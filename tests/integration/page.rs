@@ -454,19 +454,18 @@ fn du_history_and_svg_match_du_per_checkpoint() {
                 .collect()
         })
         .collect();
+    // Sizes for people (KiB, MiB), bytes in --json: each is a number and its unit.
+    let human = ckptfs::units::human_bytes;
     for (i, c) in checkpoints.iter().enumerate() {
         let row: Vec<&str> = lines[head + 1 + i].split_whitespace().collect();
         assert_eq!(row[0], c["id"].to_string());
-        assert_eq!(
-            row[2..5],
-            [
-                c["total"]["bytes"].to_string(),
-                c["total"]["new"].to_string(),
-                c["total"]["shared"].to_string()
-            ]
-        );
-        let values: Vec<u64> = row[5..].iter().map(|v| v.parse().unwrap()).collect();
-        assert_eq!(values, columns.iter().map(|col| col[i]).collect::<Vec<_>>());
+        let mut want: Vec<String> = ["bytes", "new", "shared"]
+            .iter()
+            .map(|f| human(c["total"][f].as_u64().unwrap()))
+            .collect();
+        want.extend(columns.iter().map(|col| human(col[i])));
+        let want = want.join(" ");
+        assert_eq!(row[2..], want.split_whitespace().collect::<Vec<_>>()[..]);
     }
 
     // --svg alone writes the file and prints nothing.
