@@ -10,7 +10,7 @@ use ckptfs_core::commands::diff::{self as core_diff, DiffReport, Figures, Presen
 use ckptfs_core::error::Error;
 
 use super::show::{backend_text, printable, when};
-use crate::client::{store_checkpoints, Target};
+use crate::client::{progress, store_checkpoints, Target};
 
 /// Compare checkpoints `a` and `b` of the store at (or behind) `path`; with `keys`, their
 /// keys too, listing at most that many changes per backend and column family.
@@ -30,6 +30,9 @@ pub fn diff(
     );
     let mut report = core_diff::compare(ma, mb);
     if let Some(limit) = keys {
+        let spinner = progress::spinner(&format!(
+            "comparing the keys of cp-{a} and cp-{b} (each backend's files restored and read)"
+        ));
         keys::compare(
             repo.objects.as_ref(),
             ma,
@@ -38,6 +41,7 @@ pub fn diff(
             limit,
             &std::env::temp_dir(),
         )?;
+        spinner.finish_and_clear();
     }
     if json {
         let text = serde_json::to_string(&report)
