@@ -778,6 +778,43 @@ fn the_page_in_chromium_shows_what_du_counts() {
         let docs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/page.png");
         std::fs::write(docs, &image).unwrap();
     }
+
+    // Flink completes checkpoint 7, which ckptfs refuses: the page says the store is one
+    // checkpoint and 95 s of Flink's time behind, and why 7 is refused.
+    let staged = dir.path().join("chk-7");
+    std::fs::create_dir(&staged).unwrap();
+    std::fs::write(staged.join("_metadata"), b"not a checkpoint's metadata").unwrap();
+    crate::metrics::set_mtime_ms(&staged.join("_metadata"), flink_time(6) + 95_000);
+    std::fs::rename(&staged, job.join("chk-7")).unwrap();
+    wait_for("the refusal of checkpoint 7", || {
+        get(addr, "/").2.contains("data-refused=\"1\"")
+    });
+    let els = elements(&chromium(&["--dump-dom"], &url), false);
+    let flink = by_id(&els, "flink");
+    assert_eq!(flink.num("data-flink-newest"), 7);
+    assert_eq!(flink.num("data-lag-checkpoints"), 1);
+    assert_eq!(flink.num("data-lag-ms"), 95_000);
+    assert_eq!(flink.num("data-imports-failed"), 1);
+    assert!(
+        flink
+            .text
+            .contains("Lag: 1 checkpoint(s), 1 min 35 s of Flink's time behind."),
+        "{}",
+        flink.text
+    );
+    let refused = inside(&els, "flink-refused", "li", "data-checkpoint");
+    assert_eq!(refused.len(), 1);
+    assert_eq!(refused[0].num("data-checkpoint"), 7);
+    assert!(
+        refused[0].text.starts_with("Refused: job "),
+        "{:?}",
+        refused[0]
+    );
+    let error = by_id(&els, "last-error");
+    assert!(
+        error.attr("data-error").contains("checkpoint 7"),
+        "{error:?}"
+    );
     m.umount();
 }
 
