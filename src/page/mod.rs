@@ -434,28 +434,7 @@ impl Page {
             "Imports since the daemon started: {done} committed, {failed} failed \
              (each try counted; the table below gives each checkpoint's duration)."
         ));
-        let mut refused_list = String::new();
-        if !refused.is_empty() {
-            refused_list.push_str("<ul id=\"flink-refused\">");
-            for r in refused.iter().take(10) {
-                let _ = write!(
-                    refused_list,
-                    "<li data-job=\"{j}\" data-checkpoint=\"{c}\">Refused: job <code>{j}</code> \
-                     checkpoint {c}: {}</li>",
-                    escape(&r.reason),
-                    j = escape(&r.job),
-                    c = r.checkpoint
-                );
-            }
-            if refused.len() > 10 {
-                let _ = write!(
-                    refused_list,
-                    "<li>and {} more (<code>ckptfs status</code>)</li>",
-                    refused.len() - 10
-                );
-            }
-            refused_list.push_str("</ul>");
-        }
+        let refused_list = refused_list(&refused);
         let _ = writeln!(
             out,
             "<section id=\"flink\"{attrs}><h2>Flink</h2><p>{}</p>{refused_list}</section>",
@@ -487,6 +466,33 @@ impl Page {
             ),
         }
     }
+}
+
+/// The first 10 checkpoints the follower refuses, with why, as a list (empty: none).
+fn refused_list(refused: &[ckptfs_core::coordinator::FlinkRefused]) -> String {
+    let mut refused_list = String::new();
+    if !refused.is_empty() {
+        refused_list.push_str("<ul id=\"flink-refused\">");
+        for r in refused.iter().take(10) {
+            let _ = write!(
+                refused_list,
+                "<li data-job=\"{j}\" data-checkpoint=\"{c}\">Refused: job <code>{j}</code> \
+                 checkpoint {c}: {}</li>",
+                escape(&r.reason),
+                j = escape(&r.job),
+                c = r.checkpoint
+            );
+        }
+        if refused.len() > 10 {
+            let _ = write!(
+                refused_list,
+                "<li>and {} more (<code>ckptfs status</code>)</li>",
+                refused.len() - 10
+            );
+        }
+        refused_list.push_str("</ul>");
+    }
+    refused_list
 }
 
 /// `data-` attributes of a figure set, with a prefix.
