@@ -42,9 +42,11 @@ impl Backoff {
     }
 }
 
-/// The refusal that a later try may not meet: something else holds what this needs.
+/// The refusal that a later try may not meet: something in progress excludes this request
+/// ([`ckptfs_core::ErrorKind::is_temporary`]; a store locked by another process is not: its holder must
+/// let go first).
 pub fn is_busy(error: &Error) -> bool {
-    error.errno() == libc::EBUSY
+    error.kind().is_temporary()
 }
 
 /// `attempt` until it succeeds, fails otherwise than [`is_busy`], or `wait` has passed.
@@ -84,6 +86,7 @@ mod tests {
             if tries < 3 {
                 Err(Error::Daemon {
                     errno: libc::EBUSY,
+                    kind: Some(ckptfs_core::ErrorKind::Busy),
                     message: "busy".into(),
                 })
             } else {

@@ -46,7 +46,9 @@ pub(crate) enum Command {
     /// checkpoints finish first). Commands reach it by the store: `ckptfs checkpoint
     /// STORE` and the others talk to it through the Unix socket ctl.sock in its state
     /// directory (STORE/state, or the DIR of --state DIR), which only the daemon's user
-    /// and root may use; it speaks the line protocol of a mount's .ckptfs/ctl.
+    /// and root may use; it speaks the line protocol of a mount's .ckptfs/ctl, and a
+    /// mount's daemon listens there too. Under systemd (NOTIFY_SOCKET) it says READY=1
+    /// once it serves.
     Serve(ServeArgs),
     /// Unmount MOUNTPOINT and wait until its daemon has stopped.
     Umount {
@@ -458,6 +460,12 @@ pub(crate) struct MountArgs {
     /// reads; a corrupt object is then served as it is).
     #[arg(long)]
     pub(crate) no_verify: bool,
+    /// A read of a Flink checkpoint's cp-N/_metadata (a job restoring from the mount)
+    /// pins cp-N as restore-cp-N for DURATION after the last read of its files, so that
+    /// no policy or rmdir drops it before the job's first own checkpoint (0: off).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
+          default_value = "1h", conflicts_with = "read_only")]
+    pub(crate) restore_lease: std::time::Duration,
 }
 
 /// The options of `ckptfs serve`: a daemon's, without a tree.
@@ -795,10 +803,10 @@ impl DaemonArgs {
             threads: 4,
             verify: true,
             read_only: false,
-            control_socket: false,
             metrics_listen: self.metrics_listen,
             flink,
             flink_roots,
+            restore_lease: None,
         })
     }
 }
@@ -825,7 +833,9 @@ impl MountArgs {
     /// The mount daemon's configuration: the daemon's, with the tree at MOUNTPOINT.
     pub(crate) fn into_config(self) -> Result<MountConfig, Error> {
         let (allow_other, verify, read_only) = (self.allow_other, !self.no_verify, self.read_only);
+        let restore_lease = Some(self.restore_lease).filter(|d| !d.is_zero());
         let mut config = self.daemon.into_config(self.store, Some(self.mountpoint))?;
+        config.restore_lease = restore_lease;
         config.allow_other = allow_other;
         config.verify = verify;
         config.read_only = read_only;
@@ -835,11 +845,9 @@ impl MountArgs {
 
 impl ServeArgs {
     /// The serving daemon's configuration: no tree; commands reach it through the
-    /// control socket in its state directory.
+    /// control socket in its state directory, as they reach a mount's daemon.
     pub(crate) fn into_config(self) -> Result<MountConfig, Error> {
-        let mut config = self.daemon.into_config(self.store, None)?;
-        config.control_socket = true;
-        Ok(config)
+        self.daemon.into_config(self.store, None)
     }
 }
 

@@ -83,24 +83,39 @@ fn refused_drop(mountpoint: &Path, checkpoint: u64, dir: &Path, e: std::io::Erro
     if e.raw_os_error() != Some(libc::EBUSY) {
         return Error::io(format!("drop {}", dir.display()), e);
     }
+    let now = ckptfs_core::fsutil::now_unix_ms();
     let status = client::read_status(mountpoint).ok();
-    let pins: Vec<String> = status
+    let pins: Vec<(String, String)> = status
         .as_ref()
         .map(|status| {
             status
                 .pins
                 .iter()
                 .filter(|(_, on)| **on == checkpoint)
-                .map(|(name, _)| name.clone())
+                .map(|(name, _)| {
+                    // A restore lease says when it lets go by itself.
+                    let shown = match status.pin_expires.get(name) {
+                        Some(at) => format!(
+                            "{name} (a restore lease: a read of its _metadata; it expires \
+                             in {}s)",
+                            at.saturating_sub(now).div_ceil(1000)
+                        ),
+                        None => name.clone(),
+                    };
+                    (name.clone(), shown)
+                })
                 .collect()
         })
         .unwrap_or_default();
     let rows = status.as_ref().map_or(&[][..], |s| &s.checkpoints[..]);
     let newest = rows.last().is_some_and(|c| c.id == checkpoint);
     match pins.first() {
-        Some(name) => Error::Busy(format!(
+        Some((name, _)) => Error::Busy(format!(
             "checkpoint {checkpoint} is pinned as {}: `ckptfs unpin {} {name}` first",
-            pins.join(", "),
+            pins.iter()
+                .map(|(_, shown)| shown.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
             mountpoint.display()
         )),
         None if newest => Error::Busy(format!(

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use ckptfs_core::catalog::Manifest;
 use ckptfs_core::coordinator::ImportReport;
-use ckptfs_core::error::{Error, Result};
+use ckptfs_core::error::{Error, ErrorKind, Result};
 use ckptfs_core::import::ImportDir;
 use ckptfs_core::names::BackendName;
 use ckptfs_core::percent;
@@ -397,6 +397,10 @@ pub struct Imported {
 pub struct Failure {
     /// Why, as an errno (`EBUSY`: try again later).
     pub errno: i32,
+    /// What kind of failure (`busy`, `not_found`, `conflict`, ...: [`ErrorKind`]), which
+    /// the errno alone does not always tell (`corrupt` and `io` are both `EIO`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<ErrorKind>,
     /// What happened, for people.
     pub error: String,
 }
@@ -406,6 +410,7 @@ impl Failure {
     pub fn of(error: &Error) -> Self {
         Failure {
             errno: error.errno(),
+            kind: Some(error.kind()),
             error: error.to_string(),
         }
     }
@@ -414,6 +419,7 @@ impl Failure {
     pub fn into_error(self) -> Error {
         Error::Daemon {
             errno: self.errno,
+            kind: self.kind,
             message: self.error,
         }
     }
@@ -682,6 +688,7 @@ mod tests {
                 "failure",
                 Err(Failure {
                     errno: libc::EBUSY,
+                    kind: Some(ErrorKind::Busy),
                     error: "checkpoint 3 is still in flight".into(),
                 }),
             ),
@@ -700,6 +707,7 @@ mod tests {
         for errno in [libc::EIO, libc::EACCES, libc::ENOENT, libc::EBUSY] {
             let failure = Failure {
                 errno,
+                kind: None,
                 error: "refused".into(),
             };
             let line = answer_line(&Err(failure));
@@ -709,6 +717,15 @@ mod tests {
                 (errno, "refused")
             );
         }
+        // The kind tells what the errno cannot: EIO is a damaged object or an I/O failure.
+        let corrupt = Failure::of(&Error::Corrupt("object 5ab0 is damaged".into()));
+        let line = answer_line(&Err(corrupt));
+        assert!(line.contains(r#""kind":"corrupt""#), "{line}");
+        let error = parse_answer(&line).unwrap().unwrap_err().into_error();
+        assert_eq!(
+            (error.errno(), error.kind()),
+            (libc::EIO, ErrorKind::Corrupt)
+        );
         assert!(parse_answer("{\"ok\":tru").is_err());
         assert!(parse_answer(r#"{"ok":false,"error":"no errno"}"#).is_err());
     }

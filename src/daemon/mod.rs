@@ -1,5 +1,5 @@
 //! The daemon of `ckptfs mount` and `ckptfs serve`: open the engine, start its tasks, the
-//! metrics and the front doors (the FUSE tree of a mount, the control socket of `serve`),
+//! metrics and the front doors (the control socket of both, and the FUSE tree of a mount),
 //! serve until unmounted or signalled.
 
 use std::path::{Path, PathBuf};
@@ -28,8 +28,6 @@ pub struct MountConfig {
     pub engine: EngineConfig,
     /// Where the tree is mounted (None: no tree, no FUSE: `ckptfs serve`).
     pub mountpoint: Option<PathBuf>,
-    /// Listen at `ctl.sock` in the state directory for the control file's commands.
-    pub control_socket: bool,
     /// Take a checkpoint this often (None: only when asked).
     pub interval: Option<Duration>,
     /// Merge small SSTs this often (None: never).
@@ -50,6 +48,9 @@ pub struct MountConfig {
     pub flink: Option<PathBuf>,
     /// More roots whose files the job's checkpoints may name (`--flink-root`).
     pub flink_roots: Vec<PathBuf>,
+    /// How long a read of a Flink checkpoint's `_metadata` in the tree holds it after the
+    /// last read of its files (`--restore-lease`; `None`: not held).
+    pub restore_lease: Option<Duration>,
 }
 
 /// How often a daemon following a Flink job looks for its new checkpoints: in a directory
@@ -58,6 +59,9 @@ pub struct MountConfig {
 pub const FLINK_POLL: Duration = Duration::from_secs(1);
 /// [`FLINK_POLL`] for a job on object storage.
 pub const FLINK_POLL_S3: Duration = Duration::from_secs(2);
+
+/// How often a writing daemon removes the pins whose time is up (restore leases).
+pub const PIN_EXPIRY_PERIOD: Duration = Duration::from_secs(1);
 
 /// How often a read-only mount looks for the writer's new checkpoints.
 pub const REFRESH_PERIOD: Duration = Duration::from_secs(2);
@@ -176,7 +180,7 @@ fn mount_tree(
     engine: &Engine,
     controller: &Arc<Controller>,
 ) -> Result<fuser::BackgroundSession> {
-    let fs = CkptFs::with_verification(controller.clone(), config.verify);
+    let fs = CkptFs::with_options(controller.clone(), config.verify, config.restore_lease);
     let mut options = vec![
         MountOption::FSName(format!("ckptfs:{}", engine.location())),
         MountOption::Subtype("ckptfs".into()),
@@ -248,12 +252,12 @@ pub fn serve(
             Some(mountpoint) => Some(mount_tree(&config, mountpoint, &engine, &controller)?),
             None => None,
         };
-        let socket = if config.control_socket {
-            let path = engine.state_dir().join(socket::SOCKET_NAME);
-            Some(socket::ControlSocket::start(path, &controller)?)
-        } else {
-            None
-        };
+        // Every daemon, mounted or not, takes commands at `ctl.sock` in its state directory:
+        // `ckptfs checkpoint STORE` reaches a mount's daemon as it reaches `serve`.
+        let socket = socket::ControlSocket::start(
+            engine.state_dir().join(socket::SOCKET_NAME),
+            &controller,
+        )?;
         let mut tasks = Tasks::new(controller.clone());
         if let Some(period) = config.interval.filter(|_| !config.read_only) {
             tasks.interval(period)?;
@@ -276,6 +280,9 @@ pub fn serve(
         if let Some(period) = config.small_file_compaction.filter(|_| !config.read_only) {
             tasks.small_file_compaction(period, Default::default())?;
         }
+        if !config.read_only {
+            tasks.expire_pins(PIN_EXPIRY_PERIOD)?;
+        }
         Ok((
             engine,
             controller,
@@ -288,6 +295,9 @@ pub fn serve(
     let (engine, controller, tasks, background, socket, metrics_server) = match started {
         Ok(parts) => {
             ready(Ok(()));
+            // systemd (Type=notify): ready now, with the socket listening. Without
+            // NOTIFY_SOCKET this does nothing.
+            notify_systemd(&[sd_notify::NotifyState::Ready]);
             parts
         }
         Err(e) => {
@@ -295,16 +305,20 @@ pub fn serve(
             return Err(e);
         }
     };
-    let front = match (&config.mountpoint, &socket) {
-        (Some(mountpoint), _) => format!("at {}", mountpoint.display()),
-        (None, Some(socket)) => format!("through {}", socket.path().display()),
-        (None, None) => "without a front door".into(),
+    let front = match &config.mountpoint {
+        Some(mountpoint) => format!(
+            "at {} and {}",
+            mountpoint.display(),
+            socket.path().display()
+        ),
+        None => format!("through {}", socket.path().display()),
     };
     log::info!("serving {} {front}", engine.location());
     let unmounted = || background.as_ref().is_some_and(|b| b.guard.is_finished());
     while !STOP.load(Ordering::SeqCst) && !unmounted() {
         std::thread::sleep(Duration::from_millis(100));
     }
+    notify_systemd(&[sd_notify::NotifyState::Stopping]);
     let signalled = STOP.load(Ordering::SeqCst);
     if signalled {
         log::info!("signal received: stopping ({front})");
@@ -331,4 +345,14 @@ pub fn serve(
     drop(engine);
     log::info!("stopped");
     Ok(())
+}
+
+/// Tell systemd (when it started us with `NOTIFY_SOCKET`) how the daemon is; a failure
+/// to tell it is logged, never fatal.
+fn notify_systemd(states: &[sd_notify::NotifyState]) {
+    if std::env::var_os("NOTIFY_SOCKET").is_some() {
+        if let Err(e) = sd_notify::notify(states) {
+            log::warn!("cannot notify systemd: {e}");
+        }
+    }
 }

@@ -1,5 +1,5 @@
-//! The control socket of a daemon without a tree (`ckptfs serve`): `ctl.sock` in its state
-//! directory, mode 0600, speaking the control file's line protocol (one request line in,
+//! The control socket of every daemon (`ckptfs serve`, and `ckptfs mount` beside its
+//! control file): `ctl.sock` in its state directory, mode 0600, speaking the control file's line protocol (one request line in,
 //! one JSON answer line per command out). Only the daemon's own user and root are let in
 //! (SO_PEERCRED); anyone else gets one refusal line and is disconnected.
 

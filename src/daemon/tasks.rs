@@ -1,6 +1,7 @@
 //! The daemon's periodic work, each task on a thread of its own against the mount's
 //! [`Controller`]: checkpoints every `--interval`, the small-file compaction, the orphan
-//! sweep of object storage, a read-only view's refresh, and following a Flink job. A tick
+//! sweep of object storage, a read-only view's refresh, the expiry of restore leases, and
+//! following a Flink job. A tick
 //! that takes longer than its period delays the next one rather than piling up; all of
 //! them end at [`Tasks::stop`].
 
@@ -101,6 +102,24 @@ impl Tasks {
                 Ok(0) => {}
                 Ok(n) => log::info!("deleted {n} orphaned objects older than the grace period"),
                 Err(e) => log::warn!("orphan sweep failed: {e}"),
+            }
+        })
+    }
+
+    /// Remove the pins whose time is up (restore leases) every `period`; the policy then
+    /// decides what they held.
+    pub fn expire_pins(&mut self, period: Duration) -> Result<()> {
+        self.every(period, None, "ckptfs-expire", |this| {
+            match this.engine().expire_pins(unix_ms_now()) {
+                Ok(gone) if gone.is_empty() => {}
+                Ok(gone) => {
+                    for (name, id) in gone {
+                        log::info!("{name} on cp-{id} expired: cp-{id} is left to the policy");
+                    }
+                    this.changed();
+                }
+                Err(e) if is_busy(&e) => {}
+                Err(e) => log::warn!("could not remove the expired pins: {e}"),
             }
         })
     }

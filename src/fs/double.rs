@@ -220,6 +220,13 @@ impl Checkpoints for Double {
         lock(&self.pins).insert(format!("flink-claim-cp-{id}"), id);
     }
 
+    /// A read of `_metadata` pins it as the engine leases it (the expiry is the engine's).
+    fn restore_read(&self, id: u64, metadata: bool) {
+        if metadata {
+            lock(&self.pins).insert(super::seam::restore_lease_name(id), id);
+        }
+    }
+
     fn record_error(&self, message: String) {
         *lock(&self.last_error) = Some(message);
     }

@@ -12,7 +12,10 @@
 //! checkpoints (the root's generation) and the kernel is told to forget what went away.
 //! `flink/` is absent (not an empty directory) while no Flink checkpoint is retained, so a
 //! mount of a store that never imported one looks as before. The same Flink checkpoint held
-//! twice (imported, rolled back, imported again) links to the newest ckptfs checkpoint.
+//! twice (imported, rolled back, imported again) links to the newest ckptfs checkpoint. A
+//! job restored under the same job id (a later line, whose ids go on from the restored
+//! checkpoint's) shows its latest line: `chk-N` is what Flink's `chk-N` last was, and the
+//! earlier line's checkpoints it superseded keep their `cp-M` only ([`latest_line`]).
 //! Nothing here is writable: the links go when their checkpoints are dropped (`rmdir
 //! cp-M`, retention).
 
@@ -46,17 +49,24 @@ pub(super) struct Picture {
 
 impl Picture {
     /// The picture of `manifests` (oldest first: a later one holding the same Flink
-    /// checkpoint wins).
+    /// checkpoint wins), each job's latest line only ([`latest_line`]).
     fn of(manifests: &[Arc<Manifest>]) -> Picture {
         let mut jobs: BTreeMap<String, BTreeMap<u64, (u64, u64)>> = BTreeMap::new();
+        let mut written: HashMap<u64, u64> = HashMap::new();
         for m in manifests {
             let Some(label) = &m.flink else { continue };
             if !is_entry_name(&label.job) || m.id >= 1 << 31 {
                 continue;
             }
+            if let Some(t) = label.time_unix_ms {
+                written.insert(m.id, t);
+            }
             jobs.entry(label.job.clone())
                 .or_default()
                 .insert(label.checkpoint, (m.id, m.completed_unix_ms));
+        }
+        for chks in jobs.values_mut() {
+            latest_line(chks, &written);
         }
         let by_cp = jobs
             .iter()
@@ -77,6 +87,34 @@ impl Picture {
         self.jobs
             .iter()
             .flat_map(|(job, chks)| chks.iter().map(move |(n, (cp, _))| (job.as_str(), *n, *cp)))
+    }
+}
+
+/// Keep of one job's checkpoints (Flink id -> ckptfs checkpoint, ...) those of its latest
+/// line: a job restored under the same job id writes checkpoints with ids going on from
+/// the restored one's, so a checkpoint whose `_metadata` Flink wrote after that of one with
+/// a higher id supersedes it (and every higher id of the earlier line): `chk-N` then names
+/// what Flink's `chk-N` last was, and the ids below the restored one, the later line's own
+/// history, stay. `written` is each checkpoint's Flink time (ms); one without it (imported
+/// by a build that did not record it) supersedes nothing and is superseded by nothing.
+/// Linear in the job's checkpoints after their sort.
+fn latest_line(chks: &mut BTreeMap<u64, (u64, u64)>, written: &HashMap<u64, u64>) {
+    // From the highest id down: a checkpoint is superseded when one with a lower id was
+    // written later, i.e. when its time is below the latest time of the lower ids.
+    let times: Vec<(u64, Option<u64>)> = chks
+        .iter()
+        .map(|(n, (cp, _))| (*n, written.get(cp).copied()))
+        .collect();
+    let mut latest_below = Vec::with_capacity(times.len());
+    let mut latest: Option<u64> = None;
+    for (_, t) in &times {
+        latest_below.push(latest);
+        latest = latest.max(*t);
+    }
+    for ((n, t), below) in times.iter().zip(latest_below) {
+        if matches!((t, below), (Some(t), Some(b)) if b > *t) {
+            chks.remove(n);
+        }
     }
 }
 
@@ -350,6 +388,32 @@ mod tests {
         double.label(3, "a".repeat(32).as_str(), 8);
         double.label(4, "b".repeat(32).as_str(), 9);
         double
+    }
+
+    /// A job's first line, Flink's chk-1..6 as cp-1..6, and a later line restored from
+    /// chk-3 under the same job id, its chk-4 and chk-5 as cp-7 and cp-8: `chk-N` names the
+    /// later line's 4 and 5 and the history below them; the first line's 5 (replaced) and 6
+    /// (superseded) keep their cp-M only. Without Flink's times nothing is superseded.
+    #[test]
+    fn a_later_line_of_a_job_supersedes_the_ids_it_went_on_from() {
+        let line = |with_times: bool| {
+            let (mut chks, mut written) = (BTreeMap::new(), HashMap::new());
+            for (n, cp) in (1..=6).map(|n| (n, n)).chain([(4, 7), (5, 8)]) {
+                chks.insert(n, (cp, 0));
+                if with_times {
+                    written.insert(cp, cp * 10);
+                }
+            }
+            latest_line(&mut chks, &written);
+            chks.iter()
+                .map(|(n, (cp, _))| (*n, *cp))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(line(true), [(1, 1), (2, 2), (3, 3), (4, 7), (5, 8)]);
+        assert_eq!(
+            line(false),
+            [(1, 1), (2, 2), (3, 3), (4, 7), (5, 8), (6, 6)]
+        );
     }
 
     fn names(entries: Vec<DirEntry>) -> Vec<String> {

@@ -121,6 +121,10 @@ impl CkptFs {
                     if write {
                         return Err(Error::ReadOnly(format!("cp-{cp} is a checkpoint")));
                     }
+                    // A Flink checkpoint's own `_metadata`, what a restore opens first.
+                    if index != 0 && node.parent == 0 && node.name == "_metadata" {
+                        self.checkpoints.restore_read(cp, true);
+                    }
                     return Ok(OpenedAs::Stream {
                         fh: self.new_handle(Handle::Snapshot(bytes.to_vec())),
                         seekable: true,
@@ -140,6 +144,7 @@ impl CkptFs {
                 if write {
                     return Err(Error::ReadOnly(format!("cp-{cp} is a checkpoint")));
                 }
+                self.checkpoints.restore_read(cp, false);
                 if let Some(chunks) = chunks {
                     if *size > MAX_ASSEMBLED {
                         // A large append-only file (a WAL): every read verifies the chunks

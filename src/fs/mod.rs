@@ -210,7 +210,18 @@ impl CkptFs {
     /// The tree of the daemon's controller; `verify` checks each object's hash at its
     /// first open (off with `--no-verify`).
     pub fn with_verification(controller: Arc<Controller>, verify: bool) -> Arc<Self> {
-        let live = Arc::new(Live::new(controller));
+        Self::with_options(controller, verify, Some(seam::DEFAULT_RESTORE_LEASE))
+    }
+
+    /// The tree of the daemon's controller; `verify` as [`CkptFs::with_verification`];
+    /// a read of a Flink checkpoint's `_metadata` holds it for `restore_lease` after the
+    /// last read of its files (`None`: not held), see [`Checkpoints::restore_read`].
+    pub fn with_options(
+        controller: Arc<Controller>,
+        verify: bool,
+        restore_lease: Option<std::time::Duration>,
+    ) -> Arc<Self> {
+        let live = Arc::new(Live::with_restore_lease(controller, restore_lease));
         Self::with_parts(live.clone(), live, verify)
     }
 

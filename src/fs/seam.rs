@@ -4,14 +4,16 @@
 //! The tree holds these traits, not the controller, so its tests can run on checkpoints
 //! held in memory (`double.rs`) without RocksDB.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::control::protocol::Request;
 use crate::control::{AnswerSink, ChangeHook, Controller, StagedImports};
 use ckptfs_core::catalog::Manifest;
 use ckptfs_core::error::Result;
+use ckptfs_core::fsutil::lock;
 use ckptfs_core::store::{ObjectId, ObjectStore};
 use ckptfs_core::views;
 
@@ -35,6 +37,10 @@ pub trait Checkpoints: Send + Sync {
     /// A Flink job restored from checkpoint `id` in CLAIM mode tried to delete `path` of
     /// it: keep the checkpoint (the job's checkpoints name its files) and say so.
     fn flink_claimed(&self, id: u64, path: &str);
+    /// A file of checkpoint `id`, a Flink checkpoint, was opened for reading: its
+    /// `_metadata` (`metadata`: what a Flink job restoring from it opens first) takes or
+    /// refreshes the restore lease `restore-cp-N`; any other file refreshes one held.
+    fn restore_read(&self, id: u64, metadata: bool);
     /// Keep `message` as the last error (shown in status and metrics).
     fn record_error(&self, message: String);
     /// `.ckptfs/status`, as the checkpoints are at the call.
@@ -57,12 +63,56 @@ pub trait ControlLines: Send + Sync {
 }
 
 /// Both traits on the daemon's controller and its engine.
-pub struct Live(Arc<Controller>);
+pub struct Live(Arc<Controller>, RestoreLeases);
+
+/// The restore leases a mount takes ([`Checkpoints::restore_read`]).
+struct RestoreLeases {
+    /// How long a lease lasts after the last read that refreshed it; `None`: none taken.
+    time: Option<Duration>,
+    /// When each checkpoint's lease was last asked for: asked again only a tenth of the
+    /// lease time later (a restore opens thousands of files).
+    asked: Mutex<HashMap<u64, Instant>>,
+}
+
+/// The restore lease a mount takes by default (`mount --restore-lease`).
+pub const DEFAULT_RESTORE_LEASE: Duration = Duration::from_secs(3600);
+
+/// The name of the restore lease on checkpoint `id`.
+pub fn restore_lease_name(id: u64) -> String {
+    format!("restore-cp-{id}")
+}
 
 impl Live {
-    /// The seam over the daemon's `controller`.
+    /// The seam over the daemon's `controller`, taking restore leases of
+    /// [`DEFAULT_RESTORE_LEASE`].
     pub fn new(controller: Arc<Controller>) -> Self {
-        Live(controller)
+        Self::with_restore_lease(controller, Some(DEFAULT_RESTORE_LEASE))
+    }
+
+    /// The seam over the daemon's `controller`, taking restore leases of `time` (`None`:
+    /// none).
+    pub fn with_restore_lease(controller: Arc<Controller>, time: Option<Duration>) -> Self {
+        Live(
+            controller,
+            RestoreLeases {
+                time,
+                asked: Mutex::default(),
+            },
+        )
+    }
+
+    /// Whether to ask for checkpoint `id`'s lease now, noting that it is; the interval
+    /// between two asks.
+    fn ask_lease(&self, id: u64, every: Duration) -> bool {
+        let mut asked = lock(&self.1.asked);
+        if asked.get(&id).is_some_and(|at| at.elapsed() < every) {
+            return false;
+        }
+        if asked.len() >= 1024 {
+            asked.retain(|_, at| at.elapsed() < every);
+        }
+        asked.insert(id, Instant::now());
+        true
     }
 }
 
@@ -127,6 +177,55 @@ impl Checkpoints for Live {
             });
         if let Err(e) = spawned {
             log::error!("cp-{id} was claimed by a Flink job and cannot be pinned: {e}");
+        }
+    }
+
+    /// Taken or moved later off the FUSE thread (as a pin, it waits for the catalog); a
+    /// read-only view takes none (its writer's host must pin).
+    fn restore_read(&self, id: u64, metadata: bool) {
+        let Some(time) = self.1.time else {
+            return;
+        };
+        let name = restore_lease_name(id);
+        let engine = self.0.engine();
+        let held = engine.pinned(&name) == Some(id);
+        if engine.is_read_only() || !(metadata || held) {
+            return;
+        }
+        // A lease held is moved later at most once a tenth of its time; one not held (never
+        // taken, expired, unpinned) is taken at once.
+        let every = (time / 10).max(Duration::from_millis(100));
+        if held && !self.ask_lease(id, every) {
+            return;
+        }
+        let controller = self.0.clone();
+        let spawned = std::thread::Builder::new()
+            .name("ckptfs-lease".into())
+            .spawn(move || {
+                let engine = controller.engine();
+                let until = ckptfs_core::fsutil::now_unix_ms()
+                    .saturating_add(time.as_millis().try_into().unwrap_or(u64::MAX));
+                let slack = every.as_millis().try_into().unwrap_or(u64::MAX);
+                match engine.lease(id, &name, until, slack) {
+                    Ok(true) => {
+                        log::info!(
+                            "cp-{id} read as a restore: held as {name} for {}",
+                            humantime::format_duration(time)
+                        );
+                        controller.changed();
+                    }
+                    Ok(false) => {}
+                    // Dropped meanwhile: nothing to hold.
+                    Err(ckptfs_core::error::Error::NoSuchCheckpoint(_)) => {}
+                    Err(e) => {
+                        let msg = format!("could not hold cp-{id} as {name}: {e}");
+                        log::warn!("{msg}");
+                        engine.record_error(msg);
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            log::warn!("could not hold cp-{id} with a restore lease: {e}");
         }
     }
 

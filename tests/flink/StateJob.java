@@ -40,6 +40,11 @@
 //   --claim-mode MODE      execution.state-recovery.claim-mode with --restore: CLAIM (the job owns
 //                          the restored checkpoint and its incremental checkpoints go on naming
 //                          the restored files where they are) or NO_CLAIM (Flink's default)
+//   --job-id HEX           the job's id, 32 hex digits ($internal.pipeline.job-id, Flink's
+//                          PipelineOptionsInternal.PIPELINE_FIXED_JOB_ID, what application mode on
+//                          Kubernetes sets): default a random one. A job restored under the
+//                          id of the job it came from writes into the same <job-id>/ directory,
+//                          its checkpoint ids going on from the restored one's
 //   --payload-bytes B      B > 0: "counter" also keeps per key a B-byte payload, rewritten with
 //                          every record (default 0: no payload state at all), so that the keyed
 //                          state is about K x B bytes and changes with every record (benchmarks)
@@ -335,7 +340,7 @@ public final class StateJob {
             + " [--records N] [--after idle|finish] [--interval-ms MS] [--retained R] [--timeout-ms MS]"
             + " [--parallelism P] [--max-parallelism M] [--inline-threshold BYTES] [--linger-ms MS]"
             + " [--restore PATH] [--payload-bytes B] [--incremental BOOL] [--state-backend NAME]"
-            + " [--file-merging BOOL] [--claim-mode CLAIM|NO_CLAIM]";
+            + " [--file-merging BOOL] [--claim-mode CLAIM|NO_CLAIM] [--job-id HEX]";
 
     public static void main(String[] args) throws Exception {
         String dir = null;
@@ -343,7 +348,7 @@ public final class StateJob {
         Map<String, String> opts = new HashMap<>();
         List<String> known = List.of("--incremental", "--state-backend", "--file-merging", "--keys", "--rate", "--records", "--after", "--interval-ms",
                 "--retained", "--timeout-ms", "--parallelism", "--max-parallelism", "--inline-threshold", "--linger-ms",
-                "--restore", "--payload-bytes", "--claim-mode");
+                "--restore", "--payload-bytes", "--claim-mode", "--job-id");
         for (int i = 0; i < args.length; i++) {
             String a = args[i];
             if (a.equals("--expected")) {
@@ -386,6 +391,7 @@ public final class StateJob {
                 || payloadBytes < 0
                 || parallelism < 1 || maxParallelism < parallelism
                 || !(after.equals("idle") || after.equals("finish"))
+                || !opts.getOrDefault("--job-id", "0".repeat(32)).matches("[0-9a-f]{32}")
                 || !List.of("true", "false").contains(opts.getOrDefault("--incremental", "true"))
                 || !List.of("true", "false").contains(opts.getOrDefault("--file-merging", "false"))
                 || !List.of("rocksdb", "hashmap", "forst").contains(opts.getOrDefault("--state-backend", "rocksdb"))) {
@@ -427,6 +433,10 @@ public final class StateJob {
         if (opts.containsKey("--claim-mode")) {
             set(conf, shown, StateRecoveryOptions.RESTORE_MODE,
                     org.apache.flink.core.execution.RecoveryClaimMode.valueOf(opts.get("--claim-mode")));
+        }
+        if (opts.containsKey("--job-id")) {
+            set(conf, shown, org.apache.flink.configuration.PipelineOptionsInternal.PIPELINE_FIXED_JOB_ID,
+                    opts.get("--job-id"));
         }
         set(conf, shown, CoreOptions.DEFAULT_PARALLELISM, parallelism);
         set(conf, shown, PipelineOptions.MAX_PARALLELISM, maxParallelism);

@@ -359,3 +359,83 @@ fn an_export_to_object_storage_streams_from_the_store_and_leaves_nothing_on_a_ba
     assert_eq!(proxy.seen("PUT", "/damaged/"), 0, "a damaged file was sent");
     assert_eq!(proxy.seen("PUT", "/streamed/"), expected.len());
 }
+
+/// From a store on object storage into the same bucket, `export-flink` has the object store
+/// copy each file stored whole (CopyObject from the store's object): not one GET of a
+/// whole-file object goes through ckptfs, and the export holds, byte for byte, what an
+/// export to a directory writes. Into another bucket it streams, as it must (object_store
+/// copies within one bucket).
+#[test]
+fn an_export_from_object_storage_into_its_bucket_is_copied_by_the_object_store() {
+    let moto = crate::common::moto::moto();
+    let bucket = moto.bucket();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("s3://{bucket}/store");
+    let state = dir.path().join("state");
+    ok(ckptfs(&[
+        "import-flink",
+        fixture().to_str().unwrap(),
+        &store,
+        "--state",
+        state.to_str().unwrap(),
+    ]));
+    let local = dir.path().join("local");
+    ok(ckptfs(&[
+        "export-flink",
+        &store,
+        "1",
+        local.to_str().unwrap(),
+    ]));
+    let mut expected = std::collections::BTreeMap::new();
+    tree_files(&local, "", &mut expected);
+
+    let proxy = crate::common::moto::HttpProxy::start(moto.port);
+    let export = |to: &str| -> serde_json::Value {
+        let out = std::process::Command::new(crate::common::mounted::BIN)
+            .args(["export-flink", &store, "1", to, "--json"])
+            .env(
+                "AWS_ENDPOINT_URL",
+                format!("http://127.0.0.1:{}", proxy.port),
+            )
+            .output()
+            .unwrap();
+        serde_json::from_str(&ok(out)).unwrap()
+    };
+    let copied = export(&format!("s3://{bucket}/exports"));
+    let files = copied["files"].as_u64().unwrap();
+    let in_store = copied["copied_in_store"].as_u64().unwrap();
+    assert_eq!(files as usize, expected.len(), "{copied}");
+    // Every file but `_metadata` (rewritten) and those stored as chunks.
+    let shared = expected.keys().filter(|k| k.contains("/shared/")).count() as u64;
+    assert!(in_store >= shared && shared > 0, "{copied}");
+    let gets_copied = proxy.seen("GET", "/store/objects/");
+    assert_eq!(proxy.seen("PUT", "/exports/"), files as usize);
+
+    let remote = ckptfs_core::store::s3::Remote::connect(&bucket, "").unwrap();
+    for (rel, bytes) in &expected {
+        let got = remote.get_bytes(&format!("exports/{rel}")).unwrap();
+        assert!(got == *bytes, "{rel} differs from the local export's");
+    }
+
+    // Another bucket: streamed, nothing copied in the store; it reads each file's object,
+    // which the export into the store's bucket did not: exactly `in_store` more GETs (the
+    // rest, the checkpoint's file lists and its `_metadata`, both read). Files of equal bytes
+    // are one object.
+    let other = moto.bucket();
+    let streamed = export(&format!("s3://{other}/exports"));
+    assert_eq!(streamed["copied_in_store"], 0, "{streamed}");
+    assert_eq!(streamed["files"], copied["files"]);
+    let gets_streamed = proxy.seen("GET", "/store/objects/") - gets_copied;
+    // One GET per stored object (files of equal bytes are one object, read once).
+    let objects: std::collections::BTreeSet<_> = expected
+        .iter()
+        .filter(|(rel, _)| !rel.ends_with("/_metadata"))
+        .map(|(_, bytes)| *blake3::hash(bytes).as_bytes())
+        .collect();
+    assert_eq!(in_store as usize, expected.len() - 1, "{copied}");
+    assert_eq!(
+        gets_streamed - gets_copied,
+        objects.len(),
+        "{gets_copied} objects read by the copy, {gets_streamed} by the stream"
+    );
+}

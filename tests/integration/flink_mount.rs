@@ -86,7 +86,13 @@ fn a_flink_job_restores_from_the_mount_with_nothing_copied() {
         libc::EROFS
     );
     std::thread::sleep(std::time::Duration::from_millis(300));
-    assert!(m.status()["pins"].is_null());
+    // The job's read of cp-1/_metadata took a restore lease (and nothing else did).
+    assert_eq!(
+        m.status()["pins"],
+        serde_json::json!({"restore-cp-1": 1}),
+        "{}",
+        m.status()
+    );
 
     // In CLAIM mode the job's checkpoints name the mount's files, and once it has
     // subsumed the one it restored from (it retains 2) it deletes that one's files: the
@@ -165,4 +171,71 @@ fn a_flink_job_restores_from_a_read_only_mount_of_an_s3_store() {
     let cp = ro.mnt.join("cp-1");
     names_only_the_mount(&cp);
     restores_from(&classpath, &cp, dir.path());
+}
+
+/// A job restored from the mount in NO_CLAIM mode (Flink's default) reads the checkpoint's
+/// files while it restores, and depends on them until its own first checkpoint (a full
+/// one in NO_CLAIM mode) completes: its read of `cp-N/_metadata` holds cp-N as
+/// `restore-cp-N` (a listing or a stat does not), through a policy that would drop it
+/// (`--keep-last 1`) and `rm`, which says why; the job restores its whole state; the lease
+/// ends by itself `--restore-lease` after the last read, and the policy drops cp-N then.
+#[test]
+fn a_no_claim_restore_from_the_mount_holds_its_checkpoint_with_a_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let classpath =
+        crate::common::java::compile_java("tests/flink/StateJob.java", &dir.path().join("classes"));
+    let src = dir.path().join(JOB);
+    cp_a(&fixture(), &src);
+    let store = dir.path().join("store");
+    ok(ckptfs(&[
+        "import-flink",
+        src.to_str().unwrap(),
+        store.to_str().unwrap(),
+    ]));
+    std::fs::remove_dir_all(&src).unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let m = Mounted::at(&store, &mnt, &["--restore-lease", "20s"]);
+    assert_eq!(m.checkpoint_ids(), [1, 2, 3]);
+    let cp = mnt.join("cp-1");
+    // A listing and a stat are no restore.
+    assert!(std::fs::read_dir(&cp).unwrap().count() > 2);
+    assert!(std::fs::metadata(cp.join("_metadata")).unwrap().len() > 0);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(m.status()["pins"].is_null(), "{}", m.status());
+
+    let by_name = mnt.join(format!("flink/{JOB}/chk-4"));
+    let ck = dir.path().join("ck-restored");
+    let mut job = Job::start(
+        &classpath,
+        &ck,
+        1200,
+        &["--restore", by_name.to_str().unwrap()],
+    );
+    crate::flink::wait_for("the restore's lease on cp-1", || {
+        m.status()["pins"]["restore-cp-1"] == 1
+    });
+    // The policy now keeps the newest only: cp-2 goes, cp-1 stays while the job needs it.
+    ok(ckptfs(&["forget", m.mnt(), "--keep-last", "1"]));
+    assert_eq!(m.checkpoint_ids(), [1, 3]);
+    let out = ckptfs(&["rm", m.mnt(), "1"]);
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("pinned as restore-cp-1 (a restore lease") && said.contains("expires in"),
+        "{said}"
+    );
+    assert!(m.status()["pin_expires"]["restore-cp-1"].as_u64() > Some(0));
+    // Its keyed state checked key by key as it runs (a mismatch fails the test).
+    job.checkpoint_with(1200);
+    let restored = job.restored;
+    job.kill();
+    assert_eq!(restored, Some(RECORDS_AT_4));
+    // Nothing reads cp-1 any more: the lease ends and the policy drops it.
+    crate::flink::wait_for("the lease to expire", || m.checkpoint_ids() == [3]);
+    assert!(m.status()["pins"].is_null(), "{}", m.status());
+    m.umount();
+    let report: serde_json::Value =
+        serde_json::from_str(&ok(ckptfs(&["fsck", store.to_str().unwrap(), "--json"]))).unwrap();
+    assert_eq!(report["problems"], serde_json::json!([]), "{report}");
 }

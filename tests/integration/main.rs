@@ -19,6 +19,7 @@ mod fencing;
 mod flink;
 mod flink_export;
 mod flink_gc;
+mod flink_job_id;
 mod flink_mount;
 mod flink_roots;
 mod import;

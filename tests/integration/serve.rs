@@ -494,3 +494,62 @@ fn import_flink_into_a_served_store_goes_through_the_daemon() {
     // The daemon did it: its log has the three checkpoints.
     assert!(stderr.contains("checkpoint 3"), "{stderr}");
 }
+
+/// Under systemd (`Type=notify`) the daemon says `READY=1` once it serves, its socket
+/// answering then, and `STOPPING=1` on SIGTERM.
+#[test]
+fn serve_tells_systemd_when_it_is_ready_and_when_it_stops() {
+    let (dir, store) = store_dir(false);
+    let store_arg = store.to_string_lossy().into_owned();
+    let notify = dir.path().join("notify.sock");
+    let systemd = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
+    systemd
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let child = Command::new(public_bin())
+        .args(["serve", &store_arg, "--backend", "A/0"])
+        .env("NOTIFY_SOCKET", &notify)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut served = Served {
+        child: Some(child),
+        socket: socket_of(&store),
+    };
+    let said = || {
+        let mut buf = [0u8; 4096];
+        let n = systemd.recv(&mut buf).expect("a notification within 60 s");
+        String::from_utf8_lossy(&buf[..n]).trim().to_string()
+    };
+    assert_eq!(said(), "READY=1");
+    // Ready means serving: the socket answers without waiting for it.
+    assert_eq!(ok(as_root(&["checkpoint", &store_arg])).trim(), "1");
+    let stopping = std::thread::scope(|s| {
+        let told = s.spawn(said);
+        let out = served.stop();
+        assert_eq!(out.status.code(), Some(0));
+        told.join().unwrap()
+    });
+    assert_eq!(stopping, "STOPPING=1");
+}
+
+/// A mount's daemon takes commands by the store too, through the same socket:
+/// `ckptfs checkpoint STORE` and `ls STORE` while the store is mounted reach it, with the
+/// mount's own answers (its pid, its checkpoints).
+#[test]
+fn a_mount_takes_commands_by_its_store() {
+    let m = crate::common::mounted::Mounted::new(&["--backend", "A/0"]);
+    let store_arg = m.store.to_string_lossy().into_owned();
+    assert!(socket_of(&m.store).exists(), "no socket beside the mount");
+    ok(as_root(&["put", &store_arg, "A/0", "k", "v"]));
+    assert_eq!(ok(as_root(&["checkpoint", &store_arg])).trim(), "1");
+    assert_eq!(m.checkpoint_ids(), vec![1]);
+    let by_store: serde_json::Value =
+        serde_json::from_str(&ok(as_root(&["status", &store_arg, "--json"]))).unwrap();
+    assert_eq!(by_store["pid"], m.status()["pid"], "{by_store}");
+    assert!(m.copy_out(1, &m.root.join("out")));
+    m.umount();
+    assert!(!socket_of(&m.store).exists(), "the socket is left behind");
+}

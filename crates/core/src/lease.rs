@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::fsutil::{boot_now, lock, now_unix_ms, wait_timeout};
 use crate::store::records::{Put, Record, Records};
 
@@ -363,7 +363,7 @@ impl Lease {
                         break;
                     }
                     // Someone else wrote it meanwhile: look again.
-                    Err(Error::Exists(_) | Error::Conflict(_)) => {
+                    Err(e) if matches!(e.kind(), ErrorKind::Exists | ErrorKind::Conflict) => {
                         watch.seen = None;
                     }
                     Err(e) => return Err(e),
@@ -455,16 +455,18 @@ impl Shared {
             // A renewal whose response was lost may have landed before the retry that was
             // refused: the lease is still ours if the record holds our token (every
             // takeover writes its own).
-            Err(Error::Conflict(e) | Error::Exists(e)) => match self.records.get(KEY)? {
-                Some(record)
-                    if serde_json::from_slice::<LeaseRecord>(&record.bytes)
-                        .is_ok_and(|r| r.token == self.token && r.expires_unix_ms != 0) =>
-                {
-                    log::info!("the lease renewal landed before its retry was refused");
-                    record.version
+            Err(e) if matches!(e.kind(), ErrorKind::Conflict | ErrorKind::Exists) => {
+                match self.records.get(KEY)? {
+                    Some(record)
+                        if serde_json::from_slice::<LeaseRecord>(&record.bytes)
+                            .is_ok_and(|r| r.token == self.token && r.expires_unix_ms != 0) =>
+                    {
+                        log::info!("the lease renewal landed before its retry was refused");
+                        record.version
+                    }
+                    _ => return Err(Error::Conflict(e.to_string())),
                 }
-                _ => return Err(Error::Conflict(e)),
-            },
+            }
             Err(e) => return Err(e),
         };
         *lock(&self.version) = written;
@@ -487,7 +489,7 @@ fn renew_loop(shared: &Shared, stop: &(Mutex<bool>, Condvar)) {
         }
         match shared.renew() {
             Ok(()) => wait = interval,
-            Err(Error::Conflict(_)) => {
+            Err(e) if e.kind() == ErrorKind::Conflict => {
                 shared.lost.store(true, Ordering::SeqCst);
                 log::error!(
                     "the lease on {} was taken by another daemon: no longer writing",

@@ -34,5 +34,5 @@ pub mod workload;
 
 pub use backend::{BackendOptions, CheckpointMode, WriteOp};
 pub use coordinator::{CheckpointPlan, Engine, EngineConfig, MaterializePolicy, PendingCheckpoint};
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
 pub use names::BackendName;

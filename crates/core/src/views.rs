@@ -136,6 +136,10 @@ pub struct Status {
     /// The pins: name -> checkpoint.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pins: BTreeMap<String, u64>,
+    /// The pins that expire (restore leases): name -> when, in milliseconds since the
+    /// Unix epoch.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pin_expires: BTreeMap<String, u64>,
     /// The retention policy, as the control file's `keep` takes it (`last=3 daily=7`).
     #[serde(default)]
     pub policy: Vec<String>,
@@ -180,6 +184,7 @@ impl Status {
             objects: status.objects,
             pid: std::process::id(),
             pins: engine.pins(),
+            pin_expires: engine.pin_expires(),
             policy: engine.policy().to_rules(),
             read_only: engine.is_read_only(),
             retain: status.retain,
@@ -437,8 +442,10 @@ mod tests {
             void: Vec::new(),
             external: Vec::new(),
             flink_dropped: Default::default(),
+            flink_dropped_ms: Default::default(),
             keep: Default::default(),
             pins: [("before-deploy".to_string(), 12)].into(),
+            pin_expires: Default::default(),
         };
         let status = StoreStatus::build(
             &location,

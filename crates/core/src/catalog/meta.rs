@@ -51,6 +51,13 @@ pub struct StoreMeta {
     /// store without it reads as one that dropped none.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub flink_dropped: BTreeMap<String, Vec<u64>>,
+    /// By job, the latest time Flink completed a checkpoint the store held and dropped
+    /// (its label's `time_unix_ms`, milliseconds since the Unix epoch): a checkpoint of
+    /// that job written later is of a later line (a job restored under the same job id),
+    /// not the dropped one, though it has its id. An optional field: a store without it
+    /// knows no such time.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub flink_dropped_ms: BTreeMap<String, u64>,
     /// The retention policy's rules by time, beside `retain` (its `last`): see
     /// [`crate::policy`]. Left out when none is set (format 8 too: no release wrote
     /// format 8 without it, and format 7 readers refuse format 8).
@@ -60,6 +67,14 @@ pub struct StoreMeta {
     /// and refused to `rmdir` and `delete` while pinned.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pins: BTreeMap<String, u64>,
+    /// Pins that expire (leases, such as the `restore-cp-N` a read of a Flink
+    /// checkpoint's `_metadata` in the mount takes): pin name -> when it expires, in
+    /// milliseconds since the Unix epoch. Each is in `pins` too, so that a reader that does
+    /// not know this field keeps the checkpoint as pinned (the safe side); a daemon
+    /// removes a pin once its time has passed. An optional field: a store without it has
+    /// none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pin_expires: BTreeMap<String, u64>,
 }
 
 /// Longest pin name.
@@ -111,8 +126,10 @@ impl Default for StoreMeta {
             void: Vec::new(),
             external: Vec::new(),
             flink_dropped: BTreeMap::new(),
+            flink_dropped_ms: BTreeMap::new(),
             keep: ByTime::default(),
             pins: BTreeMap::new(),
+            pin_expires: BTreeMap::new(),
         }
     }
 }
@@ -173,6 +190,10 @@ impl StoreMeta {
         }
         if dropped.len() > FLINK_DROPS_KEPT {
             dropped.drain(..dropped.len() - FLINK_DROPS_KEPT);
+        }
+        if let Some(t) = label.time_unix_ms {
+            let latest = self.flink_dropped_ms.entry(label.job.clone()).or_default();
+            *latest = (*latest).max(t);
         }
     }
 

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::names::BackendName;
 use crate::store::conditional::{read_back, ReadBack};
 use crate::store::layout::{self, CHECKPOINTS, META, META_COPY, QUARANTINE};
@@ -225,6 +225,15 @@ impl Catalog {
                 "{path} is invalid (a pin named {name:?}); {advice}"
             )));
         }
+        if let Some(name) = meta
+            .pin_expires
+            .keys()
+            .find(|n| !meta.pins.contains_key(*n))
+        {
+            return Err(Error::Corrupt(format!(
+                "{path} is invalid (an expiry for {name:?}, which is no pin); {advice}"
+            )));
+        }
         Ok(meta)
     }
 
@@ -234,8 +243,10 @@ impl Catalog {
     /// point of every change of the catalog; each write carries the next revision.
     pub fn save_meta(&self, meta: &StoreMeta) -> Result<()> {
         let saved = self.write_meta(meta);
-        if let (Err(Error::Conflict(_)), Some(fence)) = (&saved, &self.fence) {
-            fence.lose();
+        if let (Err(e), Some(fence)) = (&saved, &self.fence) {
+            if e.kind() == ErrorKind::Conflict {
+                fence.lose();
+            }
         }
         saved
     }
@@ -261,7 +272,7 @@ impl Catalog {
             }
             match self.write_meta(&meta) {
                 Ok(()) => return Ok(Some(meta)),
-                Err(Error::Conflict(_)) if tries < 5 => tries += 1,
+                Err(e) if e.kind() == ErrorKind::Conflict && tries < 5 => tries += 1,
                 Err(e) => return Err(e),
             }
         }
@@ -347,7 +358,7 @@ impl Catalog {
                 // still this writer's, and this write goes again on top of it.
                 // If the record cannot be read now, nothing is known: an I/O error, not a
                 // takeover (the next write looks again).
-                Err(Error::Conflict(_) | Error::Exists(_)) => {
+                Err(e) if matches!(e.kind(), ErrorKind::Conflict | ErrorKind::Exists) => {
                     if !self.adopt_unconfirmed(&mut state)? {
                         return Err(Error::Conflict(format!(
                             "{} was changed by another process: another daemon took over \

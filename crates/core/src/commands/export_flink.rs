@@ -4,10 +4,13 @@
 //! the Flink checkpoint directory and its `_metadata` are Flink's side.
 
 use std::io::Write;
+use std::sync::Arc;
 
+use crate::catalog::FileEntry;
 use crate::error::{Error, Result};
 use crate::flink::export::{export, export_to_s3, not_flink, CheckpointFiles, Exported};
 use crate::names::BackendName;
+use crate::store::s3::Remote;
 use crate::store::Location;
 
 /// The files of one checkpoint in a store, read directly (verified).
@@ -16,20 +19,40 @@ struct StoredCheckpoint<'a> {
     manifest: &'a crate::catalog::Manifest,
 }
 
-impl CheckpointFiles for StoredCheckpoint<'_> {
-    fn write_to(&self, backend: &BackendName, name: &str, out: &mut dyn Write) -> Result<u64> {
-        let file = self
-            .manifest
+impl StoredCheckpoint<'_> {
+    fn file(&self, backend: &BackendName, name: &str) -> Result<&FileEntry> {
+        self.manifest
             .backend(backend)
             .and_then(|b| b.files.iter().find(|f| f.name == name))
+            .map(|f| f.as_ref())
             .ok_or_else(|| {
                 Error::NotFound(format!(
                     "checkpoint {} has no file {backend}/{name}",
                     self.manifest.id
                 ))
-            })?;
+            })
+    }
+}
+
+impl CheckpointFiles for StoredCheckpoint<'_> {
+    fn write_to(&self, backend: &BackendName, name: &str, out: &mut dyn Write) -> Result<u64> {
+        let file = self.file(backend, name)?;
         file.write_verified(self.objects, out)?;
         Ok(file.size)
+    }
+
+    /// A file stored whole (not as chunks) in a store on object storage: its object.
+    fn stored_remotely(
+        &self,
+        backend: &BackendName,
+        name: &str,
+    ) -> Option<(Arc<Remote>, String, u64)> {
+        let file = self.file(backend, name).ok()?;
+        if file.chunks.is_some() {
+            return None;
+        }
+        let (remote, key) = self.objects.remote_object(&file.object)?;
+        Some((remote, key, file.size))
     }
 }
 

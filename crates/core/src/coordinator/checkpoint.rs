@@ -12,7 +12,7 @@ use super::materialize::StagedBackend;
 use super::{base_of, Base, CatalogWrites, Engine, State};
 use crate::backend::StagedFile;
 use crate::catalog::{BackendSnapshot, CheckpointStats, Manifest, StoreMeta, FORMAT};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::fsutil::{create_private_dir_all, now_unix_ms, remove_tree};
 use crate::import::{Scanned, ScannedFile};
 use crate::names::BackendName;
@@ -685,7 +685,7 @@ impl PendingCheckpoint {
                 return Err(e);
             }
         } else if let Err(e) = inner.catalog.commit(&manifest) {
-            if let Error::Exists(_) = e {
+            if e.kind() == ErrorKind::Exists {
                 // Another writer's manifest of that id (a daemon that took the lease over):
                 // never ours to remove, and our objects are left to the orphan sweep.
                 self.keep_objects = true;

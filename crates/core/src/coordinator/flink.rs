@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{CheckpointPlan, Engine, ImportReport};
 use crate::catalog::{FlinkLabel, Manifest};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, ErrorKind, IoContext, Result};
 use crate::flink::import::{self as flink, Completed, FlinkSource};
 use crate::flink::listing::Listing;
 use crate::names::BackendName;
@@ -110,11 +110,7 @@ fn pause(attempts: u32) -> Duration {
 /// path the source's rules refuse ([`Error::Refused`]: outside the roots, a link). Anything
 /// else (I/O, object storage, a busy engine) may pass at a later try.
 pub fn refuses(error: &Error) -> bool {
-    match error {
-        Error::Invalid(_) | Error::InvalidBackendName { .. } | Error::Refused { .. } => true,
-        Error::Context { source, .. } => refuses(source),
-        _ => false,
-    }
+    matches!(error.kind(), ErrorKind::Invalid | ErrorKind::Refused)
 }
 
 /// A Flink checkpoint a follower refuses, as `.ckptfs/status` shows it (`flink_refused`).
@@ -309,17 +305,31 @@ impl Engine {
         Ok(out)
     }
 
-    /// Whether checkpoint `checkpoint` of `job` is not to be imported: the store holds it,
-    /// or held it and it was dropped, or (unless `retry`: it failed before) it holds a
-    /// newer one of the job.
-    fn skips_flink(&self, job: &str, checkpoint: u64, retry: bool) -> bool {
+    /// Whether checkpoint `checkpoint` of `job`, whose `_metadata` was written at
+    /// `written_ms` (where the source says), is not to be imported: the store holds it, or
+    /// held it and it was dropped, or (unless `retry`: it failed before) it holds a newer
+    /// one of the job; unless it is of a later line ([`later_line`]).
+    fn skips_flink(
+        &self,
+        job: &str,
+        checkpoint: u64,
+        written_ms: Option<u64>,
+        retry: bool,
+    ) -> bool {
         let st = self.state();
-        let (mut this, mut newest) = (false, None);
+        let (mut this, mut newest, mut latest) = (false, None, None);
         for label in st.manifests.values().filter_map(|m| m.flink.as_ref()) {
             if label.job == job {
                 this |= label.checkpoint == checkpoint;
                 newest = newest.max(Some(label.checkpoint));
+                latest = latest.max(label.time_unix_ms);
             }
+        }
+        // Dropped ones count too: a user's drop of a later line's checkpoint sticks.
+        latest = latest.max(st.meta.flink_dropped_ms.get(job).copied());
+        if later_line(written_ms, latest) {
+            log::debug!("checkpoint {checkpoint} of Flink job {job} is of a later line");
+            return false;
         }
         this || st.meta.flink_was_dropped(job, checkpoint) || (!retry && newest >= Some(checkpoint))
     }
@@ -350,7 +360,12 @@ impl Engine {
         retry: bool,
         job: Option<&str>,
     ) -> Result<Imported> {
-        let held = |job: &str| self.skips_flink(job, checkpoint.checkpoint, retry);
+        let written_ms = checkpoint
+            .seen
+            .and_then(|s| s.modified)
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_millis() as u64);
+        let held = |job: &str| self.skips_flink(job, checkpoint.checkpoint, written_ms, retry);
         // Named by its id, the job's directory says it without reading the metadata.
         let known = job.or(flink::is_job_id(&checkpoint.job).then_some(checkpoint.job.as_str()));
         if let Some(job) = known.filter(|job| held(job)) {
@@ -396,6 +411,19 @@ impl Engine {
         );
         Ok(Imported::Done(job, done))
     }
+}
+
+/// Whether a checkpoint whose `_metadata` was written at `written_ms` is of a later line of
+/// its job than every checkpoint the store holds of it, the newest of which Flink completed
+/// at `latest_ms`: written after it. A job restored under the same job id (application mode
+/// on Kubernetes fixes it) writes into the same directory with ids going on from the
+/// restored checkpoint's, so below the newest the store holds, and Flink's directory may
+/// then hold a `chk-N` the store holds (or held and dropped) another of. Both times are
+/// the source's (one filesystem's or bucket's clock); `latest_ms` counts the checkpoints
+/// dropped too ([`StoreMeta::flink_dropped_ms`](crate::catalog::StoreMeta::flink_dropped_ms)). Unknown times (imports by builds that did not record
+/// them, sources that do not say) are never a later line.
+fn later_line(written_ms: Option<u64>, latest_ms: Option<u64>) -> bool {
+    matches!((written_ms, latest_ms), (Some(w), Some(l)) if w > l)
 }
 
 /// What [`Engine::import_flink_checkpoint`] came to, with the checkpoint's job id.
@@ -586,6 +614,54 @@ mod tests {
         engine.follow_flink(&src, &mut retries).unwrap();
         engine.follow_flink(&src, &mut retries).unwrap();
         assert_eq!(tree.counts().1, 4);
+        assert_eq!(flink_labels(&engine), [4, 5, 6]);
+    }
+
+    /// A `_metadata` written after every checkpoint the store holds of its job is of a
+    /// later line (a job restored under the same job id): imported though the store holds
+    /// its id and newer ones; once dropped, it stays dropped; a file older than the newest
+    /// held is not imported again.
+    #[test]
+    fn a_later_line_of_a_job_is_imported_and_its_drop_sticks() {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/flink/job1");
+        let dir = tempfile::tempdir().unwrap();
+        let job = dir.path().join(JOB);
+        assert!(std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&fixture)
+            .arg(&job)
+            .status()
+            .unwrap()
+            .success());
+        let metadata_of = |n: u64| job.join(format!("chk-{n}/_metadata"));
+        for n in [4, 5, 6] {
+            set_mtime(&metadata_of(n), 10_000 + n);
+        }
+        let mut config = crate::EngineConfig::new(dir.path().join("store"));
+        config.retain = Some(20);
+        let engine = Engine::open(config.clone()).unwrap();
+        let src = FlinkSource::of_tree(Arc::new(CountingTree::open(&job)));
+        let mut retries = Retries::default();
+        engine.follow_flink(&src, &mut retries).unwrap();
+        assert_eq!(flink_labels(&engine), [4, 5, 6]);
+        // Checkpoint 5 written again, earlier than 6: the same line.
+        set_mtime(&metadata_of(5), 10_005 + 1);
+        engine.follow_flink(&src, &mut retries).unwrap();
+        assert_eq!(flink_labels(&engine), [4, 5, 6]);
+        // Later than 6: a later line's 5.
+        set_mtime(&metadata_of(5), 20_000);
+        engine.follow_flink(&src, &mut retries).unwrap();
+        assert_eq!(flink_labels(&engine), [4, 5, 6, 5]);
+        engine.follow_flink(&src, &mut retries).unwrap();
+        assert_eq!(flink_labels(&engine), [4, 5, 6, 5]);
+        let later = engine.checkpoints().last().unwrap().id;
+        engine.delete_checkpoint(later).unwrap();
+        engine.follow_flink(&src, &mut retries).unwrap();
+        assert_eq!(flink_labels(&engine), [4, 5, 6]);
+        // And the store reopened (the drop's time is in ckptfs.json).
+        drop(engine);
+        let engine = Engine::open(config).unwrap();
+        engine.follow_flink(&src, &mut Retries::default()).unwrap();
         assert_eq!(flink_labels(&engine), [4, 5, 6]);
     }
 

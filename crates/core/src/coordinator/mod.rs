@@ -31,7 +31,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 
 use crate::backend::{Backend, BackendOptions, WriteOp};
 use crate::catalog::{BackendSnapshot, Catalog, FileEntry, FileList, Manifest, StoreMeta};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::fsutil::{lock, wait};
 use crate::lock::DirLock;
 use crate::names::BackendName;
@@ -468,9 +468,20 @@ impl Engine {
         }
         let pins = st.meta.pins_of(id);
         if !pins.is_empty() {
+            let now = crate::fsutil::now_unix_ms();
+            let named: Vec<String> = pins
+                .iter()
+                .map(|name| match st.meta.pin_expires.get(name) {
+                    Some(at) => format!(
+                        "{name} (a lease that expires in {}s)",
+                        at.saturating_sub(now).div_ceil(1000)
+                    ),
+                    None => name.clone(),
+                })
+                .collect();
             return Err(Error::Busy(format!(
                 "checkpoint {id} is pinned as {}: unpin it first (ckptfs unpin)",
-                pins.join(", ")
+                named.join(", ")
             )));
         }
         drop(st);
@@ -535,7 +546,9 @@ impl Engine {
         for (id, loaded) in self.inner.catalog.load_many(&new)? {
             match loaded {
                 Ok(m) => added.push(Arc::new(m)),
-                Err(e @ (Error::Corrupt(_) | Error::Invalid(_))) => broken.push((id, e)),
+                Err(e) if matches!(e.kind(), ErrorKind::Corrupt | ErrorKind::Invalid) => {
+                    broken.push((id, e))
+                }
                 // Dropped meanwhile, or being written: the next look decides.
                 Err(e) => log::debug!("checkpoint {id} not shown yet: {e}"),
             }
@@ -658,10 +671,89 @@ impl Engine {
                 )));
             }
             meta.pins.insert(name.to_string(), id);
+            // A pin made by hand does not expire, even under a lease's name.
+            meta.pin_expires.remove(name);
             Ok(())
         })?;
         // A pin that moved leaves its old checkpoint to the policy.
         self.apply_retention(&writes)
+    }
+
+    /// Hold checkpoint `id` with a lease named `name` until `expires_unix_ms` (a pin that
+    /// expires, see [`StoreMeta::pin_expires`]): taken, or moved later, but only where
+    /// that moves it by more than `slack_ms` (a refresh writes the metadata at most that
+    /// often). A pin of that name that does not expire (made by hand) is left as it is,
+    /// and so is a lease on another checkpoint. Returns whether the metadata changed.
+    pub fn lease(&self, id: u64, name: &str, expires_unix_ms: u64, slack_ms: u64) -> Result<bool> {
+        let due = |meta: &StoreMeta| match meta.pins.get(name) {
+            None => true,
+            Some(on) => {
+                *on == id
+                    && meta
+                        .pin_expires
+                        .get(name)
+                        .is_some_and(|at| at.saturating_add(slack_ms) < expires_unix_ms)
+            }
+        };
+        if !due(&self.state().meta) {
+            return Ok(false);
+        }
+        self.check_writable()?;
+        crate::catalog::meta::valid_pin_name(name)?;
+        let _writes = self.catalog_writes();
+        if !self.state().manifests.contains_key(&id) {
+            return Err(Error::NoSuchCheckpoint(id));
+        }
+        let mut changed = false;
+        self.change_meta(|meta| {
+            if !due(meta) {
+                return Ok(());
+            }
+            let max = crate::catalog::meta::MAX_PINS;
+            if meta.pins.len() >= max && !meta.pins.contains_key(name) {
+                return Err(Error::Invalid(format!(
+                    "the store holds {max} pins, the most it keeps: unpin one first"
+                )));
+            }
+            meta.pins.insert(name.to_string(), id);
+            meta.pin_expires.insert(name.to_string(), expires_unix_ms);
+            changed = true;
+            Ok(())
+        })?;
+        Ok(changed)
+    }
+
+    /// Remove the pins whose expiry ([`StoreMeta::pin_expires`]) is at or before
+    /// `now_unix_ms`, and apply the policy to what they held; returns their names and
+    /// checkpoints.
+    pub fn expire_pins(&self, now_unix_ms: u64) -> Result<Vec<(String, u64)>> {
+        let expired = |meta: &StoreMeta| -> Vec<(String, u64)> {
+            meta.pin_expires
+                .iter()
+                .filter(|(_, at)| **at <= now_unix_ms)
+                .filter_map(|(name, _)| meta.pins.get(name).map(|id| (name.clone(), *id)))
+                .collect()
+        };
+        if expired(&self.state().meta).is_empty() || self.is_read_only() {
+            return Ok(Vec::new());
+        }
+        let writes = self.catalog_writes();
+        let mut gone = Vec::new();
+        self.change_meta(|meta| {
+            gone = expired(meta);
+            for (name, _) in &gone {
+                meta.pins.remove(name);
+                meta.pin_expires.remove(name);
+            }
+            Ok(())
+        })?;
+        self.apply_retention(&writes)?;
+        Ok(gone)
+    }
+
+    /// When each pin that expires does, in milliseconds since the Unix epoch.
+    pub fn pin_expires(&self) -> BTreeMap<String, u64> {
+        self.state().meta.pin_expires.clone()
     }
 
     /// Remove the pin `name`; returns the checkpoint it was on. The checkpoint is then
@@ -675,6 +767,7 @@ impl Engine {
                 .pins
                 .remove(name)
                 .ok_or_else(|| Error::NotFound(format!("no pin named {name:?}")))?;
+            meta.pin_expires.remove(name);
             Ok(())
         })?;
         self.apply_retention(&writes)?;
@@ -963,6 +1056,53 @@ mod tests {
             .collect();
         engine.write(&a, &ops).unwrap();
         engine.flush(&a).unwrap();
+    }
+
+    /// A lease is a pin that expires: it holds its checkpoint through the policy and
+    /// `delete` (which says when it expires), survives a reopen, moves later only past its
+    /// slack, leaves a pin made by hand alone, and once expired is gone and the policy
+    /// drops what it held.
+    #[test]
+    fn a_lease_holds_its_checkpoint_until_it_expires_across_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        let engine = Engine::open(config(&store)).unwrap();
+        let mut ids = Vec::new();
+        for i in 0..3u32 {
+            fill(&engine, "v", i * 10..(i + 1) * 10);
+            ids.push(engine.checkpoint().unwrap().id);
+        }
+        assert!(engine.lease(ids[0], "restore-cp-1", 5_000, 100).unwrap());
+        // Within its slack: nothing written.
+        assert!(!engine.lease(ids[0], "restore-cp-1", 5_050, 100).unwrap());
+        assert!(engine.lease(ids[0], "restore-cp-1", 6_000, 100).unwrap());
+        // A hand-made pin under that name is no lease.
+        engine.pin(ids[1], "restore-cp-2").unwrap();
+        assert!(!engine.lease(ids[1], "restore-cp-2", 9_000, 100).unwrap());
+        engine.set_retain(1).unwrap();
+        assert_eq!(engine.checkpoints().len(), 3);
+        let e = engine.delete_checkpoint(ids[0]).unwrap_err().to_string();
+        assert!(e.contains("restore-cp-1 (a lease"), "{e}");
+        drop(engine);
+
+        let engine = Engine::open(config(&store)).unwrap();
+        // (The config says 20 again.)
+        engine.set_retain(1).unwrap();
+        assert_eq!(engine.checkpoints().len(), 3);
+        assert_eq!(engine.pinned("restore-cp-1"), Some(ids[0]));
+        assert_eq!(
+            engine.pin_expires(),
+            [("restore-cp-1".to_string(), 6_000)].into()
+        );
+        assert!(engine.expire_pins(5_999).unwrap().is_empty());
+        assert_eq!(
+            engine.expire_pins(6_000).unwrap(),
+            [("restore-cp-1".to_string(), ids[0])]
+        );
+        let kept: Vec<u64> = engine.checkpoints().iter().map(|m| m.id).collect();
+        assert_eq!(kept, [ids[1], ids[2]]);
+        assert!(engine.pin_expires().is_empty());
+        assert_eq!(engine.pins(), [("restore-cp-2".to_string(), ids[1])].into());
     }
 
     /// A crash after a restored database was renamed into place, but before it got its new

@@ -726,11 +726,14 @@ fn rebuild_meta(
         }
         there
     });
+    let mut pin_expires = copy.pin_expires;
+    pin_expires.retain(|name, _| pins.contains_key(name));
     StoreMeta {
         next_checkpoint: copy.next_checkpoint.max(past_manifests),
         backends,
         external,
         pins,
+        pin_expires,
         ..copy
     }
 }

@@ -23,9 +23,10 @@ use std::path::{Path, PathBuf};
 
 use super::import::{job_backend, layout, METADATA};
 use super::metadata::{self, StreamHandle};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, ErrorKind, IoContext, Result};
 use crate::names::BackendName;
 use crate::source::MAX_METADATA_BYTES;
+use crate::store::s3::{Remote, MAX_COPY_OBJECT};
 
 /// Where the files of one checkpoint are read from: a store, or a mount's `cp-N/`.
 pub trait CheckpointFiles: Sync {
@@ -33,6 +34,18 @@ pub trait CheckpointFiles: Sync {
     /// went out (a store finds a checksum mismatch at the file's end): what `out` received
     /// is then not the file.
     fn write_to(&self, backend: &BackendName, name: &str, out: &mut dyn Write) -> Result<u64>;
+
+    /// Where file `name` of `backend` is stored whole on object storage: the bucket's
+    /// connection, the object's key there and the file's size, for an export that copies
+    /// it inside the object store. `None` (the default) where the file is streamed: a local
+    /// store, a mount, a file stored as chunks.
+    fn stored_remotely(
+        &self,
+        _backend: &BackendName,
+        _name: &str,
+    ) -> Option<(std::sync::Arc<Remote>, String, u64)> {
+        None
+    }
 }
 
 /// The files of checkpoint N as a mount shows them (`MOUNTPOINT/cp-N/`).
@@ -78,6 +91,9 @@ pub struct Exported {
     pub files: u64,
     /// The bytes of those files.
     pub bytes: u64,
+    /// Of those files, how many the object store copied itself (CopyObject from the store's
+    /// object into the same bucket): none of their bytes passed through this host.
+    pub copied_in_store: u64,
 }
 
 /// What an export writes under `<job-id>/`: each file's path there and where in the
@@ -101,12 +117,12 @@ fn plan_export(stored: &dyn CheckpointFiles, checkpoint: u64) -> Result<ExportPl
     };
     stored
         .write_to(&job_backend(), METADATA, &mut bounded)
-        .map_err(|e| match e {
-            Error::NotFound(_) => Error::NotFound(format!(
+        .map_err(|e| match e.kind() {
+            ErrorKind::NotFound => Error::NotFound(format!(
                 "the checkpoint holds no Flink _metadata (imported before ckptfs kept it: import \
              the Flink checkpoint again into a new store): {e}"
             )),
-            e => e,
+            _ => e,
         })?;
     let parsed = parse_for(&bytes, checkpoint)?;
     let layout = layout(&parsed)?;
@@ -232,6 +248,7 @@ pub fn export(
         checkpoint,
         files: 0,
         bytes: 0,
+        copied_in_store: 0,
     };
     for (rel, (backend, name)) in &plan.copies {
         let to = tmp_job.join(rel);
@@ -286,7 +303,7 @@ pub fn export_to_s3(
     stored: &dyn CheckpointFiles,
     job: &str,
     checkpoint: u64,
-    remote: &crate::store::s3::Remote,
+    remote: &Remote,
     prefix: &str,
 ) -> Result<Exported> {
     if !super::import::is_job_id(job) {
@@ -314,23 +331,37 @@ pub fn export_to_s3(
     let copies: Vec<(&PathBuf, &(BackendName, String))> = plan.copies.iter().collect();
     // The first failure stops what has not started (it is all removed anyway).
     let given_up = std::sync::atomic::AtomicBool::new(false);
-    // Each file's bytes, or `None` if it was not started.
-    let upload =
-        |(rel, (backend, name)): &(&PathBuf, &(BackendName, String))| -> Result<Option<u64>> {
-            if given_up.load(std::sync::atomic::Ordering::Relaxed) {
-                return Ok(None);
+    // Each file's bytes and whether the object store copied it, or `None` if it was not
+    // started.
+    let upload = |(rel, (backend, name)): &(&PathBuf, &(BackendName, String))| -> Result<
+        Option<(u64, bool)>,
+    > {
+        if given_up.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let key = key_of(rel)?;
+        let in_store = stored
+            .stored_remotely(backend, name)
+            .filter(|(from, _, size)| remote.can_copy_from(from) && *size <= MAX_COPY_OBJECT);
+        let uploaded = match in_store {
+            Some((_, from_key, size)) => remote
+                .copy_within(&from_key, &key)
+                .map(|()| (size, true)),
+            None => {
+                let mut written = 0;
+                remote
+                    .upload_from(&key, |out| {
+                        written = stored.write_to(backend, name, out)?;
+                        Ok(())
+                    })
+                    .map(|()| (written, false))
             }
-            let key = key_of(rel)?;
-            let mut written = 0;
-            let uploaded = remote.upload_from(&key, |out| {
-                written = stored.write_to(backend, name, out)?;
-                Ok(())
-            });
-            if uploaded.is_err() {
-                given_up.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-            uploaded.map(|()| Some(written))
         };
+        if uploaded.is_err() {
+            given_up.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        uploaded.map(Some)
+    };
     let uploaded = crate::fsutil::parallel_map(&copies, UPLOADS_AT_ONCE, upload);
     let metadata_rel = Path::new(&plan.chk).join(METADATA);
     let mut out = Exported {
@@ -339,13 +370,15 @@ pub fn export_to_s3(
         checkpoint,
         files: 0,
         bytes: 0,
+        copied_in_store: 0,
     };
     let mut failed = None;
     for result in uploaded {
         match result {
-            Ok(Some(bytes)) => {
+            Ok(Some((bytes, in_store))) => {
                 out.files += 1;
                 out.bytes += bytes;
+                out.copied_in_store += u64::from(in_store);
             }
             Ok(None) => {}
             Err(e) => {

@@ -89,6 +89,10 @@ impl ObjectStore for CrashAfter<'_> {
         self.inner.local_path(id)
     }
 
+    fn remote_object(&self, id: &ObjectId) -> Option<(std::sync::Arc<super::s3::Remote>, String)> {
+        self.inner.remote_object(id)
+    }
+
     fn clear_staging(&self) -> Result<usize> {
         self.inner.clear_staging()
     }

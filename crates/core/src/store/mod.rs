@@ -320,6 +320,11 @@ pub trait ObjectStore: Send + Sync {
     fn prefetch(&self, _ids: &[ObjectId]) {}
     /// A local path to the object, for stores that have one (FUSE passthrough).
     fn local_path(&self, id: &ObjectId) -> Option<PathBuf>;
+    /// The object's bucket connection and its key there, for stores on object storage: an
+    /// export into the same bucket copies it inside the object store.
+    fn remote_object(&self, _id: &ObjectId) -> Option<(std::sync::Arc<s3::Remote>, String)> {
+        None
+    }
     /// Remove leftovers of interrupted stages.
     fn clear_staging(&self) -> Result<usize>;
     /// Every published object id with its last modification time where the store has

@@ -34,7 +34,7 @@ use super::cache::Cache;
 use super::conditional::{read_back, ReadBack};
 use super::records::{Put, Record, Records};
 use super::{hash_file, layout, ObjectId, ObjectStore, Staged, WriteFence};
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, ErrorKind, IoContext, Result};
 use crate::fsutil::{create_new_private, create_private_dir_all, lock, remove_tree};
 
 /// Keys deleted by one request (S3's DeleteObjects takes at most 1,000).
@@ -69,6 +69,10 @@ impl Default for S3Options {
     }
 }
 
+/// The largest object one CopyObject request copies (5 GiB); larger ones need a multipart
+/// upload of UploadPartCopy parts.
+pub const MAX_COPY_OBJECT: u64 = 5 << 30;
+
 /// The connection to one bucket and prefix, shared by the objects and the records.
 pub struct Remote {
     client: AmazonS3,
@@ -79,6 +83,8 @@ pub struct Remote {
     bucket: String,
     /// The prefix keys start with: empty or ending in `/`.
     prefix: String,
+    /// The endpoint it talks to (`None`: AWS's, from the region).
+    endpoint: Option<String>,
 }
 
 impl Remote {
@@ -101,7 +107,7 @@ impl Remote {
         let allow_http = endpoint
             .as_deref()
             .is_some_and(|e| e.starts_with("http://"));
-        if let Some(endpoint) = endpoint {
+        if let Some(endpoint) = &endpoint {
             base = base.with_endpoint(endpoint);
         }
         let deleter = base
@@ -154,6 +160,7 @@ impl Remote {
             } else {
                 format!("{prefix}/")
             },
+            endpoint,
         }))
     }
 
@@ -215,6 +222,31 @@ impl Remote {
     /// The bucket's name.
     pub fn bucket(&self) -> &str {
         &self.bucket
+    }
+
+    /// The key of `name` below the bucket: the prefix, then `name`.
+    pub fn full_key(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    /// True when [`Remote::copy_within`] can copy `other`'s objects here: the same bucket on
+    /// the same endpoint, both configured from the same environment (object_store copies
+    /// within one bucket).
+    pub fn can_copy_from(&self, other: &Remote) -> bool {
+        self.bucket == other.bucket && self.endpoint == other.endpoint
+    }
+
+    /// Copy object `from` to `to` (keys below the bucket) inside the object store: one
+    /// CopyObject request, which no byte of the object passes through this host for. S3
+    /// copies objects up to [`MAX_COPY_OBJECT`] bytes this way.
+    pub fn copy_within(&self, from: &str, to: &str) -> Result<()> {
+        self.block_on(self.client.copy(&Key::from(from), &Key::from(to)))
+            .map_err(|e| {
+                remote_error(
+                    &format!("copy s3://{0}/{from} to s3://{0}/{to}", self.bucket),
+                    e,
+                )
+            })
     }
 
     /// The keys under `prefix` (a whole key prefix, ending in `/` for a directory), their
@@ -538,17 +570,13 @@ impl std::io::Write for Upload<'_> {
     }
 }
 
-/// An `object_store` error as ours: the operation and the key in the message, errno EIO
-/// (or ENOENT, EEXIST, ESTALE where the kind says so).
-fn remote_error(what: &str, e: object_store::Error) -> Error {
-    match e {
-        object_store::Error::NotFound { .. } => Error::NotFound(format!("{what}: {e}")),
-        object_store::Error::AlreadyExists { .. } => Error::Exists(format!("{what}: {e}")),
-        object_store::Error::Precondition { .. } => Error::Conflict(format!("{what}: {e}")),
-        source => Error::ObjectStore {
-            what: what.to_string(),
-            source,
-        },
+/// An `object_store` error as ours: the operation and the key in the message, the client's
+/// error kept as the source; its kind (a missing object, a create-only or conditional write
+/// refused) is [`Error::kind`]'s to tell.
+fn remote_error(what: &str, source: object_store::Error) -> Error {
+    Error::ObjectStore {
+        what: what.to_string(),
+        source,
     }
 }
 
@@ -990,6 +1018,13 @@ impl UploadBody<'_> {
 }
 
 impl ObjectStore for S3Objects {
+    fn remote_object(&self, id: &ObjectId) -> Option<(Arc<Remote>, String)> {
+        Some((
+            self.remote.clone(),
+            self.remote.full_key(&Self::object_name(id)),
+        ))
+    }
+
     fn stage(&self, src: &Path) -> Result<Staged> {
         // The key is the hash: hash first (a local read), then upload.
         let (id, size) = hash_file(src)?;
@@ -1202,12 +1237,12 @@ impl S3Records {
         let _ = self.delete(&key);
         self.put(&key, b"1", Put::Create)?;
         let checked = match self.put(&key, b"2", Put::Create) {
-            Err(Error::Exists(_)) => match self.put(
+            Err(e) if e.kind() == ErrorKind::Exists => match self.put(
                 &key,
                 b"3",
                 Put::Update(Some("\"ckptfs-probe-no-such-etag\"".into())),
             ) {
-                Err(Error::Conflict(_)) => Ok(()),
+                Err(e) if e.kind() == ErrorKind::Conflict => Ok(()),
                 Ok(_) => refuse("If-Match"),
                 Err(e) => Err(e),
             },
