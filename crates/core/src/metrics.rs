@@ -440,8 +440,12 @@ mod tests {
             before["ckptfs_flink_follower_info{source=\"/flink/job\"}"],
             1.0
         );
-        let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_500);
-        engine.note_look(Some(("job".into(), 6, Some(at))));
+        let newest = crate::coordinator::FlinkNewest {
+            job: "job".into(),
+            checkpoint: 6,
+            time_unix_ms: Some(1_700_000_000_500),
+        };
+        engine.note_look(Some((newest, false)));
         let after = samples(&render(&engine));
         assert_eq!(after["ckptfs_flink_newest_checkpoint_id"], 6.0);
         assert_eq!(

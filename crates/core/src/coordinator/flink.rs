@@ -184,7 +184,18 @@ impl Engine {
         let imports = self.import_flink_with(src, true, retries, now);
         *crate::fsutil::lock(&self.inner.flink_refused) = retries.refused();
         if imports.is_ok() {
-            self.note_look(retries.newest_look());
+            let newest = retries.newest_look().map(|(job, checkpoint, time)| {
+                let time_unix_ms = time.and_then(super::follower::unix_ms);
+                // The follower's own rule: nothing left to import for it.
+                let caught_up = self.skips_flink(&job, checkpoint, time_unix_ms, false);
+                let newest = super::follower::FlinkNewest {
+                    job,
+                    checkpoint,
+                    time_unix_ms,
+                };
+                (newest, caught_up)
+            });
+            self.note_look(newest);
         }
         imports
     }

@@ -51,16 +51,20 @@ pub struct FollowerHealth {
 }
 
 /// The store's lag behind Flink's newest checkpoint `newest`, given the retained
-/// checkpoints (oldest first) and whether the store held `newest` and dropped it:
-/// `(checkpoints, milliseconds)`.
+/// checkpoints (oldest first) and whether the follower has nothing to import for it
+/// (`caught_up`: the store holds it, or held it and it was dropped, or holds a newer one
+/// of its job; the follower's own rule): `(checkpoints, milliseconds)`.
 ///
 /// Measured from the store's newest checkpoint of `newest`'s job or, where it holds none
 /// of that job (a job restarted from a checkpoint writes a new job directory), its newest
 /// Flink checkpoint of any job:
 /// - none at all (nothing imported yet): `newest`'s id (a job numbers its checkpoints
 ///   from 1), and the time between `newest` and the look (`looked_ms`);
-/// - of the same job, or of an earlier job with a smaller id (a job restored from a
-///   checkpoint goes on numbering after it): the difference of the ids;
+/// - of the same job with a smaller id, or of an earlier job with a smaller id (a job
+///   restored from a checkpoint goes on numbering after it): the difference of the ids;
+/// - of the same job with an id not smaller (a later line: the job restored under its own
+///   id from an older checkpoint): 1, Flink's newest (how many of the line came before it
+///   is not known);
 /// - of an earlier job with an id not smaller (a job started afresh): `newest`'s id.
 ///
 /// The time is `newest`'s less that checkpoint's (Flink's time of it, else when ckptfs
@@ -68,19 +72,18 @@ pub struct FollowerHealth {
 pub fn lag(
     newest: &FlinkNewest,
     retained: &[Arc<Manifest>],
-    dropped: bool,
+    caught_up: bool,
     looked_ms: u64,
 ) -> (u64, u64) {
+    if caught_up {
+        return (0, 0);
+    }
     let flink = || {
         retained
             .iter()
             .rev()
             .filter_map(|m| m.flink.as_ref().map(|f| (f, m.completed_unix_ms)))
     };
-    let holds = flink().any(|(f, _)| f.job == newest.job && f.checkpoint >= newest.checkpoint);
-    if holds || dropped {
-        return (0, 0);
-    }
     let newest_ms = newest.time_unix_ms;
     let reference = flink()
         .find(|(f, _)| f.job == newest.job)
@@ -93,6 +96,8 @@ pub fn lag(
         Some((f, committed_ms)) => {
             let behind = if f.checkpoint < newest.checkpoint {
                 newest.checkpoint - f.checkpoint
+            } else if f.job == newest.job {
+                1
             } else {
                 newest.checkpoint
             };
@@ -127,24 +132,19 @@ impl Engine {
     }
 
     /// A follower's look could list Flink's checkpoints, and its imports are done:
-    /// `newest` is Flink's newest completed checkpoint (job, id, time), if it has one.
-    pub(crate) fn note_look(&self, newest: Option<(String, u64, Option<SystemTime>)>) {
+    /// `newest` is Flink's newest completed checkpoint (job, id, time), if it has one, and
+    /// whether the follower has nothing to import for it (see [`lag`]).
+    pub(crate) fn note_look(&self, newest: Option<(FlinkNewest, bool)>) {
         let looked_ms = crate::fsutil::now_unix_ms();
-        let newest = newest.map(|(job, checkpoint, time)| FlinkNewest {
-            job,
-            checkpoint,
-            time_unix_ms: time.and_then(unix_ms),
-        });
         let (lag_checkpoints, lag_ms) = match &newest {
-            Some(n) => {
-                let st = self.state();
-                let retained: Vec<Arc<Manifest>> = st.manifests.values().cloned().collect();
-                let dropped = st.meta.flink_was_dropped(&n.job, n.checkpoint);
-                drop(st);
-                lag(n, &retained, dropped, looked_ms)
+            Some((n, caught_up)) => {
+                let retained: Vec<Arc<Manifest>> =
+                    self.state().manifests.values().cloned().collect();
+                lag(n, &retained, *caught_up, looked_ms)
             }
             None => (0, 0),
         };
+        let newest = newest.map(|(n, _)| n);
         let mut health = lock(&self.inner.follower);
         let h = health.get_or_insert_with(FollowerHealth::default);
         h.looked_unix_ms = Some(looked_ms);
@@ -190,8 +190,7 @@ mod tests {
             imported(1, "a", 4, Some(1_000)),
             imported(2, "a", 6, Some(3_000)),
         ];
-        // Holds Flink's newest, or dropped it: no lag.
-        assert_eq!(lag(&newest("a", 6, 3_000), &held, false, 10_000), (0, 0));
+        // Nothing to import (held, dropped, a newer one held): no lag.
         assert_eq!(lag(&newest("a", 7, 4_000), &held, true, 10_000), (0, 0));
         // Behind by two checkpoints of the same job, 5 s of Flink's time.
         assert_eq!(
@@ -206,6 +205,12 @@ mod tests {
         assert_eq!(
             lag(&newest("c", 2, 9_000), &held, false, 10_000),
             (2, 6_000)
+        );
+        // A later line of job a (restored under its own id from a.4): its newest, after
+        // the store's newest of the earlier line.
+        assert_eq!(
+            lag(&newest("a", 5, 9_000), &held, false, 10_000),
+            (1, 6_000)
         );
         // Nothing imported yet: every checkpoint of the job, since Flink wrote the newest.
         assert_eq!(lag(&newest("a", 3, 4_000), &[], false, 10_000), (3, 6_000));
