@@ -8,9 +8,10 @@ export CARGO_TARGET_DIR
 # libclang-dev (bindgen for librocksdb-sys), fuse3 (fusermount3), rocksdb-tools (ldb 7.8,
 # used to prove checkpoints open in older RocksDB), graphviz (ckptfs graph --format svg),
 # systemd (systemd-analyze checks scripts/ckptfs.service), btrfs-progs (a live database on a
-# btrfs subvolume, whose files' st_dev is not the device /proc/locks names).
+# btrfs subvolume, whose files' st_dev is not the device /proc/locks names), bsdutils
+# (script: a pseudo-terminal for the progress bars' test).
 ckptfs_install_packages() {
-    local wanted=(libclang-dev fuse3 rocksdb-tools graphviz systemd pkg-config faketime btrfs-progs chromium "$@")
+    local wanted=(libclang-dev fuse3 rocksdb-tools graphviz systemd pkg-config faketime btrfs-progs chromium bsdutils "$@")
     local missing=()
     for pkg in "${wanted[@]}"; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

@@ -205,12 +205,16 @@ pub(crate) enum Command {
         #[arg(long)]
         state: Option<PathBuf>,
     },
-    /// Drop checkpoint N (as rmdir MOUNTPOINT/cp-N does).
+    /// Drop checkpoint N (as rmdir MOUNTPOINT/cp-N does); the newest only with --force.
     Rm {
         /// The mountpoint of a running ckptfs daemon.
         mountpoint: PathBuf,
         /// The checkpoint's id (N of cp-N).
         checkpoint: u64,
+        /// Drop it even if it is the newest checkpoint, which rmdir refuses: latest moves
+        /// back to the one before (the control line `delete N`).
+        #[arg(long)]
+        force: bool,
     },
     /// Show the daemon's state: backends, checkpoints, in flight, retain, last error.
     Status {

@@ -4,12 +4,13 @@
 use std::path::Path;
 use std::process::ExitCode;
 
+use ckptfs::units::human_bytes;
 use ckptfs_core::commands::diff::keys::{self, BackendKeys, Change, KeyComparison};
 use ckptfs_core::commands::diff::{self as core_diff, DiffReport, Figures, Presence, Side};
 use ckptfs_core::error::Error;
 
 use super::show::{backend_text, printable, when};
-use crate::client::{store_checkpoints, Target};
+use crate::client::{progress, store_checkpoints, Target};
 
 /// Compare checkpoints `a` and `b` of the store at (or behind) `path`; with `keys`, their
 /// keys too, listing at most that many changes per backend and column family.
@@ -29,6 +30,9 @@ pub fn diff(
     );
     let mut report = core_diff::compare(ma, mb);
     if let Some(limit) = keys {
+        let spinner = progress::spinner(&format!(
+            "comparing the keys of cp-{a} and cp-{b} (each backend's files restored and read)"
+        ));
         keys::compare(
             repo.objects.as_ref(),
             ma,
@@ -37,6 +41,7 @@ pub fn diff(
             limit,
             &std::env::temp_dir(),
         )?;
+        spinner.finish_and_clear();
     }
     if json {
         let text = serde_json::to_string(&report)
@@ -86,14 +91,14 @@ fn print_table(report: &DiffReport) {
         println!(
             "  {name}{pad}  {:>6} {:>10}  {:>7} {:>10}  {:>7} {:>10} {:>10}  {:>6} {:>10}",
             f.files_added,
-            f.bytes_added,
+            human_bytes(f.bytes_added),
             f.files_removed,
-            f.bytes_removed,
+            human_bytes(f.bytes_removed),
             f.files_changed,
-            f.bytes_changed_a,
-            f.bytes_changed_b,
+            human_bytes(f.bytes_changed_a),
+            human_bytes(f.bytes_changed_b),
             f.files_unchanged,
-            f.bytes_unchanged,
+            human_bytes(f.bytes_unchanged),
         );
     };
     println!(
@@ -114,13 +119,18 @@ fn print_table(report: &DiffReport) {
         for s in &d.states {
             row(&format!("  {}", printable(&s.state)), &s.figures);
             for f in &s.added {
-                println!("      + {} ({} bytes)", f.name, f.bytes);
+                println!("      + {} ({})", f.name, human_bytes(f.bytes));
             }
             for f in &s.removed {
-                println!("      - {} ({} bytes)", f.name, f.bytes);
+                println!("      - {} ({})", f.name, human_bytes(f.bytes));
             }
             for f in &s.changed {
-                println!("      ~ {} ({} -> {} bytes)", f.name, f.bytes_a, f.bytes_b);
+                println!(
+                    "      ~ {} ({} -> {})",
+                    f.name,
+                    human_bytes(f.bytes_a),
+                    human_bytes(f.bytes_b)
+                );
             }
         }
         if let Some(k) = &d.keys {

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::show::when;
 use crate::cli::FlinkGcArgs;
-use crate::client::{store_checkpoints, Target};
+use crate::client::{progress, store_checkpoints, Target};
 
 /// The report, as `--json` prints it.
 #[derive(Serialize)]
@@ -51,6 +51,10 @@ pub fn flink_gc(args: FlinkGcArgs) -> Result<ExitCode, Error> {
         None => None,
     };
     let source = FlinkSource::open(&args.src, &args.reference_roots)?;
+    let spinner = progress::spinner(&format!(
+        "looking for what Flink no longer needs in {}",
+        args.src.display()
+    ));
     let plan = gc::plan(&source, &options)?;
     let imported = imports.map(|by_label| {
         plan.unretained
@@ -59,6 +63,7 @@ pub fn flink_gc(args: FlinkGcArgs) -> Result<ExitCode, Error> {
             .collect::<Vec<_>>()
     });
     let done = if args.delete {
+        spinner.set_message(format!("deleting garbage in {}", args.src.display()));
         Some(gc::delete(
             &source,
             &plan,
@@ -68,6 +73,7 @@ pub fn flink_gc(args: FlinkGcArgs) -> Result<ExitCode, Error> {
     } else {
         None
     };
+    spinner.finish_and_clear();
     if args.json {
         let report = Report {
             plan: &plan,

@@ -76,7 +76,8 @@ pub fn run(command: Command, args: &[OsString]) -> Result<ExitCode, Error> {
         Command::Rm {
             mountpoint,
             checkpoint,
-        } => mounted::rm(&mountpoint, checkpoint),
+            force,
+        } => mounted::rm(&mountpoint, checkpoint, force),
         Command::Status { mountpoint, json } => show::status(&mountpoint, json),
         Command::Put {
             mountpoint,

@@ -57,29 +57,44 @@ pub fn del(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Drop checkpoint N: `rmdir cp-N`.
-pub fn rm(mountpoint: &Path, checkpoint: u64) -> Result<ExitCode, Error> {
+/// Drop checkpoint N: `rmdir cp-N`, which refuses the newest; with `force`, the control
+/// line `delete N`, which drops it too (and says where `latest` went).
+pub fn rm(mountpoint: &Path, checkpoint: u64, force: bool) -> Result<ExitCode, Error> {
+    if force {
+        client::request(mountpoint, &Request::Delete(checkpoint))?;
+        let newest = client::read_status(mountpoint)
+            .ok()
+            .and_then(|s| s.checkpoints.last().map(|c| c.id));
+        match newest {
+            Some(id) if id < checkpoint => eprintln!("latest is now cp-{id}"),
+            None => eprintln!("no checkpoint is left: latest is gone"),
+            Some(_) => {}
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let dir = mountpoint.join(format!("cp-{checkpoint}"));
     std::fs::remove_dir(&dir).map_err(|e| refused_drop(mountpoint, checkpoint, &dir, e))?;
     Ok(ExitCode::SUCCESS)
 }
 
-/// Why `rmdir cp-N` was refused, said with what to do: a pin names itself (`EBUSY` alone
-/// said "Device or resource busy").
+/// Why `rmdir cp-N` was refused, said with what to do: a pin names itself, the newest
+/// checkpoint says what `--force` would do (`EBUSY` alone said "Device or resource busy").
 fn refused_drop(mountpoint: &Path, checkpoint: u64, dir: &Path, e: std::io::Error) -> Error {
     if e.raw_os_error() != Some(libc::EBUSY) {
         return Error::io(format!("drop {}", dir.display()), e);
     }
     let now = ckptfs_core::fsutil::now_unix_ms();
-    let pins: Vec<(String, String)> = client::read_status(mountpoint)
+    let status = client::read_status(mountpoint).ok();
+    let pins: Vec<(String, String)> = status
+        .as_ref()
         .map(|status| {
             status
                 .pins
-                .into_iter()
-                .filter(|(_, on)| *on == checkpoint)
+                .iter()
+                .filter(|(_, on)| **on == checkpoint)
                 .map(|(name, _)| {
                     // A restore lease says when it lets go by itself.
-                    let shown = match status.pin_expires.get(&name) {
+                    let shown = match status.pin_expires.get(name) {
                         Some(at) => format!(
                             "{name} (a restore lease: a read of its _metadata; it expires \
                              in {}s)",
@@ -87,11 +102,13 @@ fn refused_drop(mountpoint: &Path, checkpoint: u64, dir: &Path, e: std::io::Erro
                         ),
                         None => name.clone(),
                     };
-                    (name, shown)
+                    (name.clone(), shown)
                 })
                 .collect()
         })
         .unwrap_or_default();
+    let rows = status.as_ref().map_or(&[][..], |s| &s.checkpoints[..]);
+    let newest = rows.last().is_some_and(|c| c.id == checkpoint);
     match pins.first() {
         Some((name, _)) => Error::Busy(format!(
             "checkpoint {checkpoint} is pinned as {}: `ckptfs unpin {} {name}` first",
@@ -99,6 +116,18 @@ fn refused_drop(mountpoint: &Path, checkpoint: u64, dir: &Path, e: std::io::Erro
                 .map(|(_, shown)| shown.as_str())
                 .collect::<Vec<_>>()
                 .join(", "),
+            mountpoint.display()
+        )),
+        None if newest => Error::Busy(format!(
+            "checkpoint {checkpoint} is the newest (latest -> cp-{checkpoint}): dropping it \
+             would {}; `ckptfs rm --force {} {checkpoint}` drops it",
+            rows.iter()
+                .rev()
+                .nth(1)
+                .map_or("leave no latest".to_string(), |c| format!(
+                    "move latest back to cp-{}",
+                    c.id
+                )),
             mountpoint.display()
         )),
         None => Error::Busy(format!(

@@ -63,6 +63,7 @@ fn with_retained(e: Error, store: &Location) -> Error {
 /// read directly.
 pub fn export_flink(target: &Path, id: u64, dest: &Path, json: bool) -> Result<ExitCode, Error> {
     let dest = ckptfs_core::store::Location::parse(&dest.to_string_lossy())?;
+    let spinner = progress::spinner(&format!("exporting checkpoint {id} to {dest}"));
     let exported = match Target::of(target)? {
         Target::Mount(mountpoint) => {
             let row = read_checkpoints(&mountpoint)?
@@ -84,6 +85,7 @@ pub fn export_flink(target: &Path, id: u64, dest: &Path, json: bool) -> Result<E
             ckptfs_core::commands::export_flink::export_from_store(&location, id, &dest)?
         }
     };
+    spinner.finish_and_clear();
     if json {
         println!("{}", serde_json::to_string(&exported).expect("json"));
     } else {

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::{ExitCode, Stdio};
 use std::time::{Duration, UNIX_EPOCH};
 
+use ckptfs::units::human_bytes;
 use ckptfs_core::error::Error;
 use ckptfs_core::store::Location;
 use ckptfs_core::views::{CheckpointRow, Status, StoreStatus};
@@ -47,17 +48,17 @@ pub fn ls(path: &Path, json: bool) -> Result<ExitCode, Error> {
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:>6}  {:<20}  {:>6}  {:>12}  {:>12}  {:>9}  {:>9}  FLINK",
+        "{:>6}  {:<20}  {:>6}  {:>10}  {:>10}  {:>9}  {:>9}  FLINK",
         "ID", "COMPLETED", "FILES", "BYTES", "UPLOADED", "SYNC_MS", "ASYNC_MS"
     );
     for c in checkpoints {
         println!(
-            "{:>6}  {:<20}  {:>6}  {:>12}  {:>12}  {:>9.1}  {:>9.1}  {}",
+            "{:>6}  {:<20}  {:>6}  {:>10}  {:>10}  {:>9.1}  {:>9.1}  {}",
             c.id,
             when(c.completed_unix_ms),
             c.files,
-            c.bytes,
-            c.bytes_uploaded,
+            human_bytes(c.bytes),
+            human_bytes(c.bytes_uploaded),
             c.sync_ms,
             c.async_ms,
             flink_name(c.flink.as_ref()),
@@ -174,8 +175,10 @@ fn print_daemon_status(status: &Status) {
         serde_json::to_string(&status.in_flight).unwrap_or_default()
     );
     println!(
-        "store size:  {} bytes in {} objects",
-        status.store_bytes, status.objects
+        "store size:  {} ({} bytes) in {} objects",
+        human_bytes(status.store_bytes),
+        status.store_bytes,
+        status.objects
     );
     if let Some(e) = &status.last_error {
         println!("last error:  {e}");
@@ -212,8 +215,10 @@ fn print_store_status(status: &StoreStatus) {
     );
     print_policy(status.policy.as_ref(), &status.pins);
     println!(
-        "store size:  {} bytes in {} objects",
-        status.store_bytes, status.objects
+        "store size:  {} ({} bytes) in {} objects",
+        human_bytes(status.store_bytes),
+        status.store_bytes,
+        status.objects
     );
 }
 
@@ -337,8 +342,12 @@ pub fn du(path: &Path, id: Option<u64>, json: bool) -> Result<ExitCode, Error> {
         // Padded by characters: a state's name may be any UTF-8.
         let pad = " ".repeat(width.saturating_sub(name.chars().count()));
         println!(
-            "  {name}{pad}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}",
-            u.files, u.bytes, u.new, u.shared, u.exclusive
+            "  {name}{pad}  {:>6}  {:>10}  {:>10}  {:>10}  {:>10}",
+            u.files,
+            human_bytes(u.bytes),
+            human_bytes(u.new),
+            human_bytes(u.shared),
+            human_bytes(u.exclusive)
         );
     };
     for (n, c) in report.checkpoints.iter().enumerate() {
@@ -350,7 +359,7 @@ pub fn du(path: &Path, id: Option<u64>, json: bool) -> Result<ExitCode, Error> {
         });
         println!("cp-{}  {}{label}", c.id, when(c.completed_unix_ms));
         println!(
-            "  {:<width$}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}",
+            "  {:<width$}  {:>6}  {:>10}  {:>10}  {:>10}  {:>10}",
             "BACKEND", "FILES", "BYTES", "NEW", "SHARED", "EXCLUSIVE"
         );
         for b in &c.backends {
@@ -419,7 +428,7 @@ pub fn du_history(
     }
     // The columns: (key, values), an operator followed by its states.
     let mut columns: Vec<(String, Vec<u64>)> = Vec::new();
-    println!("Bytes per operator (all its subtasks) and per state, by column:");
+    println!("Size of each operator (all its subtasks) and state, by column:");
     for (k, op) in history.operators.iter().enumerate() {
         let key = operator_key(k);
         println!("  {key:<5} {}", op.operator);
@@ -441,14 +450,14 @@ pub fn du_history(
         .map(|(key, values)| {
             values
                 .iter()
-                .map(|v| v.to_string().len())
+                .map(|v| human_bytes(*v).len())
                 .chain([key.len()])
                 .max()
                 .unwrap_or(0)
         })
         .collect();
     let mut head = format!(
-        "{:>6}  {:<20}  {:>12}  {:>12}  {:>12}",
+        "{:>6}  {:<20}  {:>10}  {:>10}  {:>10}",
         "ID", "COMPLETED", "BYTES", "NEW", "SHARED"
     );
     for ((key, _), w) in columns.iter().zip(&widths) {
@@ -457,15 +466,15 @@ pub fn du_history(
     println!("{head}");
     for (i, c) in history.checkpoints.iter().enumerate() {
         let mut line = format!(
-            "{:>6}  {:<20}  {:>12}  {:>12}  {:>12}",
+            "{:>6}  {:<20}  {:>10}  {:>10}  {:>10}",
             c.id,
             when(c.completed_unix_ms),
-            c.total.bytes,
-            c.total.new,
-            c.total.shared
+            human_bytes(c.total.bytes),
+            human_bytes(c.total.new),
+            human_bytes(c.total.shared)
         );
         for ((_, values), w) in columns.iter().zip(&widths) {
-            line.push_str(&format!("  {:>w$}", values[i]));
+            line.push_str(&format!("  {:>w$}", human_bytes(values[i])));
         }
         println!("{line}");
     }

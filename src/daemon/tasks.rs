@@ -153,6 +153,10 @@ impl Tasks {
         // What the follower remembers between its looks: the listing, failed checkpoints.
         let retries = Mutex::new(Retries::default());
         let due = self.flink_watch(&src)?;
+        // Its health is shown from now on (metrics, status), before its first look.
+        self.controller
+            .engine()
+            .follow_flink_from(src.display().to_string());
         self.every(period, due, "ckptfs-flink", move |this| {
             // Connected here, in the daemon (an S3 client's threads do not survive a fork).
             let source = match source.get() {

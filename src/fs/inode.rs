@@ -492,6 +492,10 @@ impl CkptFs {
     /// logged with the uids whose listing it ends (any file they hold open stays readable;
     /// whatever they open next of cp-N fails, ENOENT). Directories below cp-N keep their
     /// listings (see [`CkptFs::opendir`]); files below it fail to open once it is gone.
+    ///
+    /// The newest checkpoint is not dropped this way (EBUSY, the reason recorded for
+    /// status and logged): `latest` would silently move back to an older one, and what
+    /// restores from it with it. `ckptfs rm --force` (the control line `delete N`) drops it.
     pub fn rmdir(&self, parent: u64, name: &str) -> Result<()> {
         if parent != ROOT {
             return Err(if split_ino(parent).is_some() {
@@ -511,6 +515,16 @@ impl CkptFs {
                 },
             );
         };
+        if self.latest() == Some(cp) {
+            let message = format!(
+                "rmdir cp-{cp} refused: it is the newest checkpoint (latest -> cp-{cp}), and \
+                 dropping it would move latest back; `ckptfs rm --force MOUNTPOINT {cp}` (the \
+                 control line `delete {cp}`) drops it"
+            );
+            log::warn!("{message}");
+            self.checkpoints.record_error(message.clone());
+            return Err(Error::Busy(message));
+        }
         // Held through the drop, so no opendir of cp-N slips in between check and drop.
         // The kernel releases a closed directory asynchronously (`ls cp-N && rmdir cp-N`
         // may arrive first): wait a moment for that before calling it busy. The same moment

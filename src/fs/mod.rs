@@ -585,9 +585,12 @@ mod tests {
         for bad in ["cp-02", "cp-", "cp-x", "cp-3", "cp-2/"] {
             assert!(fs.lookup(ROOT, bad).is_err(), "{bad}");
         }
-        fs.rmdir(ROOT, "cp-2").unwrap();
-        assert_eq!(fs.lookup(ROOT, "cp-2").unwrap_err().errno(), libc::ENOENT);
-        assert_eq!(fs.readlink(LATEST).unwrap(), "cp-1");
+        // The newest is not dropped by rmdir: latest would move back.
+        assert_eq!(fs.rmdir(ROOT, "cp-2").unwrap_err().errno(), libc::EBUSY);
+        assert_eq!(fs.readlink(LATEST).unwrap(), "cp-2");
+        fs.rmdir(ROOT, "cp-1").unwrap();
+        assert_eq!(fs.lookup(ROOT, "cp-1").unwrap_err().errno(), libc::ENOENT);
+        assert_eq!(fs.readlink(LATEST).unwrap(), "cp-2");
         let meta: Vec<(String, u64)> = fs
             .readdir(META_DIR)
             .unwrap()
@@ -768,7 +771,8 @@ mod tests {
     /// if its checkpoint is dropped meanwhile; afterwards it cannot be opened at all.
     #[test]
     fn an_open_directory_outlives_a_drop_and_a_closed_one_fails() {
-        let double = Double::with_checkpoints(2);
+        // cp-3, the newest, is not dropped by rmdir.
+        let double = Double::with_checkpoints(3);
         let fs = double.fs();
         let cp = fs.lookup(ROOT, "cp-2").unwrap();
         let op = fs.lookup(cp.ino, "A").unwrap();
@@ -804,7 +808,8 @@ mod tests {
     /// (EBUSY); one by another user (`--allow-other`) only for the 2 s rmdir waits.
     #[test]
     fn only_listings_of_users_who_may_drop_hold_a_drop() {
-        let double = Double::with_checkpoints(3);
+        // cp-4, the newest, is not dropped by rmdir.
+        let double = Double::with_checkpoints(4);
         let fs = double.fs();
         let other = fs.uid.wrapping_add(1).max(1);
         for (cp, uid) in [(1, 0), (2, fs.uid)] {

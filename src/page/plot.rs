@@ -83,11 +83,123 @@ pub fn svg_file(h: &History) -> String {
     )
 }
 
-/// Where checkpoint `i` of `n` is centred, and the width of its slot.
-fn slot(i: usize, n: usize) -> (f64, f64) {
-    let w = PLOT_WIDTH / n as f64;
-    (LEFT + (i as f64 + 0.5) * w, w)
+/// Where the checkpoints are drawn along the x axis: by time, so that a stall (a job
+/// that stopped checkpointing, a follower that fell behind) shows as a gap.
+struct Xs {
+    /// Each checkpoint's time (ms since the Unix epoch): Flink's, for a checkpoint
+    /// imported from Flink, else when ckptfs committed it; never before the previous
+    /// checkpoint's (one imported out of order is drawn beside the one before it).
+    times: Vec<u64>,
+    /// Each checkpoint's centre.
+    xs: Vec<f64>,
+    /// The width of a bar.
+    bar: f64,
+    /// The scale: x = `x0` + (time - `t0`) * `px_per_ms`; 0 where every checkpoint has the
+    /// same time and they are spread evenly instead.
+    x0: f64,
+    t0: u64,
+    px_per_ms: f64,
 }
+
+impl Xs {
+    fn of(h: &History) -> Xs {
+        let n = h.checkpoints.len().max(1);
+        let mut times: Vec<u64> = Vec::with_capacity(n);
+        for c in &h.checkpoints {
+            let t = c
+                .flink
+                .as_ref()
+                .and_then(|f| f.time_unix_ms)
+                .unwrap_or(c.completed_unix_ms);
+            times.push(t.max(times.last().copied().unwrap_or(0)));
+        }
+        let slot = PLOT_WIDTH / n as f64;
+        let pad = (slot / 2.0).min(20.0);
+        let (t0, t1) = (
+            times.first().copied().unwrap_or(0),
+            times.last().copied().unwrap_or(0),
+        );
+        let (x0, px_per_ms) = if t1 > t0 {
+            (LEFT + pad, (PLOT_WIDTH - 2.0 * pad) / (t1 - t0) as f64)
+        } else {
+            (LEFT + slot / 2.0, 0.0)
+        };
+        let xs: Vec<f64> = times
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                if px_per_ms > 0.0 {
+                    x0 + (t - t0) as f64 * px_per_ms
+                } else {
+                    x0 + i as f64 * slot
+                }
+            })
+            .collect();
+        let gap = xs
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .filter(|g| *g > 0.0)
+            .fold(slot, f64::min);
+        Xs {
+            times,
+            xs,
+            // Within the plot: the outer bars are `pad` from its edges.
+            bar: (gap * 0.8).clamp(1.0, (slot * 0.8).min(2.0 * pad - 2.0).max(1.0)),
+            x0,
+            t0,
+            px_per_ms,
+        }
+    }
+
+    /// The plot's scale as `data-` attributes.
+    fn attrs(&self) -> String {
+        format!(
+            "data-x0=\"{}\" data-t0-ms=\"{}\" data-px-per-ms=\"{}\"",
+            self.x0, self.t0, self.px_per_ms
+        )
+    }
+}
+
+/// A time on the x axis: the clock time when the history spans less than a day, with
+/// the date when it spans less than a year, else the date (UTC, as the page says).
+fn time_label(ms: u64, span_ms: u64) -> String {
+    let t = humantime::format_rfc3339_seconds(
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms),
+    )
+    .to_string();
+    // 2026-12-04T21:35:52Z
+    if span_ms < 86_400_000 {
+        t[11..19].to_string()
+    } else if span_ms < 365 * 86_400_000 {
+        format!("{} {}", &t[5..10], &t[11..16])
+    } else {
+        t[..10].to_string()
+    }
+}
+
+/// Round steps of the time axis, in ms.
+const TIME_STEPS: [u64; 20] = [
+    1_000,
+    2_000,
+    5_000,
+    10_000,
+    15_000,
+    30_000,
+    60_000,
+    120_000,
+    300_000,
+    600_000,
+    900_000,
+    1_800_000,
+    3_600_000,
+    7_200_000,
+    10_800_000,
+    21_600_000,
+    43_200_000,
+    86_400_000,
+    604_800_000,
+    2_592_000_000,
+];
 
 /// A "nice" top of the y axis at or above `max` bytes, and its ticks (bytes).
 fn axis(max: u64) -> (u64, Vec<u64>) {
@@ -153,31 +265,48 @@ fn y_axis(out: &mut String, top: f64, height: f64, max_bytes: u64, ticks: &[u64]
     );
 }
 
-/// Checkpoint ids under the x axis: at most eight, evenly spread, first and last included.
-fn x_labels(out: &mut String, h: &History, base: f64) {
-    let n = h.checkpoints.len();
-    let shown = n.min(8);
-    let mut last = None;
-    for k in 0..shown {
-        let i = if shown == 1 {
-            0
-        } else {
-            (k * (n - 1) + (shown - 1) / 2) / (shown - 1)
-        };
-        if last == Some(i) {
-            continue;
-        }
-        last = Some(i);
-        let (x, _) = slot(i, n);
+/// The x axis: times at round steps (at most about seven), with "UTC" at its end; with
+/// every checkpoint at the same time, their ids.
+fn x_labels(out: &mut String, h: &History, xs: &Xs, base: f64) {
+    let tick = |out: &mut String, x: f64, label: &str| {
         let _ = writeln!(
             out,
             "<line x1=\"{x:.1}\" x2=\"{x:.1}\" y1=\"{base}\" y2=\"{}\" stroke=\"#888\"/>\
-             <text x=\"{x:.1}\" y=\"{}\" text-anchor=\"middle\" fill=\"#555\">cp-{}</text>",
+             <text class=\"x-tick\" x=\"{x:.1}\" y=\"{}\" text-anchor=\"middle\" \
+             fill=\"#555\">{}</text>",
             base + 4.0,
             base + 17.0,
-            h.checkpoints[i].id
+            escape(label)
         );
+    };
+    if xs.px_per_ms == 0.0 {
+        for (c, x) in h.checkpoints.iter().zip(&xs.xs).take(8) {
+            tick(out, *x, &format!("cp-{}", c.id));
+        }
+        return;
     }
+    let (t0, t1) = (xs.t0, *xs.times.last().unwrap_or(&xs.t0));
+    let span = t1 - t0;
+    let step = TIME_STEPS
+        .iter()
+        .copied()
+        .find(|s| span / s <= 6)
+        .unwrap_or(span.div_ceil(6).max(1));
+    let mut t = t0.div_ceil(step) * step;
+    while t <= t1 {
+        tick(
+            out,
+            xs.x0 + (t - t0) as f64 * xs.px_per_ms,
+            &time_label(t, span),
+        );
+        t += step;
+    }
+    let _ = writeln!(
+        out,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"start\" fill=\"#555\">UTC</text>",
+        LEFT + PLOT_WIDTH + 4.0,
+        base + 17.0
+    );
 }
 
 fn title(out: &mut String, y: f64, text: &str) {
@@ -191,7 +320,6 @@ fn title(out: &mut String, y: f64, text: &str) {
 /// Per checkpoint, its distinct stored bytes: shared with an earlier checkpoint (below)
 /// and new (above).
 fn stored_plot(out: &mut String, h: &History) {
-    let n = h.checkpoints.len();
     let max = h
         .checkpoints
         .iter()
@@ -207,21 +335,25 @@ fn stored_plot(out: &mut String, h: &History) {
         "Stored bytes per checkpoint: new, and shared with an earlier one",
     );
     y_axis(out, STORED_TOP, STORED_HEIGHT, top_bytes, &ticks);
+    let xs = Xs::of(h);
     let _ = writeln!(
         out,
-        "<g id=\"stored-plot\" data-base-y=\"{base}\" data-bytes-per-px=\"{per_px}\">"
+        "<g id=\"stored-plot\" data-base-y=\"{base}\" data-bytes-per-px=\"{per_px}\" {}>",
+        xs.attrs()
     );
     for (i, c) in h.checkpoints.iter().enumerate() {
-        let (x, w) = slot(i, n);
-        let bar = if w >= 3.0 { w * 0.8 } else { w };
+        let (x, bar) = (xs.xs[i], xs.bar);
         let shared_h = c.total.shared as f64 / per_px;
         let new_h = c.total.new as f64 / per_px;
         let _ = writeln!(
             out,
-            "<g class=\"checkpoint\" data-id=\"{id}\" data-new=\"{new}\" data-shared=\"{shared}\">\
-             <title>cp-{id}: {} new, {} shared</title>\
+            "<g class=\"checkpoint\" data-id=\"{id}\" data-new=\"{new}\" data-shared=\"{shared}\" \
+             data-time-ms=\"{}\" data-x=\"{x:.3}\">\
+             <title>cp-{id} at {}: {} new, {} shared</title>\
              <rect class=\"shared\" x=\"{:.2}\" y=\"{:.2}\" width=\"{bar:.2}\" height=\"{shared_h:.2}\" fill=\"{SHARED_COLOUR}\"/>\
              <rect class=\"new\" x=\"{:.2}\" y=\"{:.2}\" width=\"{bar:.2}\" height=\"{new_h:.2}\" fill=\"{NEW_COLOUR}\"/></g>",
+            xs.times[i],
+            super::when(xs.times[i]),
             escape(&human_bytes(c.total.new)),
             escape(&human_bytes(c.total.shared)),
             x - bar / 2.0,
@@ -234,7 +366,7 @@ fn stored_plot(out: &mut String, h: &History) {
         );
     }
     out.push_str("</g>\n");
-    x_labels(out, h, base);
+    x_labels(out, h, &xs, base);
     for (k, (label, colour)) in [("new", NEW_COLOUR), ("shared", SHARED_COLOUR)]
         .iter()
         .enumerate()
@@ -318,21 +450,23 @@ fn states_plot(out: &mut String, h: &History, series: &[Series]) {
         "Bytes per operator and state (all subtasks), over the checkpoints",
     );
     y_axis(out, STATES_TOP, STATES_HEIGHT, top_bytes, &ticks);
+    let xs = Xs::of(h);
     let _ = writeln!(
         out,
-        "<g id=\"states-plot\" data-base-y=\"{base}\" data-bytes-per-px=\"{per_px}\">"
+        "<g id=\"states-plot\" data-base-y=\"{base}\" data-bytes-per-px=\"{per_px}\" {}>",
+        xs.attrs()
     );
     let (left, right) = (LEFT, LEFT + PLOT_WIDTH);
     for s in series {
         let upper: Vec<u64> = below.iter().zip(&s.bytes).map(|(b, v)| b + v).collect();
         let mut d = format!("M{left:.1},{:.2}", y(upper[0]));
         for (i, u) in upper.iter().enumerate() {
-            let _ = write!(d, " L{:.1},{:.2}", slot(i, n).0, y(*u));
+            let _ = write!(d, " L{:.1},{:.2}", xs.xs[i], y(*u));
         }
         let _ = write!(d, " L{right:.1},{:.2}", y(upper[n - 1]));
         let _ = write!(d, " L{right:.1},{:.2}", y(below[n - 1]));
         for i in (0..n).rev() {
-            let _ = write!(d, " L{:.1},{:.2}", slot(i, n).0, y(below[i]));
+            let _ = write!(d, " L{:.1},{:.2}", xs.xs[i], y(below[i]));
         }
         let _ = write!(d, " L{left:.1},{:.2} Z", y(below[0]));
         let values: Vec<String> = s.bytes.iter().map(u64::to_string).collect();
@@ -352,8 +486,14 @@ fn states_plot(out: &mut String, h: &History, series: &[Series]) {
         below = upper;
     }
     out.push_str("</g>\n");
-    x_labels(out, h, base);
-    // The legend: top of the stack first, as the areas are drawn.
+    x_labels(out, h, &xs, base);
+    // The legend: top of the stack first, as the areas are drawn; an operator by the name
+    // Flink gave it in the newest checkpoint, where it gave one.
+    let names = h
+        .checkpoints
+        .last()
+        .and_then(|c| c.flink.as_ref())
+        .map(|f| &f.operators);
     let mut line = 0.0;
     let mut operator = None;
     for s in series.iter().rev() {
@@ -364,7 +504,11 @@ fn states_plot(out: &mut String, h: &History, series: &[Series]) {
                     out,
                     "<text x=\"{LEGEND_X}\" y=\"{}\" font-weight=\"bold\">{}</text>",
                     STATES_TOP + line * LEGEND_LINE + 10.0,
-                    escape(&legend_name(s.operator))
+                    escape(&legend_name(
+                        names
+                            .and_then(|n| n.get(s.operator))
+                            .map_or(s.operator, String::as_str)
+                    ))
                 );
                 line += 1.0;
             }

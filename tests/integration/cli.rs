@@ -377,3 +377,79 @@ fn the_install_script_puts_everything_in_place() {
         text(&refused.stderr)
     );
 }
+
+/// `args` run by ckptfs on a terminal (a pseudo-terminal `script` gives it): what the
+/// terminal showed, stdout and stderr together, escapes and all.
+fn on_a_terminal(args: &[&str]) -> String {
+    let line: Vec<String> = std::iter::once(crate::common::mounted::BIN)
+        .chain(args.iter().copied())
+        .map(|a| format!("'{}'", a.replace('\'', r"'\''")))
+        .collect();
+    let out = std::process::Command::new("script")
+        .args(["-qec", &line.join(" "), "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run script (util-linux)");
+    assert!(out.status.success(), "{args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The commands that can run long show on a terminal what they do and for how long:
+/// export-flink, diff --keys, flink-gc (looking, then deleting); restore's bar gives no
+/// time left before it has run a second (a 2 s restore began at "eta 76m"). On a pipe,
+/// none of it: stderr stays empty.
+#[test]
+fn long_commands_show_progress_on_a_terminal_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let s = store.to_str().unwrap();
+    let job = crate::flink_gc::fixture_at(&dir.path().join("flink"));
+    crate::common::mounted::ok(ckptfs(&["import-flink", job.to_str().unwrap(), s]));
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+
+    let shown = on_a_terminal(&["export-flink", s, "3", &path("export-tty")]);
+    assert!(shown.contains("exporting checkpoint 3 to "), "{shown}");
+    let shown = on_a_terminal(&["diff", s, "1", "3", "--keys"]);
+    assert!(
+        shown.contains("comparing the keys of cp-1 and cp-3"),
+        "{shown}"
+    );
+    let shown = on_a_terminal(&["flink-gc", job.to_str().unwrap(), "--delete"]);
+    assert!(
+        shown.contains("looking for what Flink no longer needs in ")
+            || shown.contains("deleting garbage in "),
+        "{shown}"
+    );
+    let shown = on_a_terminal(&["restore", s, "3", &path("restored")]);
+    assert!(shown.contains("restored checkpoint 3"), "{shown}");
+    let minutes = regex_lite_eta(&shown);
+    assert!(
+        minutes.is_empty(),
+        "a time left in minutes for a restore of ms: {minutes:?}"
+    );
+
+    // On a pipe: the answers only.
+    for args in [
+        vec!["export-flink", s, "3", &path("export-pipe")],
+        vec!["diff", s, "1", "3", "--keys"],
+        vec!["flink-gc", job.to_str().unwrap(), "--delete"],
+        vec!["restore", s, "3", &path("restored-pipe")],
+    ] {
+        let out = ckptfs(&args);
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        assert!(out.stderr.is_empty(), "{args:?}: {out:?}");
+    }
+}
+
+/// Every `eta <digits>m` (minutes or more) in `text`.
+fn regex_lite_eta(text: &str) -> Vec<String> {
+    text.match_indices("eta ")
+        .filter_map(|(at, _)| {
+            let rest = &text[at + 4..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            let unit = rest[digits.len()..].chars().next();
+            (!digits.is_empty() && matches!(unit, Some('m' | 'h')))
+                .then(|| format!("eta {digits}{}", unit.unwrap()))
+        })
+        .collect()
+}

@@ -233,18 +233,22 @@ fn diff_of_flink_checkpoints_matches_the_restored_files() {
     );
     assert!(table.contains("checkpoint 5)\n"), "{table}");
     assert!(table.contains("  counter/0 (counter) "), "{table}");
-    assert!(table.contains("      - 000016.sst (2718 bytes)"), "{table}");
-    assert!(table.contains("      + 000028.sst (2838 bytes)"), "{table}");
+    // Sizes for people (KiB, MiB), bytes in --json.
+    assert!(table.contains("      - 000016.sst (2.7 KiB)"), "{table}");
+    assert!(table.contains("      + 000028.sst (2.8 KiB)"), "{table}");
     let last = table.lines().last().unwrap();
     let t = &diff_json(&s, 1, 2, &[])["total"];
-    let expected: Vec<String> = FIGURES.iter().map(|f| t[f].to_string()).collect();
+    let expected: Vec<String> = FIGURES
+        .iter()
+        .map(|f| match f.starts_with("bytes") {
+            true => ckptfs::units::human_bytes(t[f].as_u64().unwrap()),
+            false => t[f].to_string(),
+        })
+        .collect();
+    let expected = format!("total {}", expected.join(" "));
     assert_eq!(
         last.split_whitespace().collect::<Vec<_>>(),
-        [
-            &["total"][..],
-            &expected.iter().map(String::as_str).collect::<Vec<_>>()
-        ]
-        .concat()
+        expected.split_whitespace().collect::<Vec<_>>()
     );
 
     // Bad input: an unknown checkpoint, a directory that is no store, --limit without

@@ -336,17 +336,22 @@ fn du_of_a_flink_import_matches_the_restored_files_by_content() {
     );
     let last = table.lines().last().unwrap();
     let t = &expected[1]["total"];
+    // Sizes for people (KiB, MiB), bytes in --json.
     let figures: Vec<String> = ["files", "bytes", "new", "shared", "exclusive"]
         .iter()
-        .map(|f| t[f].to_string())
+        .map(|f| match *f {
+            "files" => t[f].to_string(),
+            _ => ckptfs::units::human_bytes(t[f].as_u64().unwrap()),
+        })
         .collect();
+    let want = format!("total {}", figures.join(" "));
     assert_eq!(
         last.split_whitespace().collect::<Vec<_>>(),
-        [
-            &["total"][..],
-            &figures.iter().map(String::as_str).collect::<Vec<_>>()
-        ]
-        .concat()
+        want.split_whitespace().collect::<Vec<_>>()
+    );
+    assert!(
+        figures[2].ends_with("B") && figures[2].contains(' '),
+        "{figures:?}"
     );
     // One indented line per state under its backend row.
     let lines: Vec<&str> = table.lines().collect();
@@ -361,9 +366,10 @@ fn du_of_a_flink_import_matches_the_restored_files_by_content() {
             line.starts_with(&format!("    {} ", state["state"].as_str().unwrap())),
             "{table}"
         );
+        let cells: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(
-            line.split_whitespace().nth(2).unwrap(),
-            state["bytes"].to_string(),
+            cells[2..4].join(" "),
+            ckptfs::units::human_bytes(state["bytes"].as_u64().unwrap()),
             "{table}"
         );
     }

@@ -1056,7 +1056,12 @@ fn a_dropped_flink_checkpoint_is_not_imported_again() {
     let m = Mounted::at(&store, &mnt, &args);
     wait_for("checkpoints 4 to 6", || labels(&m) == [4, 5, 6]);
     let newest = imported_from(&mnt, 6, None);
-    std::fs::remove_dir(mnt.join(format!("cp-{newest}"))).unwrap();
+    // The newest: rmdir refuses it, rm --force drops it.
+    assert_eq!(
+        crate::common::mounted::errno_of(std::fs::remove_dir(mnt.join(format!("cp-{newest}")))),
+        libc::EBUSY
+    );
+    ok(ckptfs(&["rm", "--force", m.mnt(), &newest.to_string()]));
     // The follower looks every second: a few looks later, still dropped.
     std::thread::sleep(std::time::Duration::from_secs(4));
     assert_eq!(labels(&m), [4, 5]);

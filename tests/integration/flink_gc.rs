@@ -172,7 +172,7 @@ fn set_age(path: &Path, age: Duration) {
 
 /// The fixture job laid out as Flink wrote it, at `root/<job>/`: every `_metadata` naming
 /// its files where they now are, every file two hours old.
-fn fixture_at(root: &Path) -> PathBuf {
+pub(crate) fn fixture_at(root: &Path) -> PathBuf {
     use ckptfs_core::flink::metadata;
     std::fs::create_dir_all(root).unwrap();
     let job = root.join(JOB);

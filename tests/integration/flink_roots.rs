@@ -225,8 +225,9 @@ fn a_restarted_job_in_the_same_root_is_followed_without_a_restart() {
     let scratch = dir.path().join("scratch");
     std::fs::create_dir(&scratch).unwrap();
     check_tree(&classpath, &out, b_snapshots[&b_chk], &scratch);
-    // A dropped checkpoint's link goes (the kernel is told to forget it).
-    let ((job, n), cp) = labels.iter().next().unwrap();
+    // A dropped checkpoint's link goes (the kernel is told to forget it). The oldest: the
+    // newest is not dropped by rmdir.
+    let ((job, n), cp) = labels.iter().min_by_key(|(_, cp)| **cp).unwrap();
     let dropped = mnt.join("flink").join(job).join(format!("chk-{n}"));
     assert!(dropped.symlink_metadata().is_ok());
     std::fs::remove_dir(mnt.join(format!("cp-{cp}"))).unwrap();

@@ -375,3 +375,167 @@ fn a_bad_metrics_address_fails_the_mount_before_anything_exists() {
     assert!(!store.exists(), "the store was created");
     assert!(!mnt.join(".ckptfs").exists(), "it was mounted");
 }
+
+/// The metrics docs/metrics.md lists (its table's first column) with their types.
+fn documented() -> BTreeMap<String, String> {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/metrics.md"),
+    )
+    .unwrap();
+    let table = doc
+        .split("## The metrics")
+        .nth(1)
+        .unwrap()
+        .split("\n## ")
+        .next()
+        .unwrap();
+    table
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let name = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+            Some((name.to_string(), cells[2].to_string()))
+        })
+        .collect()
+}
+
+/// A scrape's metrics as docs/metrics.md names them (a counter's `_total`, an info's
+/// `_info`), with their types.
+fn exported(scrape: &Scrape) -> BTreeMap<String, String> {
+    scrape
+        .samples
+        .iter()
+        .map(|s| {
+            let name = match s.kind.as_str() {
+                "counter" => format!("{}_total", s.family),
+                "info" => format!("{}_info", s.family),
+                _ => s.family.clone(),
+            };
+            (name, s.kind.clone())
+        })
+        .collect()
+}
+
+/// Set the modification time of `path` to `ms` since the Unix epoch.
+pub(crate) fn set_mtime_ms(path: &std::path::Path, ms: u64) {
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(UNIX_EPOCH + Duration::from_millis(ms))
+        .unwrap();
+}
+
+/// A daemon following a copy of the real Flink job: its scrape, read by the reference
+/// parser, has every metric docs/metrics.md lists and no other; the follower's series say
+/// Flink's newest checkpoint (id and time), the last look, three imports and no lag; once
+/// Flink completes a checkpoint 7 that ckptfs refuses, a lag of one checkpoint and of
+/// 7's time less 6's, and the failed import counted.
+#[test]
+fn the_follower_metrics_say_how_far_behind_flink_the_store_is() {
+    const JOB: &str = "a312c9034e3e0d2016dae60431b4c9dc";
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("flink").join(JOB);
+    std::fs::create_dir(dir.path().join("flink")).unwrap();
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(crate::flink::fixture())
+        .arg(&job)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    // Flink completed 4, 5 and 6 ten seconds apart, an hour ago.
+    let t0 = (unix_now() as u64 - 3600) * 1000 + 250;
+    let time_of = |n: u64| t0 + (n - 4) * 10_000;
+    for n in [4, 5, 6] {
+        set_mtime_ms(&job.join(format!("chk-{n}/_metadata")), time_of(n));
+    }
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let (store, mnt) = (dir.path().join("store"), dir.path().join("mnt"));
+    std::fs::create_dir(&mnt).unwrap();
+    let started = unix_now();
+    let m = Mounted::at(
+        &store,
+        &mnt,
+        &[
+            "--flink",
+            job.to_str().unwrap(),
+            "--metrics-listen",
+            &addr.to_string(),
+        ],
+    );
+    let scrape = || {
+        let (code, _, body) = http_get(addr, "/metrics");
+        assert_eq!(code, 200);
+        parse(&body)
+    };
+    let wait_for = |what: &str, check: &dyn Fn(&Scrape) -> bool| -> Scrape {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let s = scrape();
+            if check(&s) {
+                return s;
+            }
+            assert!(std::time::Instant::now() < deadline, "waiting for {what}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let caught_up = wait_for("the three imports and a look after them", &|s| {
+        s.value("ckptfs_flink_imports_completed_total") == 3.0
+            && s.value("ckptfs_flink_lag_checkpoints") == 0.0
+    });
+
+    // Every documented metric is exported, with its documented type, and nothing else.
+    let documented = documented();
+    assert!(documented.len() > 30, "{documented:?}");
+    assert_eq!(exported(&caught_up), documented);
+
+    // The follower's series.
+    let s = &caught_up;
+    assert_eq!(
+        s.get(
+            "ckptfs_flink_follower_info",
+            &[("source", job.to_str().unwrap())]
+        ),
+        1.0
+    );
+    assert_eq!(s.value("ckptfs_flink_newest_checkpoint_id"), 6.0);
+    assert_eq!(
+        s.value("ckptfs_flink_newest_checkpoint_timestamp_seconds"),
+        time_of(6) as f64 / 1000.0
+    );
+    assert_eq!(s.value("ckptfs_flink_lag_seconds"), 0.0);
+    let look = s.value("ckptfs_flink_last_look_timestamp_seconds");
+    assert!(look >= started && look <= unix_now(), "{started} {look}");
+    assert_eq!(s.value("ckptfs_flink_imports_failed_total"), 0.0);
+    assert_eq!(
+        s.get("ckptfs_flink_import_duration_seconds_count", &[]),
+        3.0
+    );
+    assert!(s.get("ckptfs_flink_import_duration_seconds_sum", &[]) > 0.0);
+    let status = m.status();
+    assert_eq!(status["flink_follower"]["newest"]["checkpoint"], 6);
+    assert_eq!(status["flink_follower"]["lag_checkpoints"], 0);
+
+    // Flink completes checkpoint 7, which ckptfs refuses: one behind, by 7's time less 6's.
+    let staged = dir.path().join("chk-7");
+    std::fs::create_dir(&staged).unwrap();
+    std::fs::write(staged.join("_metadata"), b"not a checkpoint's metadata").unwrap();
+    set_mtime_ms(&staged.join("_metadata"), time_of(6) + 95_500);
+    std::fs::rename(&staged, job.join("chk-7")).unwrap();
+    let behind = wait_for("a look at checkpoint 7", &|s| {
+        s.value("ckptfs_flink_newest_checkpoint_id") == 7.0
+    });
+    assert_eq!(behind.value("ckptfs_flink_lag_checkpoints"), 1.0);
+    assert_eq!(behind.value("ckptfs_flink_lag_seconds"), 95.5);
+    assert_eq!(
+        behind.value("ckptfs_flink_newest_checkpoint_timestamp_seconds"),
+        (time_of(6) + 95_500) as f64 / 1000.0
+    );
+    assert_eq!(behind.value("ckptfs_flink_imports_failed_total"), 1.0);
+    assert_eq!(behind.value("ckptfs_flink_refused_total"), 1.0);
+    assert_eq!(behind.value("ckptfs_flink_imports_completed_total"), 3.0);
+    assert!(behind.value("ckptfs_flink_last_look_timestamp_seconds") >= look);
+    assert_eq!(exported(&behind), documented);
+    m.umount();
+}

@@ -288,12 +288,84 @@ fn rmdir_drops_a_checkpoint_and_open_files_stay_readable() {
         errno_of(std::fs::remove_dir(m.mnt.join("cp-0042"))),
         libc::ENOENT
     );
-    // The command-line form.
-    ok(ckptfs(&["rm", m.mnt(), &second.to_string()]));
+    // The newest checkpoint is not dropped by rmdir or rm: latest would move back. The
+    // refusal is logged and in status, and rm says what to do.
+    let latest = m.mnt.join("latest");
+    let before = std::fs::read_link(&latest).unwrap();
+    assert_eq!(before, std::path::Path::new(&format!("cp-{second}")));
+    assert_eq!(
+        errno_of(std::fs::remove_dir(m.mnt.join(format!("cp-{second}")))),
+        libc::EBUSY
+    );
+    let last_error = m.status()["last_error"].as_str().unwrap().to_string();
+    assert!(
+        last_error.contains(&format!("rmdir cp-{second} refused: it is the newest"))
+            && last_error.contains("--force"),
+        "{last_error}"
+    );
+    let log = std::fs::read_to_string(m.store.join("ckptfs.log")).unwrap();
+    assert!(log.contains(&last_error), "{log}");
+    let rm = ckptfs(&["rm", m.mnt(), &second.to_string()]);
+    assert_eq!(rm.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&rm.stderr);
+    assert!(
+        said.contains(&format!("checkpoint {second} is the newest"))
+            && said.contains("leave no latest")
+            && said.contains(&format!("ckptfs rm --force {} {second}", m.mnt())),
+        "{said}"
+    );
+    assert_eq!(m.checkpoint_ids(), vec![second]);
+    assert_eq!(std::fs::read_link(&latest).unwrap(), before);
+    // --force drops it, and says where latest went.
+    let forced = ckptfs(&["rm", "--force", m.mnt(), &second.to_string()]);
+    assert!(forced.status.success(), "{forced:?}");
+    assert!(
+        String::from_utf8_lossy(&forced.stderr).contains("latest is gone"),
+        "{forced:?}"
+    );
     assert!(m.checkpoint_ids().is_empty());
     assert_eq!(m.root_names(), vec![".ckptfs"]);
     let rm = ckptfs(&["rm", m.mnt(), &second.to_string()]);
     assert_eq!(rm.status.code(), Some(1));
+}
+
+/// Dropping the newest of several checkpoints: rm names the one latest would move back
+/// to; with --force, latest moves back to it and rm says so.
+#[test]
+fn the_newest_checkpoint_is_dropped_only_with_force() {
+    let m = Mounted::new(&["--backend", "A/0", "--retain", "5"]);
+    let ids: Vec<u64> = (0..3)
+        .map(|i| {
+            m.put("A/0", "k", &i.to_string());
+            m.checkpoint()
+        })
+        .collect();
+    let rm = ckptfs(&["rm", m.mnt(), &ids[2].to_string()]);
+    assert_eq!(rm.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&rm.stderr);
+    assert!(
+        said.contains(&format!("move latest back to cp-{}", ids[1])),
+        "{said}"
+    );
+    assert_eq!(m.checkpoint_ids(), ids);
+    // An older one goes as before.
+    std::fs::remove_dir(m.mnt.join(format!("cp-{}", ids[0]))).unwrap();
+    let forced = ok_both(ckptfs(&["rm", "--force", m.mnt(), &ids[2].to_string()]));
+    assert!(
+        forced.contains(&format!("latest is now cp-{}", ids[1])),
+        "{forced}"
+    );
+    assert_eq!(m.checkpoint_ids(), vec![ids[1]]);
+    assert_eq!(
+        std::fs::read_link(m.mnt.join("latest")).unwrap(),
+        std::path::Path::new(&format!("cp-{}", ids[1]))
+    );
+}
+
+/// The stderr of a command that succeeded.
+fn ok_both(out: std::process::Output) -> String {
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]
@@ -558,7 +630,8 @@ fn another_users_open_checkpoint_does_not_block_a_drop_but_the_owners_does() {
     let m = Mounted::new(&["--backend", "A/0", "--allow-other", "--retain", "5"]);
     std::fs::set_permissions(&m.root, std::fs::Permissions::from_mode(0o755)).unwrap();
     m.put("A/0", "k", "v");
-    let (first, second) = (m.checkpoint(), m.checkpoint());
+    // The newest (third) is not dropped by rmdir at all.
+    let (first, second, third) = (m.checkpoint(), m.checkpoint(), m.checkpoint());
     let cp = |id: u64| m.mnt.join(format!("cp-{id}"));
     // As nobody: cp-N opened (FUSE's opendir, as that user), held until stdin closes.
     let mut holder = Command::new("runuser")
@@ -582,7 +655,7 @@ fn another_users_open_checkpoint_does_not_block_a_drop_but_the_owners_does() {
     drop(holder.stdin.take());
     holder.wait().unwrap();
     dropped.unwrap_or_else(|e| panic!("rmdir while nobody holds cp-{first}: {e}"));
-    assert_eq!(m.checkpoint_ids(), vec![second]);
+    assert_eq!(m.checkpoint_ids(), vec![second, third]);
     assert!(
         waited >= Duration::from_secs(1),
         "rmdir did not wait: {waited:?}"
@@ -601,10 +674,10 @@ fn another_users_open_checkpoint_does_not_block_a_drop_but_the_owners_does() {
     // Root's own listing holds the drop until it is closed.
     let held = std::fs::File::open(cp(second)).unwrap();
     assert_eq!(errno_of(std::fs::remove_dir(cp(second))), libc::EBUSY);
-    assert_eq!(m.checkpoint_ids(), vec![second]);
+    assert_eq!(m.checkpoint_ids(), vec![second, third]);
     drop(held);
     std::fs::remove_dir(cp(second)).unwrap();
-    assert!(m.checkpoint_ids().is_empty());
+    assert_eq!(m.checkpoint_ids(), vec![third]);
 }
 
 /// Stores written by earlier versions (tests/fixtures/store-formatN) mount: their
@@ -681,6 +754,8 @@ fn a_copy_racing_a_drop_is_whole_or_fails() {
             .unwrap();
         assert_eq!(ctl.answer()["ok"], true);
         let id = ctl.answer()["id"].as_u64().unwrap();
+        // A newer checkpoint after it: the newest is not dropped by rmdir.
+        m.checkpoint();
         let manifest = m.manifest(id);
         let dest = m.root.join(format!("copy-{i}"));
         let src = m.mnt.join(format!("cp-{id}"));
@@ -720,6 +795,8 @@ fn a_copy_racing_a_drop_is_whole_or_fails() {
 fn rmdir_right_after_a_listing_succeeds() {
     let m = Mounted::new(&["--backend", "A/0", "--retain", "100"]);
     let ids: Vec<u64> = (0..20).map(|_| m.checkpoint()).collect();
+    // The newest is not dropped by rmdir.
+    let newest = m.checkpoint();
     for id in ids {
         let dir = m.mnt.join(format!("cp-{id}"));
         let out = Command::new("bash")
@@ -733,7 +810,7 @@ fn rmdir_right_after_a_listing_succeeds() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    assert!(m.checkpoint_ids().is_empty());
+    assert_eq!(m.checkpoint_ids(), vec![newest]);
 }
 
 /// Everything below `dir`, as relative paths (what a refused mount must leave as it was).

@@ -238,6 +238,23 @@ fn check_plot(
     );
     let mut bars = BTreeMap::new();
     let groups = inside(els, "stored-plot", "g", "data-new");
+    // A time x axis: each checkpoint drawn where its time is, at the scale the plot says,
+    // its time never before the one of the checkpoint before it.
+    let (x0, t0, px_per_ms) = (
+        stored.float("data-x0"),
+        stored.num("data-t0-ms"),
+        stored.float("data-px-per-ms"),
+    );
+    let mut previous = 0;
+    for g in &groups {
+        let t = g.num("data-time-ms");
+        assert!(t >= previous, "{g:?}");
+        previous = t;
+        if px_per_ms > 0.0 {
+            let want = x0 + (t - t0) as f64 * px_per_ms;
+            assert!((g.float("data-x") - want).abs() < 0.01, "{g:?}: {want}");
+        }
+    }
     let rects = inside(els, "stored-plot", "rect", "class");
     assert_eq!(rects.len(), 2 * groups.len());
     for (g, pair) in groups.iter().zip(rects.chunks(2)) {
@@ -437,19 +454,18 @@ fn du_history_and_svg_match_du_per_checkpoint() {
                 .collect()
         })
         .collect();
+    // Sizes for people (KiB, MiB), bytes in --json: each is a number and its unit.
+    let human = ckptfs::units::human_bytes;
     for (i, c) in checkpoints.iter().enumerate() {
         let row: Vec<&str> = lines[head + 1 + i].split_whitespace().collect();
         assert_eq!(row[0], c["id"].to_string());
-        assert_eq!(
-            row[2..5],
-            [
-                c["total"]["bytes"].to_string(),
-                c["total"]["new"].to_string(),
-                c["total"]["shared"].to_string()
-            ]
-        );
-        let values: Vec<u64> = row[5..].iter().map(|v| v.parse().unwrap()).collect();
-        assert_eq!(values, columns.iter().map(|col| col[i]).collect::<Vec<_>>());
+        let mut want: Vec<String> = ["bytes", "new", "shared"]
+            .iter()
+            .map(|f| human(c["total"][f].as_u64().unwrap()))
+            .collect();
+        want.extend(columns.iter().map(|col| human(col[i])));
+        let want = want.join(" ");
+        assert_eq!(row[2..], want.split_whitespace().collect::<Vec<_>>()[..]);
     }
 
     // --svg alone writes the file and prints nothing.
@@ -495,13 +511,26 @@ fn the_page_in_chromium_shows_what_du_counts() {
     let dir = tempfile::tempdir().unwrap();
     let (store, mnt) = (dir.path().join("store"), dir.path().join("mnt"));
     std::fs::create_dir(&mnt).unwrap();
+    // The job's checkpoints an hour ago: 4, a minute later 5, and after a stall of nine
+    // minutes 6 (the plot's time axis shows the stall as a gap).
+    let job = dir.path().join("flink").join(JOB);
+    std::fs::create_dir(dir.path().join("flink")).unwrap();
+    crate::flink::cp_a(&fixture(), &job);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let flink_time = |n: u64| now_ms - 3_600_000 + [0, 60_000, 600_000][n as usize - 4];
+    for n in [4, 5, 6] {
+        crate::metrics::set_mtime_ms(&job.join(format!("chk-{n}/_metadata")), flink_time(n));
+    }
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let m = Mounted::at(
         &store,
         &mnt,
         &[
             "--flink",
-            fixture().to_str().unwrap(),
+            job.to_str().unwrap(),
             "--metrics-listen",
             &addr.to_string(),
         ],
@@ -517,6 +546,7 @@ fn the_page_in_chromium_shows_what_du_counts() {
         let (_, _, page) = get(addr, "/");
         page.contains("data-lag-checkpoints=\"0\"")
     });
+    ok(ckptfs(&["pin", m.mnt(), "2", "before-deploy"]));
     let (code, content_type, source) = get(addr, "/");
     assert_eq!(
         (code, content_type.as_str()),
@@ -555,12 +585,74 @@ fn the_page_in_chromium_shows_what_du_counts() {
         status["objects"].as_u64().unwrap()
     );
     assert_eq!(summary.num("data-newest"), 3);
+    // The policy and the pins, not just "retain 3".
+    assert_eq!(summary.attr("data-policy"), "last=3");
+    assert_eq!(summary.num("data-pins"), 1);
+    let pin = els
+        .iter()
+        .find(|e| e.attrs.get("data-pin").map(String::as_str) == Some("before-deploy"))
+        .expect("the pin shown");
+    assert_eq!(pin.num("data-checkpoint"), 2);
+    assert!(
+        summary.text.contains("kept by the policy last=3")
+            && summary.text.contains("before-deploy → cp-2"),
+        "{}",
+        summary.text
+    );
+    // Deduplication: the bytes the checkpoints name (du's, summed) against those stored.
+    let named: u64 = du["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["total"]["bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(summary.num("data-named-bytes"), named);
+    let ratio = named as f64 / status["store_bytes"].as_f64().unwrap();
+    assert!((summary.float("data-dedup-ratio") - ratio).abs() < 0.001);
+    assert!(
+        ratio > 1.5,
+        "the fixture's checkpoints share files: {ratio}"
+    );
+    assert!(
+        summary.text.contains(&format!("deduplication {ratio:.1}×")),
+        "{}",
+        summary.text
+    );
+    // Ages beside the times.
+    let age = |text: &str| text.contains(" ago)") || text.contains("(just now)");
+    assert!(age(&summary.text), "{}", summary.text);
+    // Reloads itself, with no script.
+    let refresh = els
+        .iter()
+        .find(|e| e.name == "meta" && e.attrs.contains_key("http-equiv"))
+        .expect("a refresh");
+    assert_eq!(refresh.attr("http-equiv"), "refresh");
+    assert_eq!(refresh.attr("content"), "30");
 
-    // Each checkpoint's bytes new and shared, drawn; each state's bytes, drawn.
+    // Each checkpoint's bytes new and shared, drawn; each state's bytes, drawn; along a
+    // time axis, at Flink's times: the stall is a gap nine times the first.
     check_plot_figures(&els, &history);
+    let bars = inside(&els, "stored-plot", "g", "data-new");
+    let times: Vec<u64> = bars.iter().map(|g| g.num("data-time-ms")).collect();
+    assert_eq!(times, [4, 5, 6].map(flink_time));
+    let x: Vec<f64> = bars.iter().map(|g| g.float("data-x")).collect();
+    assert!(((x[2] - x[1]) / (x[1] - x[0]) - 9.0).abs() < 0.01, "{x:?}");
+    let ticks: Vec<&Element> = els
+        .iter()
+        .filter(|e| e.attrs.get("class").map(String::as_str) == Some("x-tick"))
+        .collect();
+    assert!(
+        ticks.len() >= 4
+            && ticks
+                .iter()
+                .all(|t| t.text.len() == 8 && t.text.contains(':')),
+        "clock times under the axis: {ticks:?}"
+    );
 
     // The checkpoints' table: du's totals and the Flink labels.
     let rows = inside(&els, "checkpoint-table", "tr", "data-id");
+    let ls = json_of(&["ls", m.mnt(), "--json"]);
+    let ls = ls.as_array().unwrap();
     let checkpoints = du["checkpoints"].as_array().unwrap();
     assert_eq!(rows.len(), 3);
     for (row, c) in rows.iter().zip(checkpoints.iter().rev()) {
@@ -578,6 +670,19 @@ fn the_page_in_chromium_shows_what_du_counts() {
             c["flink"]["checkpoint"].as_u64().unwrap()
         );
         assert!(row.text.contains(&format!("cp-{}", c["id"])), "{row:?}");
+        // Each checkpoint's duration, sync and async, as ls gives them.
+        let listed = ls
+            .iter()
+            .find(|l| l["id"] == c["id"])
+            .expect("listed by ls");
+        for (attr, field) in [("data-sync-us", "sync_ms"), ("data-async-us", "async_ms")] {
+            let us = row.num(attr) as f64;
+            assert!(
+                (us / 1000.0 - listed[field].as_f64().unwrap()).abs() < 0.001,
+                "{attr}"
+            );
+        }
+        assert!(row.text.contains(" + "), "{row:?}");
     }
 
     // The largest states of the newest checkpoint, as du's figures summed over subtasks.
@@ -612,6 +717,27 @@ fn the_page_in_chromium_shows_what_du_counts() {
             .collect();
     assert!(!got.is_empty());
     assert_eq!(got, want);
+    // Operators by the name Flink gave them, where it gave one other than their directory.
+    let names: BTreeMap<String, String> = checkpoints[newest]["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| {
+            let (op, _) = b["backend"].as_str().unwrap().rsplit_once('/').unwrap();
+            Some((op.to_string(), b["name"].as_str()?.to_string()))
+        })
+        .filter(|(op, name)| op != name)
+        .collect();
+    assert!(!names.is_empty(), "the fixture's totals has no uid: a name");
+    for r in inside(&els, "largest-states", "tr", "data-state") {
+        match names.get(r.attr("data-operator")) {
+            Some(name) => {
+                assert_eq!(r.attr("data-operator-name"), name);
+                assert!(r.text.starts_with(name.as_str()), "{r:?}");
+            }
+            None => assert!(!r.attrs.contains_key("data-operator-name"), "{r:?}"),
+        }
+    }
 
     // The job followed, and no lag: the store holds Flink's newest checkpoint.
     let flink = by_id(&els, "flink");
@@ -621,7 +747,16 @@ fn the_page_in_chromium_shows_what_du_counts() {
     assert_eq!(flink.attr("data-imported-job"), JOB);
     assert_eq!(flink.num("data-imported-newest"), 6);
     assert_eq!(flink.num("data-lag-checkpoints"), 0);
-    assert!(flink.attr("data-source").ends_with("job1"), "{flink:?}");
+    assert_eq!(flink.num("data-lag-ms"), 0);
+    assert_eq!(flink.attr("data-source"), job.to_str().unwrap());
+    // Flink's newest with its own time and age; the imports counted.
+    assert_eq!(flink.num("data-flink-newest-unix-ms"), flink_time(6));
+    assert!(flink.text.contains(" min ago)"), "{}", flink.text);
+    assert!(age(&flink.text), "{}", flink.text);
+    assert!(flink.text.contains("Last look at "), "{}", flink.text);
+    assert_eq!(flink.num("data-imports-completed"), 3);
+    assert_eq!(flink.num("data-imports-failed"), 0);
+    assert_eq!(flink.num("data-refused"), 0);
     let error = by_id(&els, "last-error");
     assert!(!error.attrs.contains_key("data-error"), "{error:?}");
     assert_eq!(status["last_error"], Value::Null);
@@ -632,7 +767,7 @@ fn the_page_in_chromium_shows_what_du_counts() {
     chromium(
         &[
             &format!("--screenshot={}", png.display()),
-            "--window-size=1200,1500",
+            "--window-size=1200,1900",
             "--hide-scrollbars",
         ],
         &url,
@@ -643,6 +778,43 @@ fn the_page_in_chromium_shows_what_du_counts() {
         let docs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/page.png");
         std::fs::write(docs, &image).unwrap();
     }
+
+    // Flink completes checkpoint 7, which ckptfs refuses: the page says the store is one
+    // checkpoint and 95 s of Flink's time behind, and why 7 is refused.
+    let staged = dir.path().join("chk-7");
+    std::fs::create_dir(&staged).unwrap();
+    std::fs::write(staged.join("_metadata"), b"not a checkpoint's metadata").unwrap();
+    crate::metrics::set_mtime_ms(&staged.join("_metadata"), flink_time(6) + 95_000);
+    std::fs::rename(&staged, job.join("chk-7")).unwrap();
+    wait_for("the refusal of checkpoint 7", || {
+        get(addr, "/").2.contains("data-refused=\"1\"")
+    });
+    let els = elements(&chromium(&["--dump-dom"], &url), false);
+    let flink = by_id(&els, "flink");
+    assert_eq!(flink.num("data-flink-newest"), 7);
+    assert_eq!(flink.num("data-lag-checkpoints"), 1);
+    assert_eq!(flink.num("data-lag-ms"), 95_000);
+    assert_eq!(flink.num("data-imports-failed"), 1);
+    assert!(
+        flink
+            .text
+            .contains("Lag: 1 checkpoint(s), 1 min 35 s of Flink's time behind."),
+        "{}",
+        flink.text
+    );
+    let refused = inside(&els, "flink-refused", "li", "data-checkpoint");
+    assert_eq!(refused.len(), 1);
+    assert_eq!(refused[0].num("data-checkpoint"), 7);
+    assert!(
+        refused[0].text.starts_with("Refused: job "),
+        "{:?}",
+        refused[0]
+    );
+    let error = by_id(&els, "last-error");
+    assert!(
+        error.attr("data-error").contains("checkpoint 7"),
+        "{error:?}"
+    );
     m.umount();
 }
 
@@ -679,6 +851,12 @@ fn the_page_shows_hostile_names_as_text() {
     let shown = hostile.display().to_string();
     assert!(error.attr("data-error").contains(&shown), "{error:?}");
     assert!(error.text.contains(&shown), "{error:?}");
+    // With when it was recorded.
+    assert!(
+        error.num("data-error-unix-ms") > 1_600_000_000_000,
+        "{error:?}"
+    );
+    assert!(error.text.contains(" ago)") || error.text.contains("(just now)"));
     assert_eq!(by_id(&els, "flink").attr("data-source"), shown);
     assert_eq!(by_id(&els, "summary").num("data-retained"), 0);
     m.umount();

@@ -31,6 +31,7 @@ pub fn render(engine: &Engine) -> String {
     register_operators(&mut registry, &status);
     register_compaction(&mut registry, &status);
     register_imports(&mut registry, engine.counters(), &status);
+    register_flink(&mut registry, engine);
     register_errors(&mut registry, engine.counters());
     let mut text = String::new();
     // Writing into a String cannot fail; an encoder error would leave the text cut short,
@@ -138,6 +139,74 @@ fn register_imports(registry: &mut Registry, counters: &Counters, status: &Engin
         "external_backends",
         "Backends whose state is imported, not hosted",
         ConstGauge::new(status.external.len() as i64),
+    );
+}
+
+/// The Flink imports' counters, and for a daemon that follows a job its health
+/// ([`Engine::follower_health`]): when it last looked, Flink's newest checkpoint then, the
+/// lag.
+fn register_flink(registry: &mut Registry, engine: &Engine) {
+    let counters = engine.counters();
+    registry.register(
+        "flink_imports_completed",
+        "Flink checkpoints imported (by the follower, or import-flink through the daemon) \
+         since the daemon started",
+        counters.flink_imports_completed.clone(),
+    );
+    registry.register(
+        "flink_imports_failed",
+        "Flink checkpoint imports that failed, refused ones included, each try counted, \
+         since the daemon started",
+        counters.flink_imports_failed.clone(),
+    );
+    registry.register_with_unit(
+        "flink_import_duration",
+        "Duration of each committed Flink checkpoint import: its _metadata and files read, \
+         its objects stored, its commit",
+        Unit::Seconds,
+        counters.flink_import_seconds.clone(),
+    );
+    let Some(health) = engine.follower_health() else {
+        return;
+    };
+    registry.register(
+        "flink_follower",
+        "The Flink checkpoints this daemon follows (mount --flink SRC)",
+        Info::new(vec![("source", health.source.clone())]),
+    );
+    let seconds = |ms: Option<u64>| ConstGauge::new(ms.unwrap_or(0) as f64 / 1000.0);
+    registry.register_with_unit(
+        "flink_last_look_timestamp",
+        "When the follower's last look that could list Flink's checkpoints ended, unix \
+         time (0: none yet)",
+        Unit::Seconds,
+        seconds(health.looked_unix_ms),
+    );
+    let newest = health.newest.as_ref();
+    registry.register(
+        "flink_newest_checkpoint_id",
+        "Flink's newest completed checkpoint (chk-N) at the last look (0: none)",
+        ConstGauge::new(newest.map_or(0, |n| n.checkpoint as i64)),
+    );
+    registry.register_with_unit(
+        "flink_newest_checkpoint_timestamp",
+        "When Flink completed that checkpoint (its _metadata written), unix time (0: none \
+         or not known)",
+        Unit::Seconds,
+        seconds(newest.and_then(|n| n.time_unix_ms)),
+    );
+    registry.register(
+        "flink_lag_checkpoints",
+        "Checkpoints the store was behind Flink's newest after the last look (0: it holds \
+         it)",
+        ConstGauge::new(health.lag_checkpoints as i64),
+    );
+    registry.register_with_unit(
+        "flink_lag",
+        "How much older the store's newest Flink checkpoint was than Flink's newest after \
+         the last look, by Flink's times (0: it holds it)",
+        Unit::Seconds,
+        seconds(Some(health.lag_ms)),
     );
 }
 
@@ -353,5 +422,44 @@ mod tests {
             .unwrap();
         assert!(info.contains("checkpoint_mode=\"flush\""), "{info}");
         assert!(info.contains("read_only=\"false\""), "{info}");
+        // No Flink job followed: no follower series, the import counters at 0.
+        assert!(!text.contains("ckptfs_flink_lag"), "{text}");
+        assert_eq!(after["ckptfs_flink_imports_failed_total"], 0.0);
+    }
+
+    /// A follower's look: Flink's newest checkpoint (6, with its time), the lag behind it
+    /// before and after the store imports it.
+    #[test]
+    fn a_follower_shows_its_look_and_lag() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(crate::EngineConfig::new(dir.path().join("store"))).unwrap();
+        engine.follow_flink_from("/flink/job".into());
+        let before = samples(&render(&engine));
+        assert_eq!(before["ckptfs_flink_last_look_timestamp_seconds"], 0.0);
+        assert_eq!(
+            before["ckptfs_flink_follower_info{source=\"/flink/job\"}"],
+            1.0
+        );
+        let newest = crate::coordinator::FlinkNewest {
+            job: "job".into(),
+            checkpoint: 6,
+            time_unix_ms: Some(1_700_000_000_500),
+        };
+        engine.note_look(Some((newest, false)));
+        let after = samples(&render(&engine));
+        assert_eq!(after["ckptfs_flink_newest_checkpoint_id"], 6.0);
+        assert_eq!(
+            after["ckptfs_flink_newest_checkpoint_timestamp_seconds"],
+            1_700_000_000.5
+        );
+        assert_eq!(after["ckptfs_flink_lag_checkpoints"], 6.0);
+        let look = after["ckptfs_flink_last_look_timestamp_seconds"];
+        assert!(look > 1.7e9, "{look}");
+        // Nothing imported: the time since Flink's newest.
+        let lag = after["ckptfs_flink_lag_seconds"];
+        assert!(
+            (lag - (look - 1_700_000_000.5)).abs() < 1e-3,
+            "{lag} {look}"
+        );
     }
 }

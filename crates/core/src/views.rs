@@ -116,6 +116,10 @@ pub struct Status {
     /// their `_metadata` changes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub flink_refused: Vec<crate::coordinator::FlinkRefused>,
+    /// The Flink follower (`mount --flink`): when it last looked, Flink's newest
+    /// checkpoint then, the store's lag behind it. Absent where no job is followed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flink_follower: Option<crate::coordinator::FollowerHealth>,
     /// The checkpoints begun and not yet committed or failed, ascending.
     pub in_flight: Vec<u64>,
     /// The newest error the daemon recorded, if any
@@ -168,6 +172,7 @@ impl Status {
             external: status.external.iter().map(|b| b.to_string()).collect(),
             flink_dropped: engine.flink_dropped(),
             flink_refused: engine.flink_refused(),
+            flink_follower: engine.follower_health(),
             in_flight: status.in_flight,
             last_error: status.last_error,
             materializations: status

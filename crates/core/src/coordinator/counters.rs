@@ -23,6 +23,13 @@ pub const DURATION_BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
 ];
 
+/// Bucket bounds of the durations of Flink checkpoint imports, in seconds: a small job's
+/// checkpoint in tens of milliseconds up to a large job's first one, read whole, in half
+/// an hour.
+pub const IMPORT_BUCKETS: [f64; 15] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0,
+];
+
 /// The label of the checkpoint duration histogram: which phase.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabel {
@@ -70,6 +77,13 @@ pub struct Counters {
     /// Flink checkpoints a follower refused for what they are (each once per version of
     /// its `_metadata`: it is not read again until that changes).
     pub flink_refused: Counter,
+    /// Flink checkpoints imported (by a follower, or `import-flink` through the daemon).
+    pub flink_imports_completed: Counter,
+    /// Flink checkpoint imports that failed, refused ones included (each try counts).
+    pub flink_imports_failed: Counter,
+    /// How long each committed Flink checkpoint import took: its `_metadata` and files
+    /// read, its objects stored, its commit.
+    pub flink_import_seconds: Histogram,
 }
 
 impl Counters {
@@ -88,6 +102,9 @@ impl Counters {
             import_read_bytes: Counter::default(),
             import_unread_files: Counter::default(),
             flink_refused: Counter::default(),
+            flink_imports_completed: Counter::default(),
+            flink_imports_failed: Counter::default(),
+            flink_import_seconds: Histogram::new(IMPORT_BUCKETS),
         };
         for phase in [SYNC, ASYNC] {
             drop(counters.checkpoint_seconds.get_or_create(&phase));
@@ -129,6 +146,16 @@ impl Counters {
             self.import_read_bytes.inc_by(report.bytes_read);
             self.import_unread_files
                 .inc_by(report.files.saturating_sub(report.files_read));
+        }
+    }
+
+    /// A Flink checkpoint import ended (`committed`, or failed) after `took`.
+    pub fn flink_import_ended(&self, committed: bool, took: std::time::Duration) {
+        if committed {
+            self.flink_imports_completed.inc();
+            self.flink_import_seconds.observe(took.as_secs_f64());
+        } else {
+            self.flink_imports_failed.inc();
         }
     }
 

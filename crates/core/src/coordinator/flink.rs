@@ -41,6 +41,8 @@ pub struct Retries {
     /// The newest completed checkpoint the last look found (job directory's name, id): of
     /// a root's jobs, the newest checkpoint of the job that began last.
     newest: Option<(String, u64)>,
+    /// When Flink wrote that checkpoint's `_metadata`, where the source says.
+    newest_time: Option<std::time::SystemTime>,
     listing: Listing,
     /// The job id read from the `_metadata` of each checkpoint of a job directory not named
     /// by its id (a copy under another name), with that file's stamp: while the stamp is
@@ -65,6 +67,17 @@ impl Retries {
     /// (job directory's name, checkpoint id): what a follower's lag is measured against.
     pub fn newest_completed(&self) -> Option<(&str, u64)> {
         self.newest.as_ref().map(|(job, id)| (job.as_str(), *id))
+    }
+
+    /// [`Retries::newest_completed`] with its job id where known (else the job
+    /// directory's name) and its time, for the follower's health.
+    fn newest_look(&self) -> Option<(String, u64, Option<std::time::SystemTime>)> {
+        let (dir, id) = self.newest.clone()?;
+        let job = match self.jobs.get(&(dir.clone(), id)) {
+            Some((_, job)) => job.clone(),
+            None => dir,
+        };
+        Some((job, id, self.newest_time))
     }
 
     /// The checkpoints refused for what they are, oldest job and id first.
@@ -170,6 +183,20 @@ impl Engine {
     ) -> Result<Vec<FlinkImport>> {
         let imports = self.import_flink_with(src, true, retries, now);
         *crate::fsutil::lock(&self.inner.flink_refused) = retries.refused();
+        if imports.is_ok() {
+            let newest = retries.newest_look().map(|(job, checkpoint, time)| {
+                let time_unix_ms = time.and_then(super::follower::unix_ms);
+                // The follower's own rule: nothing left to import for it.
+                let caught_up = self.skips_flink(&job, checkpoint, time_unix_ms, false);
+                let newest = super::follower::FlinkNewest {
+                    job,
+                    checkpoint,
+                    time_unix_ms,
+                };
+                (newest, caught_up)
+            });
+            self.note_look(newest);
+        }
         imports
     }
 
@@ -196,6 +223,7 @@ impl Engine {
         };
         if let Some(c) = completed.last() {
             retries.newest = Some((c.job.clone(), c.checkpoint));
+            retries.newest_time = c.seen.and_then(|s| s.modified);
         }
         // What Flink no longer has is not tried again.
         let listed = |key: &(String, u64)| {
@@ -221,6 +249,7 @@ impl Engine {
                 .get(&key)
                 .filter(|(seen, _)| Some(*seen) == checkpoint.seen)
                 .map(|(_, job)| job.clone());
+            let started = Instant::now();
             let imported =
                 self.import_flink_checkpoint(&checkpoint, attempts.is_some(), known.as_deref());
             if let (Ok(Imported::Held(job) | Imported::Done(job, _)), Some(seen)) =
@@ -271,6 +300,9 @@ impl Engine {
                 }
             };
             let failed = result.is_err();
+            self.inner
+                .counters
+                .flink_import_ended(!failed, started.elapsed());
             out.push(FlinkImport {
                 job,
                 checkpoint: checkpoint.checkpoint,

@@ -11,13 +11,15 @@
 //! one: what it holds, its synchronous phase, its commit), [`materialize`] (one backend's
 //! synchronous phase and `wal` mode's materializations), [`ingest`] (the one way bytes come
 //! into the store: re-referenced, or staged and published, and pinned), [`flink`]
-//! (importing a Flink job's checkpoints), [`restore`] (rolling back, materializing) and
+//! (importing a Flink job's checkpoints), [`follower`] (a follower's lag and last look),
+//! [`restore`] (rolling back, materializing) and
 //! [`counters`] (what the engine counted since it opened, for metrics); this file holds the
 //! engine's state and what the parts share (retention, drops, deleting garbage).
 
 mod checkpoint;
 pub mod counters;
 mod flink;
+mod follower;
 mod ingest;
 mod materialize;
 mod open;
@@ -41,6 +43,7 @@ use crate::store::{Location, ObjectId, ObjectStore, DEFAULT_ORPHAN_GRACE};
 pub use crate::repo::ensure_store_dir;
 pub use checkpoint::{CheckpointPlan, ImportReport, PendingCheckpoint};
 pub use flink::{FlinkImport, FlinkRefused, Retries, Retry};
+pub use follower::{lag as flink_lag, FlinkNewest, FollowerHealth};
 pub use materialize::MaterializePolicy;
 pub use restore::materialize;
 
@@ -218,6 +221,8 @@ struct Inner {
     counters: counters::Counters,
     /// The Flink checkpoints a follower refuses, as its last look left them (status).
     flink_refused: Mutex<Vec<FlinkRefused>>,
+    /// A Flink follower's health as its last look left it (`None`: none follows).
+    follower: Mutex<Option<FollowerHealth>>,
     _state_lock: DirLock,
     /// The lock or lease that makes this process the writer (held, never read): the last
     /// field, so it is released only after everything else is closed.

@@ -152,6 +152,7 @@ impl Engine {
                 last_trim: Mutex::new(std::time::Instant::now()),
                 counters: super::counters::Counters::new(parts.state.last_error.is_some()),
                 flink_refused: Mutex::new(Vec::new()),
+                follower: Mutex::new(None),
                 max_concurrent: if read_only {
                     1
                 } else {
