@@ -121,6 +121,17 @@ fn print_report(plan: &GcPlan, imported: Option<&[Option<u64>]>, done: Option<&G
                 ""
             }
         );
+        let apart = std::time::Duration::from_millis(job.checkpoints_apart_ms);
+        if apart + std::time::Duration::from_secs_f64(plan.checkpoint_timeout_s)
+            > std::time::Duration::from_secs_f64(plan.grace_s)
+        {
+            println!(
+                "    its checkpoints came up to {} apart: longer than the grace minus the \
+                 checkpoint timeout, so its file-merging files are kept whatever its last \
+                 write (give a longer --grace)",
+                humantime::format_duration(apart)
+            );
+        }
     }
     println!();
     println!(

@@ -1005,3 +1005,87 @@ fn flink_gc_keeps_the_pooled_files_of_a_job_merging_across_checkpoints() {
     run_until(&mut job, 2, &mut BTreeMap::new());
     assert_eq!(job.restored, Some(snapshots[&newest]), "{}", chk.display());
 }
+
+/// The modification time of directory `path` (and of every directory below it) set to
+/// `age` ago.
+fn set_dirs_age(path: &Path, age: Duration) {
+    for entry in std::fs::read_dir(path).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_dir() {
+            set_dirs_age(&entry.path(), age);
+        }
+    }
+    let dir = std::fs::File::open(path).unwrap();
+    dir.set_modified(SystemTime::now() - age).unwrap();
+}
+
+/// The file-merging rule without Flink, on the fixture: a file in a file-merging directory
+/// that no checkpoint names, older than the grace, is kept (`pooled`) while anything below
+/// its job's directory was written within the grace, and is garbage once nothing was; it
+/// is kept again, whatever the job's last write, when the job's completed checkpoints came
+/// further apart than the grace minus the checkpoint timeout.
+#[test]
+fn flink_gc_judges_file_merging_directories_by_their_jobs_last_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ck");
+    let job = fixture_at(&root);
+    let old = Duration::from_secs(7200);
+    let pooled = [
+        format!("shared/job_{JOB}_op_0a448493b4782967b150582570326227_0_2/3c1f-pooled"),
+        format!("taskowned/job_{JOB}_tm_localhost-1/77aa-pooled"),
+    ];
+    for rel in &pooled {
+        let path = job.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, "a pooled physical file").unwrap();
+        set_age(&path, old);
+    }
+    let root_s = root.to_str().unwrap();
+    let args = [root_s, "--num-retained", "3"];
+    let is_garbage = |report: &Value| {
+        let garbage = garbage_of(report);
+        pooled
+            .iter()
+            .map(|rel| garbage.contains(&format!("{JOB}/{rel}")))
+            .collect::<Vec<bool>>()
+    };
+
+    // Its directories were made just now: the job wrote within the grace.
+    let report = gc_json(&args);
+    assert_eq!(is_garbage(&report), [false, false], "{report}");
+    assert_eq!(report["pooled"]["files"], 2, "{report}");
+    assert_eq!(report["jobs"][0]["writing"], true, "{report}");
+    let table = ok(ckptfs(&["flink-gc", root_s, "--num-retained", "3"]));
+    assert!(
+        table.contains("kept, in the file-merging directories"),
+        "{table}"
+    );
+
+    // Nothing below the job's directory, nor the directory itself, written for the grace.
+    set_dirs_age(&root, old);
+    let report = gc_json(&args);
+    assert_eq!(is_garbage(&report), [true, true], "{report}");
+    assert_eq!(report["pooled"]["files"], 0, "{report}");
+    assert_eq!(report["jobs"][0]["writing"], false, "{report}");
+
+    // Checkpoints 4, 5 and 6 completed 5 h, 3 h and 2 h ago: up to 2 h apart, more than
+    // the grace (1 h) minus the timeout (10 min).
+    for (n, hours) in [(4, 5), (5, 3), (6, 2)] {
+        set_age(
+            &job.join(format!("chk-{n}/_metadata")),
+            Duration::from_secs(hours * 3600),
+        );
+    }
+    let report = gc_json(&args);
+    assert_eq!(is_garbage(&report), [false, false], "{report}");
+    assert_eq!(report["pooled"]["files"], 2, "{report}");
+    assert_eq!(
+        report["jobs"][0]["checkpoints_apart_ms"], 7_200_000,
+        "{report}"
+    );
+    let table = ok(ckptfs(&["flink-gc", root_s, "--num-retained", "3"]));
+    assert!(
+        table.contains("its checkpoints came up to 2h apart"),
+        "{table}"
+    );
+}

@@ -13,8 +13,10 @@
 //! 3. it was last written before the scan began minus the grace, and the grace is at
 //!    least the jobs' checkpoint timeout;
 //! 4. if it is in a file-merging directory (a subdirectory of `shared/` or `taskowned/`,
-//!    where FLIP-306 pools its physical files), its job wrote nothing for the grace: no
-//!    file, no directory below the job's directory, nor the directory itself changed.
+//!    where FLIP-306 pools its physical files), its job wrote nothing for the grace (no
+//!    file, no directory below the job's directory, nor the directory itself changed), and
+//!    no two of its consecutive completed checkpoints are further apart than the grace
+//!    minus the checkpoint timeout.
 //!
 //! Why that is safe against a running job: a checkpoint that completes after the scan read
 //! the `_metadata` files was triggered less than the checkpoint timeout before it completes
@@ -43,7 +45,8 @@
 //! lives writes below its directory at every checkpoint it triggers (`chk-N/` made and, if
 //! it fails, removed; its segments; its `_metadata`), so a job that wrote nothing for the
 //! grace is taken to be gone, provided the grace is longer than the checkpoint interval
-//! plus the timeout. The layout does not tell across-boundary pools from within-checkpoint
+//! plus the timeout; where its checkpoints show a longer interval (or a stall), that
+//! proviso fails and its files are kept. The layout does not tell across-boundary pools from within-checkpoint
 //! ones (which are closed when their checkpoint ends), so rule 4 holds for both.
 //!
 //! Any `_metadata` that cannot be read or parsed refuses the whole run: the set of files
@@ -176,7 +179,11 @@ pub struct JobSummary {
     /// When anything below its directory (or the directory itself) was last written
     /// (milliseconds since 1970; 0: unknown).
     pub last_written_unix_ms: u64,
-    /// Whether it wrote within the grace (or when is unknown): the files of its
+    /// The longest time between two of its consecutive completed checkpoints, in
+    /// milliseconds (0: fewer than two).
+    pub checkpoints_apart_ms: u64,
+    /// Whether it wrote within the grace (or when is unknown), or its checkpoints came
+    /// further apart than the grace minus the checkpoint timeout: the files of its
     /// file-merging directories are then kept.
     pub writing: bool,
 }
@@ -211,6 +218,8 @@ pub struct GcPlan {
     pub scanned_unix_ms: u64,
     /// The grace, in seconds.
     pub grace_s: f64,
+    /// The checkpoint timeout it was given, in seconds.
+    pub checkpoint_timeout_s: f64,
     /// Flink's retained checkpoints per job, as judged.
     pub num_retained: usize,
     /// Every job directory.
@@ -452,13 +461,20 @@ pub fn plan(src: &FlinkSource, options: &GcOptions) -> Result<GcPlan> {
         let mut mine = by_job.remove(scan.dir.as_str()).unwrap_or_default();
         mine.sort_by_key(|n| std::cmp::Reverse(n.checkpoint));
         let last = last_written(scan, dir_times.get(&scan.dir).copied().flatten());
+        let apart = mine
+            .windows(2)
+            .filter_map(|w| w[0].completed.duration_since(w[1].completed).ok())
+            .max()
+            .unwrap_or_default();
         let mut summary = JobSummary {
             job: scan.dir.clone(),
             completed: mine.iter().rev().map(|n| n.checkpoint).collect(),
             retained: Vec::new(),
             incomplete: Vec::new(),
             last_written_unix_ms: last.map(unix_ms).unwrap_or(0),
-            writing: last.is_none_or(|t| t >= cutoff),
+            checkpoints_apart_ms: apart.as_millis() as u64,
+            writing: last.is_none_or(|t| t >= cutoff)
+                || apart + options.checkpoint_timeout > options.grace,
         };
         for (i, n) in mine.iter().enumerate() {
             let retained = i < options.num_retained || n.completed >= cutoff;
@@ -488,6 +504,7 @@ pub fn plan(src: &FlinkSource, options: &GcOptions) -> Result<GcPlan> {
         source: src.describe(),
         scanned_unix_ms: unix_ms(options.now),
         grace_s: options.grace.as_secs_f64(),
+        checkpoint_timeout_s: options.checkpoint_timeout.as_secs_f64(),
         num_retained: options.num_retained,
         jobs,
         scanned: Count::default(),
