@@ -900,7 +900,8 @@ fn wait_line(job: &mut Job, want: &str) {
 /// must not delete them, for A's next checkpoints append to them and name them (before the
 /// fix it deleted them, and A's checkpoints named files that were gone). Job B, killed
 /// after the same first checkpoint, has nothing that will ever append to its files: they
-/// are deleted. A's newest checkpoint restores with every key's count intact.
+/// are deleted, and so are A's unnamed ones once A is killed. A's newest checkpoint
+/// restores with every key's count intact.
 #[test]
 fn flink_gc_keeps_the_pooled_files_of_a_job_merging_across_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
@@ -990,10 +991,39 @@ fn flink_gc_keeps_the_pooled_files_of_a_job_merging_across_checkpoints() {
         "{report}"
     );
 
-    // A's newest checkpoint restores, every key's count intact.
+    // A killed: once it wrote nothing for the grace, what its checkpoints do not name in
+    // its file-merging directories is garbage (usually nothing: its last checkpoints name
+    // every pooled file again; B's files are the ones that surely go), and nothing they
+    // name is.
     let _ = a.child.kill();
     let _ = a.child.wait();
     read_to_death(a, &mut snapshots);
+    std::thread::sleep(grace + Duration::from_secs(1));
+    let named = named_segments(&ck, &job_a);
+    let unnamed: BTreeSet<String> = merged_files(&ck, &job_a)
+        .into_keys()
+        .filter(|p| !named.contains(p))
+        .collect();
+    let report = gc_json(&[
+        ck.to_str().unwrap(),
+        "--grace",
+        "5s",
+        "--checkpoint-timeout",
+        "2s",
+        "--num-retained",
+        "2",
+        "--delete",
+    ]);
+    let deleted = garbage_of(&report);
+    eprintln!(
+        "A killed: {} files of its file-merging directories named by no checkpoint",
+        unnamed.len()
+    );
+    assert!(unnamed.is_subset(&deleted), "{unnamed:?}\n{report}");
+    assert!(named.is_disjoint(&deleted), "{report}");
+    assert_eq!(report["pooled"]["files"], 0, "{report}");
+
+    // A's newest checkpoint restores, every key's count intact.
     let newest = completed(&ck.join(&job_a))
         .into_iter()
         .rev()
