@@ -111,12 +111,33 @@ fn print_report(plan: &GcPlan, imported: Option<&[Option<u64>]>, done: Option<&G
             }
         };
         println!(
-            "  job {}: completed {}; retained {}; never completed {}",
+            "  job {}: completed {}; retained {}; never completed {}; last written {}{}",
             if job.job.is_empty() { "." } else { &job.job },
             ids(&job.completed),
             ids(&job.retained),
-            ids(&job.incomplete)
+            ids(&job.incomplete),
+            if job.last_written_unix_ms == 0 {
+                "unknown".to_string()
+            } else {
+                when(job.last_written_unix_ms)
+            },
+            if job.writing {
+                " (within the grace: still running?)"
+            } else {
+                ""
+            }
         );
+        let apart = std::time::Duration::from_millis(job.checkpoints_apart_ms);
+        if apart + std::time::Duration::from_secs_f64(plan.checkpoint_timeout_s)
+            > std::time::Duration::from_secs_f64(plan.grace_s)
+        {
+            println!(
+                "    its checkpoints came up to {} apart: longer than the grace minus the \
+                 checkpoint timeout, so its file-merging files are kept whatever its last \
+                 write (give a longer --grace)",
+                humantime::format_duration(apart)
+            );
+        }
     }
     println!();
     println!(
@@ -155,6 +176,13 @@ fn print_report(plan: &GcPlan, imported: Option<&[Option<u64>]>, done: Option<&G
         "kept, younger than the grace: {} files, {} bytes",
         plan.young.files, plan.young.bytes
     );
+    if plan.pooled.files > 0 {
+        println!(
+            "kept, in the file-merging directories of jobs that wrote within the grace (their \
+             pools may append to them): {} files, {} bytes",
+            plan.pooled.files, plan.pooled.bytes
+        );
+    }
     if plan.outside > 0 {
         println!(
             "not judged: {} files the checkpoints name outside {}",

@@ -30,6 +30,17 @@
 //                          of the database in chk-N/ each time)
 //   --file-merging BOOL    execution.checkpointing.file-merging.enabled (default false; true: every
 //                          state file a segment of a shared physical file, FLIP-306)
+//   --file-merging-across BOOL
+//                          execution.checkpointing.file-merging.across-checkpoint-boundary (default
+//                          false; true: also turns file merging on, and a physical file stays open in
+//                          its pool after a checkpoint, appended to by later checkpoints until it
+//                          reaches file-merging.max-file-size, 32 MB)
+//   --stall C:MS           checkpoint C expires after the source and "counter" wrote their state for
+//                          it ("totals" holds its barrier for the timeout and 1.5 s more; needs
+//                          --timeout-ms), then the source holds checkpoint C+1's barrier for MS
+//                          milliseconds: meanwhile every checkpoint expires with nothing written for
+//                          it, as under backpressure (tolerable-failed-checkpoints is then unbounded,
+//                          so the job goes on)
 //   --state-backend NAME   state.backend.type (default rocksdb; hashmap: the heap backend, whose
 //                          keyed snapshots are streams of key groups, not RocksDB files; forst:
 //                          Flink 2's ForSt, a RocksDB fork, whose snapshots are RocksDB files too)
@@ -80,7 +91,8 @@
 // M" when the source snapshots checkpoint C (M records emitted before its barrier), "complete C"
 // when checkpoint C is complete, "idle M" once the source stopped emitting, "mismatch ..." if
 // "counter" finds a key's count not what the records before it make it (state lost or restored
-// wrong), and "finished" if the job finished. Any error: a message on stderr, exit 1.
+// wrong), "stall C" as checkpoint C's barrier is held (--stall), and "finished" if the job
+// finished. Any error: a message on stderr, exit 1.
 //
 // --expected prints, without running Flink, what the keyed state holds after M = --records
 // records: "key NAME keyGroup G subtask S records N" per key and "state OPERATOR NAME subtask S
@@ -150,15 +162,17 @@ public final class StateJob {
         private final double rate;
         private final long records;
         private final boolean finish;
+        private final long[] stall;
         private transient ListState<Long> emittedState;
         private long emitted;
         private volatile boolean running = true;
 
-        KeySource(int keys, double rate, long records, boolean finish) {
+        KeySource(int keys, double rate, long records, boolean finish, long[] stall) {
             this.keys = keys;
             this.rate = rate;
             this.records = records;
             this.finish = finish;
+            this.stall = stall;
         }
 
         @Override
@@ -210,9 +224,14 @@ public final class StateJob {
 
         @Override
         public void snapshotState(FunctionSnapshotContext context) throws Exception {
+            long id = context.getCheckpointId();
+            if (stall[0] > 0 && id == stall[0] + 1) {
+                say("stall " + id);
+                Thread.sleep(stall[1]);
+            }
             // Called under the checkpoint lock: no record is emitted meanwhile.
             emittedState.update(List.of(emitted));
-            say("snapshot " + context.getCheckpointId() + " records " + emitted);
+            say("snapshot " + id + " records " + emitted);
         }
 
         @Override
@@ -295,14 +314,29 @@ public final class StateJob {
     }
 
     /** No uid: a sum, a bucketed map and a list per key. */
-    static final class Totals extends RichFlatMapFunction<Tuple2<String, Long>, Long> {
+    static final class Totals extends RichFlatMapFunction<Tuple2<String, Long>, Long>
+            implements CheckpointedFunction {
         private final int keys;
+        private final long[] stall;
         private transient ValueState<Long> sum;
         private transient MapState<String, Long> rounds;
         private transient ListState<Long> recent;
 
-        Totals(int keys) {
+        Totals(int keys, long[] stall) {
             this.keys = keys;
+            this.stall = stall;
+        }
+
+        @Override
+        public void initializeState(FunctionInitializationContext context) {}
+
+        @Override
+        public void snapshotState(FunctionSnapshotContext context) throws Exception {
+            long id = context.getCheckpointId();
+            if (id == stall[0]) {
+                say("stall " + id);
+                Thread.sleep(stall[2] + 1500);
+            }
         }
 
         @Override
@@ -340,7 +374,8 @@ public final class StateJob {
             + " [--records N] [--after idle|finish] [--interval-ms MS] [--retained R] [--timeout-ms MS]"
             + " [--parallelism P] [--max-parallelism M] [--inline-threshold BYTES] [--linger-ms MS]"
             + " [--restore PATH] [--payload-bytes B] [--incremental BOOL] [--state-backend NAME]"
-            + " [--file-merging BOOL] [--claim-mode CLAIM|NO_CLAIM] [--job-id HEX]";
+            + " [--file-merging BOOL] [--file-merging-across BOOL] [--claim-mode CLAIM|NO_CLAIM]"
+            + " [--stall C:MS] [--job-id HEX]";
 
     public static void main(String[] args) throws Exception {
         String dir = null;
@@ -348,7 +383,8 @@ public final class StateJob {
         Map<String, String> opts = new HashMap<>();
         List<String> known = List.of("--incremental", "--state-backend", "--file-merging", "--keys", "--rate", "--records", "--after", "--interval-ms",
                 "--retained", "--timeout-ms", "--parallelism", "--max-parallelism", "--inline-threshold", "--linger-ms",
-                "--restore", "--payload-bytes", "--claim-mode", "--job-id");
+                "--restore", "--payload-bytes", "--claim-mode", "--file-merging-across",
+                "--stall", "--job-id");
         for (int i = 0; i < args.length; i++) {
             String a = args[i];
             if (a.equals("--expected")) {
@@ -370,6 +406,8 @@ public final class StateJob {
         int keys = 0, parallelism = 0, maxParallelism = 0, retained = 0, payloadBytes = 0;
         long records = 0, intervalMs = 0, inlineThreshold = -1, lingerMs = 0;
         double rate = 0;
+        // --stall C:MS and the timeout; none by default.
+        long[] stall = {-1, -1, -1};
         String after = opts.getOrDefault("--after", "idle");
         try {
             keys = Integer.parseInt(opts.getOrDefault("--keys", "50"));
@@ -381,6 +419,12 @@ public final class StateJob {
             maxParallelism = Integer.parseInt(opts.getOrDefault("--max-parallelism", "128"));
             lingerMs = Long.parseLong(opts.getOrDefault("--linger-ms", "5000"));
             payloadBytes = Integer.parseInt(opts.getOrDefault("--payload-bytes", "0"));
+            if (opts.containsKey("--stall")) {
+                String[] parts = opts.get("--stall").split(":", 2);
+                stall[0] = Long.parseLong(parts[0]);
+                stall[1] = parts.length == 2 ? Long.parseLong(parts[1]) : -1;
+                stall[2] = Long.parseLong(opts.getOrDefault("--timeout-ms", "-1"));
+            }
             if (opts.containsKey("--inline-threshold")) {
                 inlineThreshold = Long.parseLong(opts.get("--inline-threshold"));
             }
@@ -389,11 +433,13 @@ public final class StateJob {
         }
         if (keys < 1 || rate <= 0 || records < 0 || intervalMs < 10 || retained < 1 || lingerMs < 0
                 || payloadBytes < 0
+                || (opts.containsKey("--stall") && (stall[0] < 1 || stall[1] < 0 || stall[2] < 0))
                 || parallelism < 1 || maxParallelism < parallelism
                 || !(after.equals("idle") || after.equals("finish"))
                 || !opts.getOrDefault("--job-id", "0".repeat(32)).matches("[0-9a-f]{32}")
                 || !List.of("true", "false").contains(opts.getOrDefault("--incremental", "true"))
                 || !List.of("true", "false").contains(opts.getOrDefault("--file-merging", "false"))
+                || !List.of("true", "false").contains(opts.getOrDefault("--file-merging-across", "false"))
                 || !List.of("rocksdb", "hashmap", "forst").contains(opts.getOrDefault("--state-backend", "rocksdb"))) {
             fail("bad option value\n" + USAGE);
         }
@@ -424,8 +470,15 @@ public final class StateJob {
             set(conf, shown, CheckpointingOptions.FS_SMALL_FILE_THRESHOLD,
                     new MemorySize(inlineThreshold));
         }
-        if (opts.getOrDefault("--file-merging", "false").equals("true")) {
+        boolean across = opts.getOrDefault("--file-merging-across", "false").equals("true");
+        if (across || opts.getOrDefault("--file-merging", "false").equals("true")) {
             set(conf, shown, CheckpointingOptions.FILE_MERGING_ENABLED, true);
+        }
+        if (across) {
+            set(conf, shown, CheckpointingOptions.FILE_MERGING_ACROSS_BOUNDARY, true);
+        }
+        if (opts.containsKey("--stall")) {
+            set(conf, shown, CheckpointingOptions.TOLERABLE_FAILURE_NUMBER, Integer.MAX_VALUE);
         }
         if (opts.containsKey("--restore")) {
             set(conf, shown, StateRecoveryOptions.SAVEPOINT_PATH, opts.get("--restore"));
@@ -448,7 +501,8 @@ public final class StateJob {
 
         StreamExecutionEnvironment env = StreamExecutionEnvironment.getExecutionEnvironment(conf);
         DataStream<Tuple2<String, Long>> source = env
-                .addSource(new KeySource(keys, rate, records, after.equals("finish")), "source", RECORD)
+                .addSource(new KeySource(keys, rate, records, after.equals("finish"), stall),
+                        "source", RECORD)
                 .uid("source")
                 .setParallelism(1);
         DataStream<Tuple2<String, Long>> counted = source
@@ -458,7 +512,7 @@ public final class StateJob {
                 .name("counter");
         counted
                 .keyBy(new ByKey(), Types.STRING)
-                .flatMap(new Totals(keys), Types.LONG)
+                .flatMap(new Totals(keys, stall), Types.LONG)
                 .name("totals")
                 .sinkTo(new DiscardingSink<>())
                 .name("discard");

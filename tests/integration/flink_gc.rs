@@ -829,3 +829,293 @@ pub(crate) fn first_metadata(root: &Path, other: &str) -> Vec<u8> {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// The physical files a `_metadata`'s file-merging segments name: type byte 15, an i64
+/// offset, an i64 size and an i32 scope before the length-prefixed `file:` string.
+fn segment_paths(bytes: &[u8]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for i in 23..bytes.len().saturating_sub(5) {
+        if &bytes[i..i + 5] == b"file:" && bytes[i - 23] == 15 {
+            let len = u16::from_be_bytes([bytes[i - 2], bytes[i - 1]]) as usize;
+            if let Some(Ok(s)) = bytes.get(i..i + len).map(std::str::from_utf8) {
+                let path = s.trim_start_matches("file:");
+                out.insert(path.strip_prefix("//").unwrap_or(path).to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The files in job `job`'s file-merging directories (`shared/<dir>/`, `taskowned/<dir>/`),
+/// by path below `ck`.
+fn merged_files(ck: &Path, job: &str) -> BTreeMap<String, Seen> {
+    listing(ck)
+        .into_iter()
+        .filter(|(rel, _)| {
+            let parts: Vec<&str> = rel.split('/').collect();
+            parts.len() == 4 && parts[0] == job && ["shared", "taskowned"].contains(&parts[1])
+        })
+        .collect()
+}
+
+/// Every physical file job `job`'s completed checkpoints name by a segment, below `ck`.
+fn named_segments(ck: &Path, job: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for n in completed(&ck.join(job)) {
+        let Ok(bytes) = std::fs::read(ck.join(job).join(format!("chk-{n}/_metadata"))) else {
+            continue;
+        };
+        for path in segment_paths(&bytes) {
+            if let Ok(rel) = Path::new(&path).strip_prefix(ck) {
+                out.insert(rel.to_string_lossy().into_owned());
+            }
+        }
+    }
+    out
+}
+
+/// Lines of a running job until one is `want` (a "mismatch" fails the test).
+fn wait_line(job: &mut Job, want: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job never said {want}"
+        );
+        let Some(Ok(line)) = job.lines.next() else {
+            panic!("the Flink job ended early")
+        };
+        assert!(!line.starts_with("mismatch"), "{line}");
+        if line == want {
+            return;
+        }
+    }
+}
+
+/// File merging across checkpoint boundaries: a physical file stays open in its pool after
+/// a checkpoint, and later checkpoints append to it. Job A's checkpoint 1 expires after
+/// "counter" wrote its files into new pooled files; then its checkpoints expire with nothing
+/// written (the source holds the barrier, as under backpressure) until those files, named
+/// by no completed checkpoint, are older than the grace. `flink-gc --delete` then runs: it
+/// must not delete them, for A's next checkpoints append to them and name them (before the
+/// fix it deleted them, and A's checkpoints named files that were gone). Job B, killed
+/// after the same first checkpoint, has nothing that will ever append to its files: they
+/// are deleted, and so are A's unnamed ones once A is killed. A's newest checkpoint
+/// restores with every key's count intact.
+#[test]
+fn flink_gc_keeps_the_pooled_files_of_a_job_merging_across_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let classpath =
+        crate::common::java::compile_java("tests/flink/StateJob.java", &dir.path().join("classes"));
+    let ck = dir.path().join("ck");
+    std::fs::create_dir(&ck).unwrap();
+    let ck = ck.canonicalize().unwrap();
+    let grace = Duration::from_secs(5);
+    let with = |stall: &'static str| {
+        [
+            "--file-merging-across",
+            "true",
+            "--timeout-ms",
+            "2000",
+            "--payload-bytes",
+            "1024",
+            "--rate",
+            "150",
+            "--stall",
+            stall,
+        ]
+    };
+
+    // B: killed while its checkpoints stall, its files written for checkpoint 1 only.
+    let mut b = Job::start(&classpath, &ck, 0, &with("1:600000"));
+    wait_line(&mut b, "stall 2");
+    b.kill();
+    let job_b = jobs(&ck).pop().unwrap();
+    let b_files: BTreeSet<String> = merged_files(&ck, &job_b).into_keys().collect();
+    assert!(
+        b_files.iter().any(|p| p.contains("/shared/")),
+        "{b_files:?}"
+    );
+
+    // A: its checkpoints stall 12 s after checkpoint 1 expired.
+    let mut a = Job::start(&classpath, &ck, 0, &with("1:12000"));
+    wait_line(&mut a, "stall 2");
+    let job_a = jobs(&ck).into_iter().find(|j| *j != job_b).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let pooled = loop {
+        assert!(std::time::Instant::now() < deadline, "no pooled file aged");
+        let files: BTreeMap<String, Seen> = merged_files(&ck, &job_a)
+            .into_iter()
+            .filter(|(p, _)| p.contains("/shared/"))
+            .collect();
+        let newest = files.values().map(|s| s.modified).max();
+        if newest.is_some_and(|t| t + grace + Duration::from_secs(1) < SystemTime::now()) {
+            break files;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let report = gc_json(&[
+        ck.to_str().unwrap(),
+        "--grace",
+        "5s",
+        "--checkpoint-timeout",
+        "2s",
+        "--num-retained",
+        "2",
+        "--delete",
+    ]);
+    // What this test is about: A's pooled files were named by no completed checkpoint
+    // and older than the grace when flink-gc ran.
+    assert!(
+        completed(&ck.join(&job_a)).is_empty(),
+        "A completed a checkpoint before flink-gc ran: the machine was too slow for this test"
+    );
+    let deleted = garbage_of(&report);
+    let mut snapshots = BTreeMap::new();
+    run_until(&mut a, 2, &mut snapshots);
+    let named = named_segments(&ck, &job_a);
+    let lost: Vec<&String> = named.intersection(&deleted).collect();
+    assert!(
+        lost.is_empty(),
+        "flink-gc deleted files that A, running, appended to and its later checkpoints name: \
+         {lost:?}\n{report}"
+    );
+    assert!(
+        pooled.keys().any(|p| named.contains(p)),
+        "A's later checkpoints name none of the pooled files: {pooled:?}"
+    );
+    assert!(deleted.iter().all(|p| !p.starts_with(&job_a)), "{report}");
+    assert!(b_files.is_subset(&deleted), "{b_files:?}\n{report}");
+    assert!(
+        report["pooled"]["files"].as_u64().unwrap() >= pooled.len() as u64,
+        "{report}"
+    );
+
+    // A killed: once it wrote nothing for the grace, what its checkpoints do not name in
+    // its file-merging directories is garbage (usually nothing: its last checkpoints name
+    // every pooled file again; B's files are the ones that surely go), and nothing they
+    // name is.
+    let _ = a.child.kill();
+    let _ = a.child.wait();
+    read_to_death(a, &mut snapshots);
+    std::thread::sleep(grace + Duration::from_secs(1));
+    let named = named_segments(&ck, &job_a);
+    let unnamed: BTreeSet<String> = merged_files(&ck, &job_a)
+        .into_keys()
+        .filter(|p| !named.contains(p))
+        .collect();
+    let report = gc_json(&[
+        ck.to_str().unwrap(),
+        "--grace",
+        "5s",
+        "--checkpoint-timeout",
+        "2s",
+        "--num-retained",
+        "2",
+        "--delete",
+    ]);
+    let deleted = garbage_of(&report);
+    eprintln!(
+        "A killed: {} files of its file-merging directories named by no checkpoint",
+        unnamed.len()
+    );
+    assert!(unnamed.is_subset(&deleted), "{unnamed:?}\n{report}");
+    assert!(named.is_disjoint(&deleted), "{report}");
+    assert_eq!(report["pooled"]["files"], 0, "{report}");
+
+    // A's newest checkpoint restores, every key's count intact.
+    let newest = completed(&ck.join(&job_a))
+        .into_iter()
+        .rev()
+        .find(|n| snapshots.contains_key(n))
+        .unwrap();
+    let chk = ck.join(&job_a).join(format!("chk-{newest}"));
+    let out = dir.path().join("ck-restored");
+    let mut job = Job::start(&classpath, &out, 0, &["--restore", chk.to_str().unwrap()]);
+    run_until(&mut job, 2, &mut BTreeMap::new());
+    assert_eq!(job.restored, Some(snapshots[&newest]), "{}", chk.display());
+}
+
+/// The modification time of directory `path` (and of every directory below it) set to
+/// `age` ago.
+fn set_dirs_age(path: &Path, age: Duration) {
+    for entry in std::fs::read_dir(path).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_dir() {
+            set_dirs_age(&entry.path(), age);
+        }
+    }
+    let dir = std::fs::File::open(path).unwrap();
+    dir.set_modified(SystemTime::now() - age).unwrap();
+}
+
+/// The file-merging rule without Flink, on the fixture: a file in a file-merging directory
+/// that no checkpoint names, older than the grace, is kept (`pooled`) while anything below
+/// its job's directory was written within the grace, and is garbage once nothing was; it
+/// is kept again, whatever the job's last write, when the job's completed checkpoints came
+/// further apart than the grace minus the checkpoint timeout.
+#[test]
+fn flink_gc_judges_file_merging_directories_by_their_jobs_last_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ck");
+    let job = fixture_at(&root);
+    let old = Duration::from_secs(7200);
+    let pooled = [
+        format!("shared/job_{JOB}_op_0a448493b4782967b150582570326227_0_2/3c1f-pooled"),
+        format!("taskowned/job_{JOB}_tm_localhost-1/77aa-pooled"),
+    ];
+    for rel in &pooled {
+        let path = job.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, "a pooled physical file").unwrap();
+        set_age(&path, old);
+    }
+    let root_s = root.to_str().unwrap();
+    let args = [root_s, "--num-retained", "3"];
+    let is_garbage = |report: &Value| {
+        let garbage = garbage_of(report);
+        pooled
+            .iter()
+            .map(|rel| garbage.contains(&format!("{JOB}/{rel}")))
+            .collect::<Vec<bool>>()
+    };
+
+    // Its directories were made just now: the job wrote within the grace.
+    let report = gc_json(&args);
+    assert_eq!(is_garbage(&report), [false, false], "{report}");
+    assert_eq!(report["pooled"]["files"], 2, "{report}");
+    assert_eq!(report["jobs"][0]["writing"], true, "{report}");
+    let table = ok(ckptfs(&["flink-gc", root_s, "--num-retained", "3"]));
+    assert!(
+        table.contains("kept, in the file-merging directories"),
+        "{table}"
+    );
+
+    // Nothing below the job's directory, nor the directory itself, written for the grace.
+    set_dirs_age(&root, old);
+    let report = gc_json(&args);
+    assert_eq!(is_garbage(&report), [true, true], "{report}");
+    assert_eq!(report["pooled"]["files"], 0, "{report}");
+    assert_eq!(report["jobs"][0]["writing"], false, "{report}");
+
+    // Checkpoints 4, 5 and 6 completed 5 h, 3 h and 2 h ago: up to 2 h apart, more than
+    // the grace (1 h) minus the timeout (10 min).
+    for (n, hours) in [(4, 5), (5, 3), (6, 2)] {
+        set_age(
+            &job.join(format!("chk-{n}/_metadata")),
+            Duration::from_secs(hours * 3600),
+        );
+    }
+    let report = gc_json(&args);
+    assert_eq!(is_garbage(&report), [false, false], "{report}");
+    assert_eq!(report["pooled"]["files"], 2, "{report}");
+    assert_eq!(
+        report["jobs"][0]["checkpoints_apart_ms"], 7_200_000,
+        "{report}"
+    );
+    let table = ok(ckptfs(&["flink-gc", root_s, "--num-retained", "3"]));
+    assert!(
+        table.contains("its checkpoints came up to 2h apart"),
+        "{table}"
+    );
+}

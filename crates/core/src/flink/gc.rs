@@ -11,7 +11,12 @@
 //!    names it, and it is not in the directory of a completed checkpoint (one whose
 //!    `_metadata` exists);
 //! 3. it was last written before the scan began minus the grace, and the grace is at
-//!    least the jobs' checkpoint timeout.
+//!    least the jobs' checkpoint timeout;
+//! 4. if it is in a file-merging directory (a subdirectory of `shared/` or `taskowned/`,
+//!    where FLIP-306 pools its physical files), its job wrote nothing for the grace (no
+//!    file, no directory below the job's directory, nor the directory itself changed), and
+//!    no two of its consecutive completed checkpoints are further apart than the grace
+//!    minus the checkpoint timeout.
 //!
 //! Why that is safe against a running job: a checkpoint that completes after the scan read
 //! the `_metadata` files was triggered less than the checkpoint timeout before it completes
@@ -28,6 +33,21 @@
 //! its job, and older than the grace) is listed apart with what deleting it would free;
 //! it is deleted only when asked (`--delete-unretained`), its `_metadata` first, so that it
 //! never looks complete half deleted.
+//!
+//! Why rule 4: with `execution.checkpointing.file-merging.across-checkpoint-boundary`, a
+//! physical file stays open in its pool after the checkpoint that wrote it, and the job's
+//! later checkpoints append segments to it and name it (Flink's
+//! `AcrossCheckpointFileMergingSnapshotManager` returns it to a `PhysicalFilePool` until it
+//! reaches `file-merging.max-file-size`). When every segment in it is discarded (an expired
+//! checkpoint's, a subsumed one's) it is named by no checkpoint, yet the live job will
+//! append to it again: its age says nothing while its job lives. Only the job that opened
+//! it ever writes it again (a job restored from it takes it as closed), and a job that
+//! lives writes below its directory at every checkpoint it triggers (`chk-N/` made and, if
+//! it fails, removed; its segments; its `_metadata`), so a job that wrote nothing for the
+//! grace is taken to be gone, provided the grace is longer than the checkpoint interval
+//! plus the timeout; where its checkpoints show a longer interval (or a stall), that
+//! proviso fails and its files are kept. The layout does not tell across-boundary pools from within-checkpoint
+//! ones (which are closed when their checkpoint ends), so rule 4 holds for both.
 //!
 //! Any `_metadata` that cannot be read or parsed refuses the whole run: the set of files
 //! in use is then unknown.
@@ -156,6 +176,16 @@ pub struct JobSummary {
     pub retained: Vec<u64>,
     /// `chk-N/` directories without `_metadata`.
     pub incomplete: Vec<u64>,
+    /// When anything below its directory (or the directory itself) was last written
+    /// (milliseconds since 1970; 0: unknown).
+    pub last_written_unix_ms: u64,
+    /// The longest time between two of its consecutive completed checkpoints, in
+    /// milliseconds (0: fewer than two).
+    pub checkpoints_apart_ms: u64,
+    /// Whether it wrote within the grace (or when is unknown), or its checkpoints came
+    /// further apart than the grace minus the checkpoint timeout: the files of its
+    /// file-merging directories are then kept.
+    pub writing: bool,
 }
 
 /// A completed checkpoint Flink no longer retains.
@@ -188,6 +218,8 @@ pub struct GcPlan {
     pub scanned_unix_ms: u64,
     /// The grace, in seconds.
     pub grace_s: f64,
+    /// The checkpoint timeout it was given, in seconds.
+    pub checkpoint_timeout_s: f64,
     /// Flink's retained checkpoints per job, as judged.
     pub num_retained: usize,
     /// Every job directory.
@@ -200,6 +232,9 @@ pub struct GcPlan {
     pub garbage_total: Count,
     /// Files named by no completed checkpoint but younger than the grace: kept.
     pub young: Count,
+    /// Files in file-merging directories named by no retained checkpoint, older than the
+    /// grace, of jobs that wrote within the grace: kept (their pools may append to them).
+    pub pooled: Count,
     /// Completed checkpoints Flink no longer retains, oldest first.
     pub unretained: Vec<Unretained>,
     /// What deleting every unretained checkpoint deletes (their directories and the shared
@@ -252,8 +287,8 @@ fn unix_ms(t: SystemTime) -> u64 {
 enum Place {
     /// In `chk-N/`.
     Checkpoint(u64),
-    /// In `shared/` or `taskowned/`.
-    Shared,
+    /// In `shared/` or `taskowned/`; `true`: in a subdirectory of it (file merging's).
+    Shared(bool),
     /// Anywhere else: not looked at.
     Elsewhere,
 }
@@ -264,9 +299,20 @@ fn place_of(below_job: &str) -> Place {
         return Place::Checkpoint(n);
     }
     match first {
-        "shared" | "taskowned" => Place::Shared,
+        "shared" | "taskowned" => Place::Shared(below_job.matches('/').count() >= 2),
         _ => Place::Elsewhere,
     }
+}
+
+/// When anything below job directory `scan` was last written, the job directory's own
+/// time (`dir_modified`: an entry made or removed in it, such as a failed checkpoint's
+/// `chk-N/`) included; `None` if no time is known.
+fn last_written(scan: &JobScan, dir_modified: Option<SystemTime>) -> Option<SystemTime> {
+    scan.files
+        .iter()
+        .filter_map(|w| w.modified)
+        .chain(dir_modified)
+        .max()
 }
 
 struct JobScan {
@@ -315,6 +361,17 @@ pub fn plan(src: &FlinkSource, options: &GcOptions) -> Result<GcPlan> {
             checkpoints,
         });
     }
+    // Each job directory's own time, from a listing of the root (SRC itself, when it is
+    // the job's directory, has none: the times of what is below it are used).
+    let dir_times: BTreeMap<String, Option<SystemTime>> = if dirs.iter().any(|d| !d.is_empty()) {
+        tree.list("")?
+            .into_iter()
+            .filter(|e| e.kind == EntryKind::Dir)
+            .map(|e| (e.name, e.modified))
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
     // 2. Every completed checkpoint's `_metadata`, looked for again in every `chk-N/`
     // listed (one may have completed since), and under the reference roots.
     let mut named = Vec::new();
@@ -403,11 +460,21 @@ pub fn plan(src: &FlinkSource, options: &GcOptions) -> Result<GcPlan> {
     for scan in &scans {
         let mut mine = by_job.remove(scan.dir.as_str()).unwrap_or_default();
         mine.sort_by_key(|n| std::cmp::Reverse(n.checkpoint));
+        let last = last_written(scan, dir_times.get(&scan.dir).copied().flatten());
+        let apart = mine
+            .windows(2)
+            .filter_map(|w| w[0].completed.duration_since(w[1].completed).ok())
+            .max()
+            .unwrap_or_default();
         let mut summary = JobSummary {
             job: scan.dir.clone(),
             completed: mine.iter().rev().map(|n| n.checkpoint).collect(),
             retained: Vec::new(),
             incomplete: Vec::new(),
+            last_written_unix_ms: last.map(unix_ms).unwrap_or(0),
+            checkpoints_apart_ms: apart.as_millis() as u64,
+            writing: last.is_none_or(|t| t >= cutoff)
+                || apart + options.checkpoint_timeout > options.grace,
         };
         for (i, n) in mine.iter().enumerate() {
             let retained = i < options.num_retained || n.completed >= cutoff;
@@ -437,12 +504,14 @@ pub fn plan(src: &FlinkSource, options: &GcOptions) -> Result<GcPlan> {
         source: src.describe(),
         scanned_unix_ms: unix_ms(options.now),
         grace_s: options.grace.as_secs_f64(),
+        checkpoint_timeout_s: options.checkpoint_timeout.as_secs_f64(),
         num_retained: options.num_retained,
         jobs,
         scanned: Count::default(),
         garbage: Vec::new(),
         garbage_total: Count::default(),
         young: Count::default(),
+        pooled: Count::default(),
         unretained: Vec::new(),
         unretained_files: Vec::new(),
         unretained_total: Count::default(),
@@ -451,6 +520,12 @@ pub fn plan(src: &FlinkSource, options: &GcOptions) -> Result<GcPlan> {
         broken,
     };
     let mut unretained_counts: BTreeMap<(String, u64), (Count, Count)> = BTreeMap::new();
+    let writing: BTreeSet<String> = plan
+        .jobs
+        .iter()
+        .filter(|j| j.writing)
+        .map(|j| j.job.clone())
+        .collect();
     for scan in &scans {
         let prefix_len = if scan.dir.is_empty() {
             0
@@ -493,11 +568,15 @@ pub fn plan(src: &FlinkSource, options: &GcOptions) -> Result<GcPlan> {
                     None if young => plan.young.add(file.size),
                     None => plan.garbage.push(judged(Reason::InFlight, Some(n))),
                 },
-                Place::Shared => {
+                Place::Shared(merged) => {
                     if retained_files.contains(file.rel.as_str()) {
                         continue;
                     }
-                    if unretained_referenced.contains(file.rel.as_str()) {
+                    // Rule 4: a file its job's pool may still append to.
+                    let pooled = merged && writing.contains(&scan.dir);
+                    if pooled && !young {
+                        plan.pooled.add(file.size);
+                    } else if unretained_referenced.contains(file.rel.as_str()) {
                         for n in unretained_named
                             .iter()
                             .filter(|n| n.files.contains(&file.rel))
