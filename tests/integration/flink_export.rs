@@ -167,7 +167,7 @@ fn import_export_restore(extra: &[&str], also_s3: bool, on_btrfs: bool) -> Vec<u
         ]));
         assert_relocatable(&dest.join(&job_id), &chk_name);
         assert!(Command::new("sync").status().unwrap().success());
-        let (total, exclusive) = btrfs_usage(&dest);
+        let (total, exclusive) = crate::common::btrfs::usage(&dest);
         assert!(
             exclusive * 2 < total,
             "the export uses {exclusive} of its {total} bytes alone: not clones"
@@ -463,17 +463,4 @@ fn an_export_from_object_storage_into_its_bucket_is_copied_by_the_object_store()
         objects.len(),
         "{gets_copied} objects read by the copy, {gets_streamed} by the stream"
     );
-}
-
-/// `btrfs filesystem du --raw -s PATH`: PATH's bytes, and those only its files use.
-fn btrfs_usage(path: &Path) -> (u64, u64) {
-    let out = Command::new("btrfs")
-        .args(["filesystem", "du", "--raw", "-s"])
-        .arg(path)
-        .output()
-        .expect("btrfs (btrfs-progs)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().nth(1).expect("a summary line");
-    let mut numbers = line.split_whitespace().map(|n| n.parse::<u64>().unwrap());
-    (numbers.next().unwrap(), numbers.next().unwrap())
 }

@@ -661,18 +661,6 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// `btrfs filesystem du --raw -s PATH`: the bytes only PATH's files use (`Exclusive`).
-fn btrfs_exclusive(path: &Path) -> u64 {
-    let out = Command::new("btrfs")
-        .args(["filesystem", "du", "--raw", "-s"])
-        .arg(path)
-        .output()
-        .expect("btrfs (btrfs-progs)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().nth(1).expect("a summary line");
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
 /// On a filesystem that shares extents (btrfs), an import into a store there clones each
 /// file (`FICLONE`) instead of copying it: the store's objects use almost no space of
 /// their own, every object still holds what its name says (fsck reads them all), and a
@@ -719,7 +707,7 @@ fn an_import_on_btrfs_shares_the_sources_extents() {
     let answer = import(&store, &[("app/0", &cp)]);
     assert_eq!(answer["id"], 1, "{answer}");
     run_sync();
-    let exclusive = btrfs_exclusive(&store.join("objects"));
+    let exclusive = crate::common::btrfs::usage(&store.join("objects")).1;
     assert!(
         exclusive < sst_bytes / 20,
         "the store's objects use {exclusive} bytes of their own for {sst_bytes} bytes of SSTs"
@@ -732,7 +720,7 @@ fn an_import_on_btrfs_shares_the_sources_extents() {
         restored.to_str().unwrap(),
     ]));
     run_sync();
-    let exclusive = btrfs_exclusive(&restored);
+    let exclusive = crate::common::btrfs::usage(&restored).1;
     assert!(
         exclusive < sst_bytes / 20,
         "the restore uses {exclusive} bytes of its own for {sst_bytes} bytes of SSTs"

@@ -37,3 +37,17 @@ impl Drop for Btrfs {
         let _ = Command::new("umount").arg(&self.mnt).status();
     }
 }
+
+/// `btrfs filesystem du --raw -s PATH`: PATH's bytes, and those only its files use
+/// (`Exclusive`: not shared with another file's extents).
+pub fn usage(path: &std::path::Path) -> (u64, u64) {
+    let out = Command::new("btrfs")
+        .args(["filesystem", "du", "--raw", "-s"])
+        .arg(path)
+        .output()
+        .expect("btrfs (btrfs-progs)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().nth(1).expect("a summary line");
+    let mut numbers = line.split_whitespace().map(|n| n.parse::<u64>().unwrap());
+    (numbers.next().unwrap(), numbers.next().unwrap())
+}

@@ -509,16 +509,9 @@ mod tests {
     /// `_metadata` is one ckptfs imports.
     #[test]
     fn a_refused_checkpoint_is_read_again_only_once_changed_and_failures_back_off() {
-        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/flink/job1");
         let dir = tempfile::tempdir().unwrap();
         let job = dir.path().join(JOB);
-        assert!(std::process::Command::new("cp")
-            .arg("-a")
-            .arg(&fixture)
-            .arg(&job)
-            .status()
-            .unwrap()
-            .success());
+        crate::flink::copy_of_fixture(&job);
         let metadata_of = |n: u64| job.join(format!("chk-{n}/_metadata"));
         let mut good = BTreeMap::new();
         for n in [4, 5, 6] {
@@ -595,16 +588,9 @@ mod tests {
     /// looks (every one was, at every look).
     #[test]
     fn a_job_directory_under_another_name_is_read_once() {
-        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/flink/job1");
         let dir = tempfile::tempdir().unwrap();
         let copy = dir.path().join("job-copy");
-        assert!(std::process::Command::new("cp")
-            .arg("-a")
-            .arg(&fixture)
-            .arg(&copy)
-            .status()
-            .unwrap()
-            .success());
+        crate::flink::copy_of_fixture(&copy);
         let engine = Engine::open(crate::EngineConfig::new(dir.path().join("store"))).unwrap();
         let tree = Arc::new(CountingTree::open(&copy));
         let src = FlinkSource::of_tree(tree.clone());
@@ -634,16 +620,9 @@ mod tests {
     /// held is not imported again.
     #[test]
     fn a_later_line_of_a_job_is_imported_and_its_drop_sticks() {
-        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/flink/job1");
         let dir = tempfile::tempdir().unwrap();
         let job = dir.path().join(JOB);
-        assert!(std::process::Command::new("cp")
-            .arg("-a")
-            .arg(&fixture)
-            .arg(&job)
-            .status()
-            .unwrap()
-            .success());
+        crate::flink::copy_of_fixture(&job);
         let metadata_of = |n: u64| job.join(format!("chk-{n}/_metadata"));
         for n in [4, 5, 6] {
             set_mtime(&metadata_of(n), 10_000 + n);

@@ -1097,16 +1097,9 @@ mod tests {
 
     #[test]
     fn a_file_named_by_many_handles_is_held_open_once() {
-        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/flink/job1");
         let dir = tempfile::tempdir().unwrap();
         let job = dir.path().join("job");
-        assert!(std::process::Command::new("cp")
-            .arg("-a")
-            .arg(&fixture)
-            .arg(&job)
-            .status()
-            .unwrap()
-            .success());
+        crate::flink::copy_of_fixture(&job);
         // Every uploaded file's handle names one file, with its size.
         let metadata_path = job.join("chk-6/_metadata");
         let bytes = std::fs::read(&metadata_path).unwrap();

@@ -10,3 +10,18 @@ pub mod gc;
 pub mod import;
 pub mod listing;
 pub mod metadata;
+
+/// A copy of the Flink fixture's job directory (`tests/fixtures/flink/job1`, a real Flink
+/// 2.3 job's) at `to`, for tests that change it.
+#[cfg(test)]
+pub(crate) fn copy_of_fixture(to: &std::path::Path) {
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/flink/job1");
+    assert!(std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&fixture)
+        .arg(to)
+        .status()
+        .unwrap()
+        .success());
+}
