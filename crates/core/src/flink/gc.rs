@@ -346,159 +346,19 @@ pub fn plan(src: &FlinkSource, options: &GcOptions) -> Result<GcPlan> {
         )));
     }
     // 1. The listing, before any `_metadata` is read.
-    let mut scans = Vec::new();
-    for dir in &dirs {
-        let files = tree.walk(dir)?;
-        let prefix_len = if dir.is_empty() { 0 } else { dir.len() + 1 };
-        let checkpoints = files
-            .iter()
-            .filter(|w| w.kind == EntryKind::Dir && !w.rel[prefix_len..].contains('/'))
-            .filter_map(|w| chk_number(&w.rel[prefix_len..]))
-            .collect();
-        scans.push(JobScan {
-            dir: dir.clone(),
-            files,
-            checkpoints,
-        });
-    }
-    // Each job directory's own time, from a listing of the root (SRC itself, when it is
-    // the job's directory, has none: the times of what is below it are used).
-    let dir_times: BTreeMap<String, Option<SystemTime>> = if dirs.iter().any(|d| !d.is_empty()) {
-        tree.list("")?
-            .into_iter()
-            .filter(|e| e.kind == EntryKind::Dir)
-            .map(|e| (e.name, e.modified))
-            .collect()
-    } else {
-        BTreeMap::new()
-    };
-    // 2. Every completed checkpoint's `_metadata`, looked for again in every `chk-N/`
-    // listed (one may have completed since), and under the reference roots.
-    let mut named = Vec::new();
-    let mut outside = 0u64;
-    for scan in &scans {
-        for &n in &scan.checkpoints {
-            let rel = join(&scan.dir, &format!("chk-{n}/{METADATA}"));
-            let listed = scan.files.iter().find(|w| w.rel == rel);
-            let at = listed.and_then(|w| w.modified);
-            if let Some(found) = read_named(tree.as_ref(), tree.as_ref(), &scan.dir, n, &rel, at)? {
-                outside += found.1;
-                named.push(found.0);
-            }
-        }
-    }
-    // A moved or copied job directory: its checkpoints name the original's files, which
-    // its own shared/ holds under the same names. Judged by its paths, every file would
-    // look unreferenced: refused.
+    let scans = scan_jobs(tree.as_ref(), &dirs)?;
+    let dir_times = job_dir_times(tree.as_ref(), &dirs)?;
+    // 2. Every completed checkpoint's `_metadata`, and what names files elsewhere.
+    let (named, outside) = read_completed(tree.as_ref(), &scans)?;
     let listed: BTreeSet<&str> = scans
         .iter()
         .flat_map(|scan| scan.files.iter().map(|w| w.rel.as_str()))
         .collect();
-    for n in &named {
-        let copies = n
-            .outside
-            .iter()
-            .filter(|name| listed.contains(join(&join(&n.job, "shared"), name).as_str()))
-            .count();
-        if copies > 0 {
-            return Err(Error::Invalid(format!(
-                "{}: checkpoint {} names {copies} files outside {} that its shared/ holds \
-                 under the same names: the directory was moved or copied, and its \
-                 checkpoints name the original's files; nothing was deleted",
-                tree.show(&n.job),
-                n.checkpoint,
-                src.describe()
-            )));
-        }
-    }
-    // Checkpoints that name files no longer there (Flink deleted them, or they were lost):
-    // they cannot be restored, whatever is deleted now.
-    let mut broken = Vec::new();
-    for n in &named {
-        let mut missing = 0u64;
-        for file in &n.files {
-            if !listed.contains(file.as_str()) && tree.size_of(file).ok().flatten().is_none() {
-                missing += 1;
-            }
-        }
-        if missing > 0 {
-            broken.push(Broken {
-                job: n.job.clone(),
-                checkpoint: n.checkpoint,
-                missing,
-            });
-        }
-    }
-    let mut referenced_elsewhere = BTreeSet::new();
-    for also in src.also_trees() {
-        for dir in job_dirs(also.as_ref())? {
-            for entry in also.list(&dir)? {
-                let Some(n) = chk_number(&entry.name).filter(|_| entry.kind == EntryKind::Dir)
-                else {
-                    continue;
-                };
-                let rel = join(&dir, &format!("chk-{n}/{METADATA}"));
-                let now = Some(options.now);
-                if let Some((found, _)) =
-                    read_named(also.as_ref(), tree.as_ref(), &dir, n, &rel, now)?
-                {
-                    referenced_elsewhere.extend(found.files);
-                }
-            }
-        }
-    }
+    refuse_a_moved_job(src, &named, &listed)?;
+    let broken = broken_checkpoints(tree.as_ref(), &named, &listed);
+    let referenced_elsewhere = referenced_elsewhere(src, options)?;
     // 3. Retained: per job the newest `num_retained`, and any younger than the grace.
-    let mut by_job: BTreeMap<&str, Vec<&Named>> = BTreeMap::new();
-    for n in &named {
-        by_job.entry(n.job.as_str()).or_default().push(n);
-    }
-    let mut retained_files: BTreeSet<&str> =
-        referenced_elsewhere.iter().map(|s| s.as_str()).collect();
-    let mut unretained_named: Vec<&Named> = Vec::new();
-    let mut completed_dirs: BTreeMap<(String, u64), bool> = BTreeMap::new();
-    let mut jobs = Vec::new();
-    for scan in &scans {
-        let mut mine = by_job.remove(scan.dir.as_str()).unwrap_or_default();
-        mine.sort_by_key(|n| std::cmp::Reverse(n.checkpoint));
-        let last = last_written(scan, dir_times.get(&scan.dir).copied().flatten());
-        let apart = mine
-            .windows(2)
-            .filter_map(|w| w[0].completed.duration_since(w[1].completed).ok())
-            .max()
-            .unwrap_or_default();
-        let mut summary = JobSummary {
-            job: scan.dir.clone(),
-            completed: mine.iter().rev().map(|n| n.checkpoint).collect(),
-            retained: Vec::new(),
-            incomplete: Vec::new(),
-            last_written_unix_ms: last.map(unix_ms).unwrap_or(0),
-            checkpoints_apart_ms: apart.as_millis() as u64,
-            writing: last.is_none_or(|t| t >= cutoff)
-                || apart + options.checkpoint_timeout > options.grace,
-        };
-        for (i, n) in mine.iter().enumerate() {
-            let retained = i < options.num_retained || n.completed >= cutoff;
-            completed_dirs.insert((scan.dir.clone(), n.checkpoint), retained);
-            if retained {
-                summary.retained.push(n.checkpoint);
-                retained_files.extend(n.files.iter().map(|s| s.as_str()));
-            } else {
-                unretained_named.push(n);
-            }
-        }
-        summary.retained.sort_unstable();
-        summary.incomplete = scan
-            .checkpoints
-            .iter()
-            .filter(|n| !completed_dirs.contains_key(&(scan.dir.clone(), **n)))
-            .copied()
-            .collect();
-        jobs.push(summary);
-    }
-    let unretained_referenced: BTreeSet<&str> = unretained_named
-        .iter()
-        .flat_map(|n| n.files.iter().map(|s| s.as_str()))
-        .collect();
+    let kept = Retention::of(&scans, &named, &dir_times, &referenced_elsewhere, options);
     // 4. Every listed file judged.
     let mut plan = GcPlan {
         source: src.describe(),
@@ -506,7 +366,7 @@ pub fn plan(src: &FlinkSource, options: &GcOptions) -> Result<GcPlan> {
         grace_s: options.grace.as_secs_f64(),
         checkpoint_timeout_s: options.checkpoint_timeout.as_secs_f64(),
         num_retained: options.num_retained,
-        jobs,
+        jobs: Vec::new(),
         scanned: Count::default(),
         garbage: Vec::new(),
         garbage_total: Count::default(),
@@ -519,22 +379,251 @@ pub fn plan(src: &FlinkSource, options: &GcOptions) -> Result<GcPlan> {
         outside,
         broken,
     };
-    let mut unretained_counts: BTreeMap<(String, u64), (Count, Count)> = BTreeMap::new();
-    let writing: BTreeSet<String> = plan
-        .jobs
-        .iter()
-        .filter(|j| j.writing)
-        .map(|j| j.job.clone())
-        .collect();
-    for scan in &scans {
-        let prefix_len = if scan.dir.is_empty() {
-            0
-        } else {
-            scan.dir.len() + 1
+    let counts = judge_files(&mut plan, &scans, &kept, cutoff);
+    // 5. The unretained checkpoints, what each holds alone, and the totals.
+    summarize(&mut plan, src, &kept.unretained, &counts);
+    plan.jobs = kept.jobs;
+    Ok(plan)
+}
+
+/// Step 1: each job directory's files, and its `chk-N` directories.
+fn scan_jobs(tree: &dyn Tree, dirs: &[String]) -> Result<Vec<JobScan>> {
+    let mut scans = Vec::new();
+    for dir in dirs {
+        let files = tree.walk(dir)?;
+        let prefix_len = prefix_len(dir);
+        let checkpoints = files
+            .iter()
+            .filter(|w| w.kind == EntryKind::Dir && !w.rel[prefix_len..].contains('/'))
+            .filter_map(|w| chk_number(&w.rel[prefix_len..]))
+            .collect();
+        scans.push(JobScan {
+            dir: dir.clone(),
+            files,
+            checkpoints,
+        });
+    }
+    Ok(scans)
+}
+
+/// The length of `dir/` in a path below it (0 for the root).
+fn prefix_len(dir: &str) -> usize {
+    if dir.is_empty() {
+        0
+    } else {
+        dir.len() + 1
+    }
+}
+
+/// Each job directory's own time, from a listing of the root (SRC itself, when it is the
+/// job's directory, has none: the times of what is below it are used).
+fn job_dir_times(tree: &dyn Tree, dirs: &[String]) -> Result<BTreeMap<String, Option<SystemTime>>> {
+    if !dirs.iter().any(|d| !d.is_empty()) {
+        return Ok(BTreeMap::new());
+    }
+    Ok(tree
+        .list("")?
+        .into_iter()
+        .filter(|e| e.kind == EntryKind::Dir)
+        .map(|e| (e.name, e.modified))
+        .collect())
+}
+
+/// Step 2: every completed checkpoint's `_metadata`, looked for again in every `chk-N/`
+/// listed (one may have completed since); with how many files they name outside SRC.
+fn read_completed(tree: &dyn Tree, scans: &[JobScan]) -> Result<(Vec<Named>, u64)> {
+    let mut named = Vec::new();
+    let mut outside = 0u64;
+    for scan in scans {
+        for &n in &scan.checkpoints {
+            let rel = join(&scan.dir, &format!("chk-{n}/{METADATA}"));
+            let listed = scan.files.iter().find(|w| w.rel == rel);
+            let at = listed.and_then(|w| w.modified);
+            if let Some(found) = read_named(tree, tree, &scan.dir, n, &rel, at)? {
+                outside += found.1;
+                named.push(found.0);
+            }
+        }
+    }
+    Ok((named, outside))
+}
+
+/// A moved or copied job directory: its checkpoints name the original's files, which its
+/// own shared/ holds under the same names. Judged by its paths, every file would look
+/// unreferenced: refused.
+fn refuse_a_moved_job(src: &FlinkSource, named: &[Named], listed: &BTreeSet<&str>) -> Result<()> {
+    for n in named {
+        let copies = n
+            .outside
+            .iter()
+            .filter(|name| listed.contains(join(&join(&n.job, "shared"), name).as_str()))
+            .count();
+        if copies > 0 {
+            return Err(Error::Invalid(format!(
+                "{}: checkpoint {} names {copies} files outside {} that its shared/ holds \
+                 under the same names: the directory was moved or copied, and its \
+                 checkpoints name the original's files; nothing was deleted",
+                src.tree().show(&n.job),
+                n.checkpoint,
+                src.describe()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checkpoints that name files no longer there (Flink deleted them, or they were lost):
+/// they cannot be restored, whatever is deleted now.
+fn broken_checkpoints(tree: &dyn Tree, named: &[Named], listed: &BTreeSet<&str>) -> Vec<Broken> {
+    let mut broken = Vec::new();
+    for n in named {
+        let missing = n
+            .files
+            .iter()
+            .filter(|file| {
+                !listed.contains(file.as_str()) && tree.size_of(file).ok().flatten().is_none()
+            })
+            .count() as u64;
+        if missing > 0 {
+            broken.push(Broken {
+                job: n.job.clone(),
+                checkpoint: n.checkpoint,
+                missing,
+            });
+        }
+    }
+    broken
+}
+
+/// The files below SRC that the checkpoints under the reference roots name.
+fn referenced_elsewhere(src: &FlinkSource, options: &GcOptions) -> Result<BTreeSet<String>> {
+    let tree = src.tree();
+    let mut referenced = BTreeSet::new();
+    for also in src.also_trees() {
+        for dir in job_dirs(also.as_ref())? {
+            for entry in also.list(&dir)? {
+                let Some(n) = chk_number(&entry.name).filter(|_| entry.kind == EntryKind::Dir)
+                else {
+                    continue;
+                };
+                let rel = join(&dir, &format!("chk-{n}/{METADATA}"));
+                let now = Some(options.now);
+                if let Some((found, _)) =
+                    read_named(also.as_ref(), tree.as_ref(), &dir, n, &rel, now)?
+                {
+                    referenced.extend(found.files);
+                }
+            }
+        }
+    }
+    Ok(referenced)
+}
+
+/// Step 3: what each job retains.
+struct Retention<'a> {
+    /// Each job's summary.
+    jobs: Vec<JobSummary>,
+    /// Every file a retained checkpoint (or one under a reference root) names.
+    retained_files: BTreeSet<&'a str>,
+    /// The completed checkpoints not retained.
+    unretained: Vec<&'a Named>,
+    /// Every file those name.
+    unretained_files: BTreeSet<&'a str>,
+    /// Each completed checkpoint (job, id): retained or not.
+    completed: BTreeMap<(String, u64), bool>,
+    /// The jobs that may still be writing (rule 4).
+    writing: BTreeSet<String>,
+}
+
+impl<'a> Retention<'a> {
+    fn of(
+        scans: &[JobScan],
+        named: &'a [Named],
+        dir_times: &BTreeMap<String, Option<SystemTime>>,
+        referenced_elsewhere: &'a BTreeSet<String>,
+        options: &GcOptions,
+    ) -> Retention<'a> {
+        let cutoff = options.cutoff();
+        let mut by_job: BTreeMap<&str, Vec<&Named>> = BTreeMap::new();
+        for n in named {
+            by_job.entry(n.job.as_str()).or_default().push(n);
+        }
+        let mut kept = Retention {
+            jobs: Vec::new(),
+            retained_files: referenced_elsewhere.iter().map(|s| s.as_str()).collect(),
+            unretained: Vec::new(),
+            unretained_files: BTreeSet::new(),
+            completed: BTreeMap::new(),
+            writing: BTreeSet::new(),
         };
+        for scan in scans {
+            let mut mine = by_job.remove(scan.dir.as_str()).unwrap_or_default();
+            mine.sort_by_key(|n| std::cmp::Reverse(n.checkpoint));
+            let last = last_written(scan, dir_times.get(&scan.dir).copied().flatten());
+            let apart = mine
+                .windows(2)
+                .filter_map(|w| w[0].completed.duration_since(w[1].completed).ok())
+                .max()
+                .unwrap_or_default();
+            let mut summary = JobSummary {
+                job: scan.dir.clone(),
+                completed: mine.iter().rev().map(|n| n.checkpoint).collect(),
+                retained: Vec::new(),
+                incomplete: Vec::new(),
+                last_written_unix_ms: last.map(unix_ms).unwrap_or(0),
+                checkpoints_apart_ms: apart.as_millis() as u64,
+                writing: last.is_none_or(|t| t >= cutoff)
+                    || apart + options.checkpoint_timeout > options.grace,
+            };
+            for (i, n) in mine.iter().enumerate() {
+                let retained = i < options.num_retained || n.completed >= cutoff;
+                kept.completed
+                    .insert((scan.dir.clone(), n.checkpoint), retained);
+                if retained {
+                    summary.retained.push(n.checkpoint);
+                    kept.retained_files
+                        .extend(n.files.iter().map(|s| s.as_str()));
+                } else {
+                    kept.unretained.push(n);
+                }
+            }
+            summary.retained.sort_unstable();
+            summary.incomplete = scan
+                .checkpoints
+                .iter()
+                .filter(|n| !kept.completed.contains_key(&(scan.dir.clone(), **n)))
+                .copied()
+                .collect();
+            if summary.writing {
+                kept.writing.insert(summary.job.clone());
+            }
+            kept.jobs.push(summary);
+        }
+        kept.unretained_files = kept
+            .unretained
+            .iter()
+            .flat_map(|n| n.files.iter().map(|s| s.as_str()))
+            .collect();
+        kept
+    }
+}
+
+/// Per unretained checkpoint (job, id): the bytes of its own directory and of the shared
+/// files only unretained checkpoints name.
+type UnretainedCounts = BTreeMap<(String, u64), (Count, Count)>;
+
+/// Step 4: every listed file judged into `plan`.
+fn judge_files(
+    plan: &mut GcPlan,
+    scans: &[JobScan],
+    kept: &Retention<'_>,
+    cutoff: SystemTime,
+) -> UnretainedCounts {
+    let mut counts = UnretainedCounts::new();
+    for scan in scans {
+        let prefix_len = prefix_len(&scan.dir);
         for file in &scan.files {
-            let below = &file.rel[prefix_len..];
-            let place = place_of(below);
+            let place = place_of(&file.rel[prefix_len..]);
             if matches!(place, Place::Elsewhere) || file.kind == EntryKind::Dir {
                 continue;
             }
@@ -555,11 +644,14 @@ pub fn plan(src: &FlinkSource, options: &GcOptions) -> Result<GcPlan> {
                 seen: file.clone(),
             };
             match place {
-                Place::Checkpoint(n) => match completed_dirs.get(&(scan.dir.clone(), n)) {
+                Place::Checkpoint(n) => match kept.completed.get(&(scan.dir.clone(), n)) {
                     Some(true) => {}
                     Some(false) => {
-                        let counts = unretained_counts.entry((scan.dir.clone(), n)).or_default();
-                        counts.0.add(file.size);
+                        counts
+                            .entry((scan.dir.clone(), n))
+                            .or_default()
+                            .0
+                            .add(file.size);
                         if !young {
                             plan.unretained_files
                                 .push(judged(Reason::Unretained, Some(n)));
@@ -569,22 +661,24 @@ pub fn plan(src: &FlinkSource, options: &GcOptions) -> Result<GcPlan> {
                     None => plan.garbage.push(judged(Reason::InFlight, Some(n))),
                 },
                 Place::Shared(merged) => {
-                    if retained_files.contains(file.rel.as_str()) {
+                    if kept.retained_files.contains(file.rel.as_str()) {
                         continue;
                     }
                     // Rule 4: a file its job's pool may still append to.
-                    let pooled = merged && writing.contains(&scan.dir);
+                    let pooled = merged && kept.writing.contains(&scan.dir);
                     if pooled && !young {
                         plan.pooled.add(file.size);
-                    } else if unretained_referenced.contains(file.rel.as_str()) {
-                        for n in unretained_named
+                    } else if kept.unretained_files.contains(file.rel.as_str()) {
+                        for n in kept
+                            .unretained
                             .iter()
                             .filter(|n| n.files.contains(&file.rel))
                         {
-                            let counts = unretained_counts
+                            counts
                                 .entry((n.job.clone(), n.checkpoint))
-                                .or_default();
-                            counts.1.add(file.size);
+                                .or_default()
+                                .1
+                                .add(file.size);
                         }
                         if !young {
                             plan.unretained_files.push(judged(Reason::Unretained, None));
@@ -599,6 +693,16 @@ pub fn plan(src: &FlinkSource, options: &GcOptions) -> Result<GcPlan> {
             }
         }
     }
+    counts
+}
+
+/// Step 5: each unretained checkpoint with what it holds, everything sorted, the totals.
+fn summarize(
+    plan: &mut GcPlan,
+    src: &FlinkSource,
+    unretained: &[&Named],
+    counts: &UnretainedCounts,
+) {
     // A job directory given as SRC is named by its own name (the job id, unless copied).
     let root_name = src
         .describe()
@@ -607,8 +711,8 @@ pub fn plan(src: &FlinkSource, options: &GcOptions) -> Result<GcPlan> {
         .next()
         .unwrap_or("")
         .to_string();
-    for n in unretained_named.iter().rev() {
-        let (own, shared) = unretained_counts
+    for n in unretained.iter().rev() {
+        let (own, shared) = counts
             .get(&(n.job.clone(), n.checkpoint))
             .copied()
             .unwrap_or_default();
@@ -636,7 +740,6 @@ pub fn plan(src: &FlinkSource, options: &GcOptions) -> Result<GcPlan> {
     for g in &plan.unretained_files {
         plan.unretained_total.add(g.bytes);
     }
-    Ok(plan)
 }
 
 /// Checkpoint `n`'s `_metadata` at `rel` of `tree`, read and parsed, and the files it
