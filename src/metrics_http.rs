@@ -47,7 +47,6 @@ use ckptfs_core::coordinator::Engine;
 use ckptfs_core::error::{Error, Result};
 use ckptfs_core::metrics;
 
-use crate::daemon::tasks::SharedFollowerView;
 use crate::page::Page;
 
 /// A client that has not sent its request headers after this long is dropped; so is a
@@ -106,12 +105,8 @@ pub struct MetricsServer {
 
 impl MetricsServer {
     /// Serve `engine`'s metrics and page on `listener` (from [`bind`]) in a thread of its
-    /// own; `follower` is what the daemon's Flink follower saw, if it follows a job.
-    pub fn start(
-        listener: TcpListener,
-        engine: Engine,
-        follower: Option<SharedFollowerView>,
-    ) -> Result<MetricsServer> {
+    /// own.
+    pub fn start(listener: TcpListener, engine: Engine) -> Result<MetricsServer> {
         let addr = listener
             .local_addr()
             .map_err(|e| Error::io("metrics endpoint address", e))?;
@@ -126,7 +121,7 @@ impl MetricsServer {
             .build()
             .map_err(|e| Error::io("start the metrics endpoint", e))?;
         let (stop, stopped) = tokio::sync::oneshot::channel();
-        let page = Arc::new(Page::new(engine.clone(), follower));
+        let page = Arc::new(Page::new(engine.clone()));
         let limits = Limits::from_env();
         let thread = std::thread::Builder::new()
             .name("metrics-http".into())

@@ -238,14 +238,8 @@ pub fn serve(
         } else {
             Engine::open(config.engine.clone())?
         };
-        let follower = config.flink.as_ref().map(|src| {
-            Arc::new(std::sync::Mutex::new(tasks::FollowerView {
-                source: src.display().to_string(),
-                ..Default::default()
-            }))
-        });
         let metrics_server = metrics_listener
-            .map(|listener| MetricsServer::start(listener, engine.clone(), follower.clone()))
+            .map(|listener| MetricsServer::start(listener, engine.clone()))
             .transpose()?;
         let controller = Arc::new(Controller::new(engine.clone()));
         let background = match &config.mountpoint {
@@ -274,8 +268,7 @@ pub fn serve(
                 .and_then(|ms| ms.parse().ok())
                 .map(Duration::from_millis)
                 .unwrap_or(if on_s3 { FLINK_POLL_S3 } else { FLINK_POLL });
-            let view = follower.clone().unwrap_or_default();
-            tasks.flink_follow(src.clone(), config.flink_roots.clone(), poll, view)?;
+            tasks.flink_follow(src.clone(), config.flink_roots.clone(), poll)?;
         }
         if let Some(period) = config.small_file_compaction.filter(|_| !config.read_only) {
             tasks.small_file_compaction(period, Default::default())?;

@@ -20,24 +20,6 @@ use ckptfs_core::fsutil::lock;
 use crate::control::Controller;
 use crate::retry::is_busy;
 
-/// What the Flink follower saw at its last look, for the daemon's page (`/`).
-#[derive(Debug, Clone, Default)]
-pub struct FollowerView {
-    /// The directory or `s3://` prefix followed (`mount --flink SRC`).
-    pub source: String,
-    /// When the last look that could list Flink's checkpoints ended, in milliseconds since
-    /// the Unix epoch.
-    pub looked_unix_ms: Option<u64>,
-    /// Flink's newest completed checkpoint at that look: the job directory's name, its id.
-    pub newest_completed: Option<(String, u64)>,
-    /// The Flink job id of the newest checkpoint this follower imported (the directory's
-    /// name is the id unless it is a copy under another name).
-    pub job: Option<String>,
-}
-
-/// A [`FollowerView`] the follower writes and the page reads.
-pub type SharedFollowerView = Arc<Mutex<FollowerView>>;
-
 /// The running periodic tasks of one mount.
 pub struct Tasks {
     controller: Arc<Controller>,
@@ -110,7 +92,10 @@ impl Tasks {
     /// decides what they held.
     pub fn expire_pins(&mut self, period: Duration) -> Result<()> {
         self.every(period, None, "ckptfs-expire", |this| {
-            match this.engine().expire_pins(unix_ms_now()) {
+            match this
+                .engine()
+                .expire_pins(ckptfs_core::fsutil::now_unix_ms())
+            {
                 Ok(gone) if gone.is_empty() => {}
                 Ok(gone) => {
                     for (name, id) in gone {
@@ -147,7 +132,6 @@ impl Tasks {
         src: PathBuf,
         roots: Vec<PathBuf>,
         period: Duration,
-        view: SharedFollowerView,
     ) -> Result<()> {
         let source = OnceLock::new();
         // What the follower remembers between its looks: the listing, failed checkpoints.
@@ -173,16 +157,6 @@ impl Tasks {
             let mut retries = lock(&retries);
             match this.engine().follow_flink(source, &mut retries) {
                 Ok(imports) => {
-                    {
-                        let mut view = lock(&view);
-                        view.looked_unix_ms = Some(unix_ms_now());
-                        view.newest_completed = retries
-                            .newest_completed()
-                            .map(|(job, id)| (job.to_string(), id));
-                        if let Some(i) = imports.iter().rev().find(|i| i.result.is_ok()) {
-                            view.job = Some(i.job.clone());
-                        }
-                    }
                     for imported in &imports {
                         if let Err(e) = &imported.result {
                             let again = match imported.retry {
@@ -290,11 +264,4 @@ impl Tasks {
             }
         }
     }
-}
-
-/// Now, in milliseconds since the Unix epoch.
-pub fn unix_ms_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

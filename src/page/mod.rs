@@ -32,7 +32,7 @@ use ckptfs_core::commands::history;
 use ckptfs_core::coordinator::{Engine, EngineStatus};
 use ckptfs_core::fsutil::lock;
 
-use crate::daemon::tasks::{unix_ms_now, SharedFollowerView};
+use ckptfs_core::fsutil::now_unix_ms as unix_ms_now;
 
 /// The checkpoints listed one by one in the page's table (the plot shows all of them).
 pub const TABLE_CHECKPOINTS: usize = 50;
@@ -139,19 +139,18 @@ pub struct Rendered {
     pub foot: Bytes,
 }
 
-/// The page of one daemon: its engine, what its Flink follower saw, the cached figures.
+/// The page of one daemon: its engine (with what its Flink follower saw), the cached
+/// figures.
 pub struct Page {
     engine: Engine,
-    follower: Option<SharedFollowerView>,
     drawn: Mutex<Option<Arc<Drawn>>>,
 }
 
 impl Page {
-    /// The page of `engine`, whose Flink follower (if it follows a job) writes `follower`.
-    pub fn new(engine: Engine, follower: Option<SharedFollowerView>) -> Page {
+    /// The page of `engine`.
+    pub fn new(engine: Engine) -> Page {
         Page {
             engine,
-            follower,
             drawn: Mutex::new(None),
         }
     }
@@ -332,18 +331,17 @@ impl Page {
             .iter()
             .rev()
             .find_map(|m| m.flink.as_ref().map(|f| (f, m.completed_unix_ms)));
-        let view = self.follower.as_ref().map(|v| lock(v).clone());
         let health = self.engine.follower_health();
         let now = unix_ms_now();
         let mut attrs = String::new();
         let mut lines = Vec::new();
-        let _ = write!(attrs, " data-followed=\"{}\"", view.is_some());
-        match (&view, &health) {
-            (Some(v), Some(h)) => {
-                let _ = write!(attrs, " data-source=\"{}\"", escape(&v.source));
+        let _ = write!(attrs, " data-followed=\"{}\"", health.is_some());
+        match &health {
+            Some(h) => {
+                let _ = write!(attrs, " data-source=\"{}\"", escape(&h.source));
                 lines.push(format!(
                     "Following <code>{}</code> (<code>mount --flink</code>).",
-                    escape(&v.source)
+                    escape(&h.source)
                 ));
                 match h.looked_unix_ms {
                     Some(at) => {
@@ -393,7 +391,7 @@ impl Page {
                     None => lines.push("Flink has completed no checkpoint yet.".into()),
                 }
             }
-            _ => lines.push(
+            None => lines.push(
                 "This daemon follows no Flink job (<code>ckptfs mount --flink SRC</code> \
                  does)."
                     .into(),
