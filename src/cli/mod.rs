@@ -63,7 +63,8 @@ pub(crate) enum Command {
     /// While other checkpoints hold every slot of the mount's --max-concurrent, the daemon
     /// answers busy; this command retries until --wait seconds have passed.
     Checkpoint {
-        /// The mountpoint of a running ckptfs daemon.
+        /// A mountpoint, or a store a running daemon holds (mount or serve: through the
+        /// socket in its state directory).
         mountpoint: PathBuf,
         /// Seconds to keep retrying while the daemon is busy (0: fail at once).
         #[arg(long, default_value_t = 600)]
@@ -79,11 +80,12 @@ pub(crate) enum Command {
     /// carried over unchanged by later checkpoints until imported again. Every other
     /// backend of the store is carried over too. SSTs whose device, inode, size and mtime
     /// are those of the backend's previous import are not read again. TARGET is a
-    /// mountpoint (its daemon imports) or a store that no daemon holds: a store directory,
-    /// a path that does not exist yet (a new store), or s3://BUCKET/PREFIX, which needs
-    /// --state DIR.
+    /// mountpoint or a store a daemon holds (its daemon imports; a store's through the
+    /// socket in its state directory), or else a store written directly: a store
+    /// directory, a path that does not exist yet (a new store), or s3://BUCKET/PREFIX,
+    /// which needs --state DIR.
     Import {
-        /// A mountpoint, or a store written directly.
+        /// A mountpoint or a store: its daemon's, when one holds it; else written directly.
         target: PathBuf,
         /// BACKEND=DIR: the backend (OPERATOR/SUBTASK) and its RocksDB checkpoint directory.
         #[arg(required = true, value_name = "BACKEND=DIR", value_parser = parse_import)]
@@ -113,12 +115,12 @@ pub(crate) enum Command {
     /// original names and Flink's meta data of it (FLINK-KEYED-META); the backend _flink/0
     /// keeps the checkpoint's _metadata and its other files (operator state), which
     /// export-flink needs. An operator the job no longer has is not carried over. Prints
-    /// the ids. TARGET is a mountpoint (its daemon imports) or a store no daemon holds (as
-    /// for import); importing twice imports nothing new.
+    /// the ids. TARGET is a mountpoint or a store, as for import (a daemon that holds it
+    /// imports); importing twice imports nothing new.
     ImportFlink {
         /// The Flink job's checkpoint directory, or the checkpoint root of its jobs.
         src: PathBuf,
-        /// A mountpoint, or a store written directly.
+        /// A mountpoint or a store: its daemon's, when one holds it; else written directly.
         target: PathBuf,
         /// A store on object storage: the local state directory.
         #[arg(long)]
@@ -184,7 +186,7 @@ pub(crate) enum Command {
     /// (EBUSY) until it is unpinned. The mount shows it as pinned/NAME -> ../cp-N. A NAME
     /// already pinned moves to N.
     Pin {
-        /// A mountpoint, or a store no daemon holds.
+        /// A mountpoint or a store: its daemon's, when one holds it; else written directly.
         target: PathBuf,
         /// The checkpoint's id (N of cp-N).
         checkpoint: u64,
@@ -197,7 +199,7 @@ pub(crate) enum Command {
     /// Remove pin NAME; its checkpoint is left to the retention policy, which applies at
     /// once.
     Unpin {
-        /// A mountpoint, or a store no daemon holds.
+        /// A mountpoint or a store: its daemon's, when one holds it; else written directly.
         target: PathBuf,
         /// The pin's name.
         name: String,
@@ -207,7 +209,8 @@ pub(crate) enum Command {
     },
     /// Drop checkpoint N (as rmdir MOUNTPOINT/cp-N does); the newest only with --force.
     Rm {
-        /// The mountpoint of a running ckptfs daemon.
+        /// A mountpoint, or a store a running daemon holds (mount or serve: through the
+        /// socket in its state directory).
         mountpoint: PathBuf,
         /// The checkpoint's id (N of cp-N).
         checkpoint: u64,
@@ -225,7 +228,8 @@ pub(crate) enum Command {
     },
     /// Write KEY=VALUE into a backend.
     Put {
-        /// The mountpoint of a running ckptfs daemon.
+        /// A mountpoint, or a store a running daemon holds (mount or serve: through the
+        /// socket in its state directory).
         mountpoint: PathBuf,
         /// The backend, <operator>/<subtask>.
         backend: BackendName,
@@ -236,7 +240,8 @@ pub(crate) enum Command {
     },
     /// Delete KEY from a backend.
     Del {
-        /// The mountpoint of a running ckptfs daemon.
+        /// A mountpoint, or a store a running daemon holds (mount or serve: through the
+        /// socket in its state directory).
         mountpoint: PathBuf,
         /// The backend, <operator>/<subtask>.
         backend: BackendName,
@@ -246,7 +251,8 @@ pub(crate) enum Command {
     /// Load tab-separated, percent-encoded KEY<TAB>VALUE lines (as `scan` prints them) from
     /// FILE or stdin into a backend, in atomic batches.
     Load {
-        /// The mountpoint of a running ckptfs daemon.
+        /// A mountpoint, or a store a running daemon holds (mount or serve: through the
+        /// socket in its state directory).
         mountpoint: PathBuf,
         /// The backend, <operator>/<subtask>.
         backend: BackendName,
@@ -646,7 +652,8 @@ impl KeepArgs {
 /// `ckptfs forget`'s options.
 #[derive(clap::Args)]
 pub(crate) struct ForgetArgs {
-    /// A mountpoint (its daemon decides), or a store no daemon holds: a directory, or
+    /// A mountpoint or a store a daemon holds (its daemon decides; a store's through the
+    /// socket in its state directory), or else a store written directly: a directory, or
     /// s3://BUCKET/PREFIX with --state DIR as well.
     pub(crate) target: PathBuf,
     /// Show what the policy would keep and drop; change nothing.
