@@ -553,3 +553,91 @@ fn a_mount_takes_commands_by_its_store() {
     m.umount();
     assert!(!socket_of(&m.store).exists(), "the socket is left behind");
 }
+
+/// Where Flink runs: `ckptfs serve` as nobody, with /dev/fuse unusable, follows a real
+/// Flink job as it checkpoints; through the socket nobody's CLI lists the imports, pins
+/// one, applies a policy that keeps the newest only (the pin outlives it) and unpins; the
+/// page answers, following the job; another user (daemon) is refused at the socket and
+/// changes nothing; SIGTERM ends it with exit 0.
+#[test]
+fn serve_as_nobody_follows_a_running_flink_job() {
+    let (dir, store) = store_dir(true);
+    let store_arg = store.to_string_lossy().into_owned();
+    let classpath =
+        crate::common::java::compile_java("tests/flink/StateJob.java", &dir.path().join("classes"));
+    let ck = dir.path().join("ck");
+    std::fs::create_dir(&ck).unwrap();
+    std::fs::set_permissions(&ck, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let port = crate::common::moto::free_port();
+    let script = format!(
+        "mount --bind /dev/null /dev/fuse || exit 97; \
+         exec setpriv --reuid=nobody --regid=nogroup --clear-groups {} serve {store_arg} \
+         --flink {} --metrics-listen 127.0.0.1:{port}",
+        public_bin(),
+        ck.display()
+    );
+    let mut command = Command::new("unshare");
+    command
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .env("CKPTFS_FLINK_POLL_MS", "200");
+    let mut served = Served::start(command, &store);
+    let listed = || -> Vec<serde_json::Value> {
+        let out = ok(as_nobody(&["ls", &store_arg, "--json"]));
+        serde_json::from_str::<serde_json::Value>(&out)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let mut job = crate::flink::Job::start(&classpath, &ck, 300, &[]);
+    let idle = job.checkpoint_with(300);
+    crate::flink::wait_for("the follower to import the job's checkpoints", || {
+        let ids: Vec<u64> = listed()
+            .iter()
+            .filter_map(|c| c["flink"]["checkpoint"].as_u64())
+            .collect();
+        ids.len() >= 2 && ids.iter().any(|&n| n >= idle)
+    });
+    job.kill();
+    let before = listed();
+    let oldest = before[0]["id"].as_u64().unwrap();
+    let newest = before.last().unwrap()["id"].as_u64().unwrap();
+    assert!(oldest < newest, "{before:?}");
+    // Another uid: refused at the socket (its directory is nobody's, 0700), nothing done.
+    let other = Command::new("runuser")
+        .args(["-u", "daemon", "--", public_bin(), "pin", &store_arg])
+        .args([&oldest.to_string(), "theirs"])
+        .output()
+        .unwrap();
+    assert!(!other.status.success(), "the user daemon was let in");
+    // nobody pins the oldest, keeps the newest only: the pin outlives the policy.
+    ok(as_nobody(&[
+        "pin",
+        &store_arg,
+        &oldest.to_string(),
+        "first",
+    ]));
+    ok(as_nobody(&["forget", &store_arg, "--keep-last", "1"]));
+    let kept: Vec<u64> = listed().iter().map(|c| c["id"].as_u64().unwrap()).collect();
+    assert_eq!(kept, [oldest, newest]);
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(as_nobody(&["status", &store_arg, "--json"]))).unwrap();
+    assert_eq!(status["pins"]["first"], oldest, "{status}");
+    assert!(status["pins"].get("theirs").is_none(), "{status}");
+    // The page answers, following the job.
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (code, _, page) = crate::metrics::http_get(addr, "/");
+    assert_eq!(code, 200);
+    assert!(page.contains("data-followed=\"true\""), "{page}");
+    ok(as_nobody(&["unpin", &store_arg, "first"]));
+    ok(as_nobody(&["forget", &store_arg]));
+    let kept: Vec<u64> = listed().iter().map(|c| c["id"].as_u64().unwrap()).collect();
+    assert_eq!(kept, [newest]);
+    let out = served.stop();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
