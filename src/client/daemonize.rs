@@ -20,7 +20,7 @@ pub fn daemonize(
     read_only: bool,
     log_file: Option<&Path>,
     args: &[std::ffi::OsString],
-) -> Result<ExitCode, Error> {
+) -> Result<Daemonized, Error> {
     let default_dir = match (store.local(), state) {
         (Some(root), _) if !read_only => ckptfs_core::repo::ensure_store_dir(root)?,
         (_, Some(state)) => {
@@ -82,7 +82,7 @@ pub fn daemonize(
             child.id(),
             log_path.display()
         );
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Daemonized::Ready);
     }
     let _ = child.wait();
     let message = line.strip_prefix("error: ").unwrap_or(line);
@@ -91,10 +91,32 @@ pub fn daemonize(
             "ckptfs: error: the daemon exited before the mount was ready; see {}",
             log_path.display()
         );
+        Ok(Daemonized::Died)
     } else {
         eprintln!("ckptfs: error: {message}");
+        Ok(Daemonized::Refused)
     }
-    Ok(ExitCode::from(1))
+}
+
+/// How a daemon [`daemonize`] started came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Daemonized {
+    /// It serves.
+    Ready,
+    /// It failed to start and said why (printed).
+    Refused,
+    /// It exited without a word: its log says why.
+    Died,
+}
+
+impl Daemonized {
+    /// The exit status of the command that started it.
+    pub fn exit_code(self) -> ExitCode {
+        match self {
+            Daemonized::Ready => ExitCode::SUCCESS,
+            Daemonized::Refused | Daemonized::Died => ExitCode::from(1),
+        }
+    }
 }
 
 /// True in the daemon a `ckptfs mount` started (its parent checked the paths and made

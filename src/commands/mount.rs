@@ -20,19 +20,84 @@ pub fn mount(mut args: MountArgs, argv: &[OsString]) -> Result<ExitCode, Error> 
     if args.daemon.state.is_none() && args.read_only {
         args.daemon.state = Some(args.read_only_state()?);
     }
+    // The process the user started (not the daemon it forks) removes a store it created
+    // if the mount fails.
+    let new_store = if daemonize::is_daemon_child() {
+        None
+    } else {
+        NewStore::of(&args)
+    };
     if !args.foreground {
-        return daemonize::daemonize(
+        let started = daemonize::daemonize(
             &args.store,
             args.daemon.state.as_deref(),
             args.read_only,
             args.log_file.as_deref(),
             argv.get(1..).unwrap_or_default(),
         );
+        // A daemon that died without a word keeps its log, which says why.
+        if matches!(started, Err(_) | Ok(daemonize::Daemonized::Refused)) {
+            if let Some(new_store) = new_store {
+                new_store.remove();
+            }
+        }
+        return started.map(daemonize::Daemonized::exit_code);
     }
     let config = args.into_config()?;
     ckptfs_core::lease::on_wait(daemonize::notify_note);
-    ckptfs::daemon::serve(config, daemonize::notify_ready)?;
+    if let Err(e) = ckptfs::daemon::serve(config, daemonize::notify_ready) {
+        if let Some(new_store) = new_store {
+            new_store.remove();
+        }
+        return Err(e);
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A local store a mount is about to create (STORE missing, or an empty directory): removed
+/// again when the mount fails, so that a failed mount leaves nothing behind.
+struct NewStore {
+    dir: std::path::PathBuf,
+    /// STORE existed (empty): only what is in it is removed.
+    existed: bool,
+}
+
+impl NewStore {
+    fn of(args: &MountArgs) -> Option<NewStore> {
+        let dir = args.store.local().filter(|_| !args.read_only)?;
+        match std::fs::read_dir(dir) {
+            Ok(mut entries) => entries.next().is_none().then(|| NewStore {
+                dir: dir.to_path_buf(),
+                existed: true,
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(NewStore {
+                dir: dir.to_path_buf(),
+                existed: false,
+            }),
+            Err(_) => None,
+        }
+    }
+
+    /// Remove what the failed mount created: never anything once a checkpoint was
+    /// committed to it (a manifest in `checkpoints/`). Links are removed, never followed.
+    fn remove(self) {
+        let committed = std::fs::read_dir(self.dir.join(ckptfs_core::store::layout::CHECKPOINTS))
+            .is_ok_and(|mut entries| entries.next().is_some());
+        if committed {
+            return;
+        }
+        if !self.existed {
+            let _ = std::fs::remove_dir_all(&self.dir);
+            return;
+        }
+        for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            let _ = match entry.file_type() {
+                Ok(kind) if kind.is_dir() => std::fs::remove_dir_all(&path),
+                _ => std::fs::remove_file(&path),
+            };
+        }
+    }
 }
 
 /// `ckptfs serve`: the daemon of a mount without its tree, in the foreground, until

@@ -641,3 +641,47 @@ fn serve_as_nobody_follows_a_running_flink_job() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A mount that fails (here nobody may not mount on root's directory) leaves no store
+/// behind: a STORE that did not exist is gone again, log included, and an empty one is
+/// empty again; a store that held anything is left as it was.
+#[test]
+fn a_failed_mount_leaves_no_store_behind() {
+    let (dir, _) = store_dir(false);
+    let parent = dir.path().join("nobodys");
+    std::fs::create_dir(&parent).unwrap();
+    crate::common::run("chown", &["nobody", &parent.to_string_lossy()]);
+    let mnt = dir.path().join("roots-mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mount_as_nobody = |store: &Path| {
+        let out = as_nobody(&["mount", &store.to_string_lossy(), &mnt.to_string_lossy()]);
+        assert!(!out.status.success(), "mounted");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(stderr.contains("mountpoint"), "{stderr}");
+    };
+    let missing = parent.join("new-store");
+    mount_as_nobody(&missing);
+    assert!(!missing.exists(), "the failed mount left a store behind");
+    let empty = parent.join("empty-store");
+    std::fs::create_dir(&empty).unwrap();
+    crate::common::run("chown", &["nobody", &empty.to_string_lossy()]);
+    mount_as_nobody(&empty);
+    assert_eq!(std::fs::read_dir(&empty).unwrap().count(), 0);
+    // A store with a checkpoint in it: the same failure changes nothing in it.
+    let (_kept_dir, kept) = store_dir(true);
+    let kept_arg = kept.to_string_lossy().into_owned();
+    let mut command = Command::new("setpriv");
+    command
+        .args([
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            public_bin(),
+        ])
+        .args(["serve", &kept_arg, "--backend", "A/0"]);
+    let mut served = Served::start(command, &kept);
+    assert_eq!(ok(as_nobody(&["checkpoint", &kept_arg])).trim(), "1");
+    assert!(served.stop().status.success());
+    mount_as_nobody(&kept);
+    assert!(kept.join("checkpoints/1.json").exists());
+}
