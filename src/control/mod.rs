@@ -123,57 +123,26 @@ impl Controller {
         self.stopping.load(Ordering::SeqCst)
     }
 
-    /// Checks that need the engine: named backends exist, dropped checkpoints exist.
+    /// Checks that need the engine, each the engine's own (`Engine::check_*`: one rule,
+    /// one message, one errno): a written backend is hosted, an import's is not, a dropped
+    /// or pinned checkpoint is retained. A refusal names its line when the write has
+    /// several.
     pub fn validate(&self, commands: &[Request]) -> Result<()> {
-        let backends = self.engine.backend_names();
-        let external = self.engine.external_names();
         for (i, command) in commands.iter().enumerate() {
-            if let Request::Import(import) = command {
-                if backends.contains(&import.backend) {
-                    return Err(Error::Invalid(format!(
-                        "command {}: backend {} is hosted by this daemon; import into \
-                         another name",
-                        i + 1,
-                        import.backend
-                    )));
-                }
-            }
-            let backend = match command {
+            let checked = match command {
+                Request::Import(import) => self.engine.check_import_into(&import.backend),
                 Request::Put { backend, .. }
                 | Request::Del { backend, .. }
                 | Request::Flush(backend)
-                | Request::Compact(backend) => Some(backend),
-                _ => None,
+                | Request::Compact(backend) => self.engine.check_hosted(backend),
+                Request::Delete(n) | Request::Pin { id: n, .. } => self.engine.check_checkpoint(*n),
+                _ => Ok(()),
             };
-            if let Some(b) = backend {
-                if external.contains(b) {
-                    return Err(Error::Invalid(format!(
-                        "command {}: backend {b} is external: its state is imported from its \
-                         own application's RocksDB checkpoints (`ckptfs import`); put, del, \
-                         flush and compact are refused",
-                        i + 1
-                    )));
-                }
-                if !backends.contains(b) {
-                    return Err(Error::Invalid(format!(
-                        "command {}: no such backend {b} (hosted: {})",
-                        i + 1,
-                        backends
-                            .iter()
-                            .map(|b| b.to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )));
-                }
-            }
-            if let Request::Delete(n) | Request::Pin { id: n, .. } = command {
-                if self.engine.manifest(*n).is_none() {
-                    return Err(Error::Invalid(format!(
-                        "command {}: no such checkpoint {n}",
-                        i + 1
-                    )));
-                }
-            }
+            // The engine's rule, message and errno; which line, where there are several.
+            checked.map_err(|e| match commands.len() {
+                1 => e,
+                _ => e.context(format!("command {}", i + 1)),
+            })?;
         }
         Ok(())
     }

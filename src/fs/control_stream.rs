@@ -149,7 +149,9 @@ impl CkptFs {
             Ok(c) => c,
             Err(e) => {
                 push_answers(stream, vec![Some(answer_line(&Err(Failure::of(&e))))]);
-                return Err(e);
+                // The write as a whole is refused (EINVAL); its answer says the rule's
+                // errno and kind.
+                return Err(Error::Invalid(e.to_string()));
             }
         };
         let first = {

@@ -35,21 +35,37 @@ fn the_control_protocol_answers_in_order_and_refuses_bad_writes_whole() {
         kv(&[("k one", "v%1")])
     );
 
-    // Every error path: the write fails with EINVAL, nothing changes, the error is the answer.
-    for (bad, needle) in [
-        ("put A/0 applied? no\nbogus\n", "unknown command"),
-        ("put C/0 k v\n", "no such backend C/0"),
-        ("put A/0 k\n", "takes 3"),
-        ("put A/0 k%2 v\n", "percent-escape"),
-        ("retain 0\n", "at least 1"),
-        ("delete 999\n", "no such checkpoint 999"),
-        ("put ../0 k v\n", "invalid backend name"),
-        ("checkpoint now\n", "takes 0"),
+    // Every error path: the write fails with EINVAL, nothing changes, the error is the
+    // answer, with the rule's own errno (EINVAL for what cannot be parsed, ENOENT for what
+    // is not there: the engine's).
+    for (bad, needle, errno) in [
+        (
+            "put A/0 applied? no\nbogus\n",
+            "unknown command",
+            libc::EINVAL,
+        ),
+        (
+            "put C/0 k v\n",
+            "no such backend: C/0 (hosted: A/0, B/0)",
+            libc::ENOENT,
+        ),
+        ("put A/0 k\n", "takes 3", libc::EINVAL),
+        ("put A/0 k%2 v\n", "percent-escape", libc::EINVAL),
+        ("retain 0\n", "at least 1", libc::EINVAL),
+        ("delete 999\n", "no such checkpoint: 999", libc::ENOENT),
+        (
+            "put A/0 k v\ndelete 999\n",
+            "command 2: no such checkpoint: 999",
+            libc::ENOENT,
+        ),
+        ("put ../0 k v\n", "invalid backend name", libc::EINVAL),
+        ("checkpoint now\n", "takes 0", libc::EINVAL),
     ] {
         let err = ctl.send(bad).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "{bad:?}");
         let answer = ctl.answer();
         assert_eq!(answer["ok"], false);
+        assert_eq!(answer["errno"], errno, "{bad:?}: {answer}");
         assert!(
             answer["error"].as_str().unwrap().contains(needle),
             "{bad:?}: {answer}"

@@ -124,12 +124,7 @@ impl Engine {
     fn check_imports(&self, imports: &[Scanned]) -> Result<()> {
         let mut seen = BTreeSet::new();
         for import in imports {
-            if self.inner.backends.contains_key(&import.backend) {
-                return Err(Error::Invalid(format!(
-                    "backend {} is hosted by this daemon: import into another name",
-                    import.backend
-                )));
-            }
+            self.check_import_into(&import.backend)?;
             if !seen.insert(&import.backend) {
                 return Err(Error::Invalid(format!(
                     "backend {} is imported twice in one checkpoint",

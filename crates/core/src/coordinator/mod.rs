@@ -316,16 +316,51 @@ impl Engine {
         ))
     }
 
+    /// The error for a backend this engine does not host: an imported one (EINVAL), or
+    /// none of that name (ENOENT, naming those it hosts).
+    fn not_hosted(&self, name: &BackendName) -> Error {
+        if self.state().meta.external.contains(name) {
+            return Self::refuse_external(name);
+        }
+        let hosted: Vec<String> = self.backend_names().iter().map(|b| b.to_string()).collect();
+        Error::NoSuchBackend(format!("{name} (hosted: {})", hosted.join(", ")))
+    }
+
+    /// Refuse a write, flush or compaction of a backend this engine does not host, as
+    /// the request itself would be refused (one rule, one message, one errno).
+    pub fn check_hosted(&self, name: &BackendName) -> Result<()> {
+        if self.inner.backends.contains_key(name) {
+            Ok(())
+        } else {
+            Err(self.not_hosted(name))
+        }
+    }
+
+    /// Refuse an import into a backend this engine hosts (EINVAL).
+    pub fn check_import_into(&self, name: &BackendName) -> Result<()> {
+        if self.inner.backends.contains_key(name) {
+            return Err(Error::Invalid(format!(
+                "backend {name} is hosted by this daemon: import into another name"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Refuse a request naming a checkpoint the store does not retain (ENOENT).
+    pub fn check_checkpoint(&self, id: u64) -> Result<()> {
+        match self.manifest(id) {
+            Some(_) => Ok(()),
+            None => Err(Error::NoSuchCheckpoint(id)),
+        }
+    }
+
     fn with_backend<T>(
         &self,
         name: &BackendName,
         f: impl FnOnce(&Backend) -> Result<T>,
     ) -> Result<T> {
         let Some(slot) = self.inner.backends.get(name) else {
-            if self.state().meta.external.contains(name) {
-                return Err(Self::refuse_external(name));
-            }
-            return Err(Error::NoSuchBackend(name.to_string()));
+            return Err(self.not_hosted(name));
         };
         let guard = crate::fsutil::read(slot);
         let backend = guard
