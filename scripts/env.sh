@@ -8,9 +8,11 @@ export CARGO_TARGET_DIR
 # libclang-dev (bindgen for librocksdb-sys), fuse3 (fusermount3), rocksdb-tools (ldb 7.8,
 # used to prove checkpoints open in older RocksDB), graphviz (ckptfs graph --format svg),
 # systemd (systemd-analyze checks scripts/ckptfs.service), btrfs-progs (a live database on a
-# btrfs subvolume, whose files' st_dev is not the device /proc/locks names).
+# btrfs subvolume, whose files' st_dev is not the device /proc/locks names), awscli and
+# rclone (the S3 door's clients in tests/integration/s3door.rs), nginx-light (what
+# scripts/bench-s3-door compares the door with).
 ckptfs_install_packages() {
-    local wanted=(libclang-dev fuse3 rocksdb-tools graphviz systemd pkg-config faketime btrfs-progs chromium "$@")
+    local wanted=(libclang-dev fuse3 rocksdb-tools graphviz systemd pkg-config faketime btrfs-progs chromium awscli rclone nginx-light "$@")
     local missing=()
     for pkg in "${wanted[@]}"; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

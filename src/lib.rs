@@ -10,3 +10,4 @@ pub mod fs;
 pub mod metrics_http;
 pub mod page;
 pub mod retry;
+pub mod s3door;
