@@ -29,6 +29,13 @@ use ckptfs_core::error::{Error, Result};
 /// Connections served at once; further ones wait in the listen queue until one ends.
 pub const MAX_CONNECTIONS: usize = 64;
 
+/// A request that would write (any method but GET and HEAD: refused) is read whole first
+/// when its body is at most this long, so that the refusal reaches the client: closing a
+/// connection with unread bytes in it resets it, and the client may lose the answer. A
+/// longer one is answered at once and its connection closed (a client that asked for
+/// `100-continue` has sent nothing yet).
+pub const DRAIN_LIMIT: u64 = 256 << 10;
+
 /// The bucket's name unless `--s3-bucket` says another.
 pub const DEFAULT_BUCKET: &str = "ckptfs";
 
@@ -206,12 +213,8 @@ impl S3Door {
             started: std::time::SystemTime::now(),
         };
         let mut builder = s3s::service::S3ServiceBuilder::new(door);
-        let mut auth = s3s::auth::SimpleAuth::new();
-        if let Some(c) = &config.credentials {
-            auth.register(c.access_key.clone(), c.secret_key.clone().into());
-        }
-        // Always set: without an auth provider s3s checks no access at all.
-        builder.set_auth(auth);
+        // Always set, even with no key: without an auth provider s3s checks no access.
+        builder.set_auth(service::DoorKey(config.credentials.clone()));
         builder.set_access(service::ReadOnly {
             anonymous: config.anonymous,
         });
@@ -298,12 +301,55 @@ async fn serve(
             let served = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header)
-                .serve_connection(TokioIo::new(WriteDeadline::new(stream, limits.write)), s3)
+                .serve_connection(
+                    TokioIo::new(WriteDeadline::new(stream, limits.write)),
+                    Drained(s3),
+                )
                 .await;
             if let Err(e) = served {
                 log::debug!("S3 door: connection: {e}");
             }
         });
+    }
+}
+
+/// The S3 service, a refused request's small body read first ([`DRAIN_LIMIT`]).
+#[derive(Clone)]
+struct Drained(s3s::service::S3Service);
+
+impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Drained {
+    type Response = s3s::HttpResponse;
+    type Error = s3s::HttpError;
+    type Future = std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = std::result::Result<Self::Response, Self::Error>>
+                + Send,
+        >,
+    >;
+
+    fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
+        use http_body_util::BodyExt;
+        let s3 = self.0.clone();
+        Box::pin(async move {
+            let reads = matches!(*req.method(), http::Method::GET | http::Method::HEAD);
+            let small = req
+                .headers()
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                .is_some_and(|n| n <= DRAIN_LIMIT);
+            if reads || !small {
+                return s3.call(req.map(s3s::Body::from)).await;
+            }
+            let (parts, body) = req.into_parts();
+            let limited = http_body_util::Limited::new(body, DRAIN_LIMIT as usize).collect();
+            let bytes = match tokio::time::timeout(Duration::from_secs(5), limited).await {
+                Ok(Ok(collected)) => collected.to_bytes(),
+                // Too slow or broken: answered all the same, with no body.
+                _ => bytes::Bytes::new(),
+            };
+            s3.call(http::Request::from_parts(parts, s3s::Body::from(bytes)))
+                .await
+        })
     }
 }
 

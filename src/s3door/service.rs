@@ -52,6 +52,22 @@ impl S3Access for ReadOnly {
     }
 }
 
+/// The door's key: a request signed with another access key is refused (AccessDenied).
+pub struct DoorKey(pub Option<super::Credentials>);
+
+#[async_trait::async_trait]
+impl s3s::auth::S3Auth for DoorKey {
+    async fn get_secret_key(&self, access_key: &str) -> S3Result<s3s::auth::SecretKey> {
+        match &self.0 {
+            Some(key) if key.access_key == access_key => Ok(key.secret_key.clone().into()),
+            _ => Err(s3_error!(
+                AccessDenied,
+                "the request is signed with an access key this door does not know"
+            )),
+        }
+    }
+}
+
 /// The read calls over one bucket.
 pub struct Door {
     /// The bucket's name.
