@@ -590,11 +590,23 @@ pub(crate) struct S3DoorArgs {
     /// request must still be signed with the door's key.
     #[arg(long, requires = "s3_listen")]
     pub(crate) s3_anonymous: bool,
+    /// The configuration once made: the key file is read once (it may be a pipe).
+    #[arg(skip)]
+    made: std::cell::OnceCell<Option<ckptfs::s3door::DoorConfig>>,
 }
 
 impl S3DoorArgs {
     /// The door's configuration (None without --s3-listen), its key read and checked.
     pub(crate) fn config(&self) -> Result<Option<ckptfs::s3door::DoorConfig>, Error> {
+        if let Some(made) = self.made.get() {
+            return Ok(made.clone());
+        }
+        let made = self.make_config()?;
+        let _ = self.made.set(made.clone());
+        Ok(made)
+    }
+
+    fn make_config(&self) -> Result<Option<ckptfs::s3door::DoorConfig>, Error> {
         use ckptfs::s3door;
         let Some(listen) = self.s3_listen else {
             return Ok(None);
