@@ -216,8 +216,9 @@ fn read(
     Ok(())
 }
 
-/// Stream a whole stored object, hashing it, its last piece held back until the hash and
-/// size are checked. False if the client went away first.
+/// Stream a whole stored object, hashing it, its last piece (the one that reaches the
+/// size the checkpoint says) held back until the end of the file is read and the hash
+/// and size are checked. False if the client went away first.
 fn whole(
     mut file: File,
     object: &ObjectId,
@@ -251,10 +252,13 @@ fn whole(
             )));
         }
         hasher.update(&buf);
-        if let Some(piece) = held.replace(Bytes::from(buf)) {
-            if send(tx, piece).is_err() {
+        if total < size {
+            if send(tx, Bytes::from(buf)).is_err() {
                 return Ok(false);
             }
+        } else {
+            // The last piece the object should have: held until the hash says it is.
+            held = Some(Bytes::from(buf));
         }
     }
     if total != size {
