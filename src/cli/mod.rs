@@ -579,7 +579,12 @@ pub(crate) struct S3DoorArgs {
     #[arg(long, requires = "s3_listen")]
     pub(crate) s3_listen_public: bool,
     /// The door's bucket.
-    #[arg(long, value_name = "NAME", default_value = ckptfs::s3door::DEFAULT_BUCKET)]
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = ckptfs::s3door::DEFAULT_BUCKET,
+        requires = "s3_listen"
+    )]
     pub(crate) s3_bucket: String,
     /// The key requests are signed with: a file (mode 0600) of the lines
     /// access_key_id = ... and secret_access_key = ... (an AWS credentials file of one

@@ -695,8 +695,10 @@ fn unsigned_and_badly_signed_requests_are_refused_unless_anonymous() {
         &key,
     );
     assert!(message.contains("--s3-bucket"), "{message}");
-    let message = refused_to_serve(&store, &["--s3-anonymous"], &[]);
-    assert!(message.contains("--s3-listen"), "{message}");
+    for alone in [&["--s3-anonymous"][..], &["--s3-bucket", "other"]] {
+        let message = refused_to_serve(&store, alone, &[]);
+        assert!(message.contains("--s3-listen"), "{message}");
+    }
     // Asked for, a public address is served.
     let port = crate::common::moto::free_port();
     let mut command = Command::new(BIN);
