@@ -231,20 +231,15 @@ fn whole(
     let mut held: Option<Bytes> = None;
     let mut total = 0u64;
     loop {
-        let mut buf = vec![0u8; PIECE];
-        let mut filled = 0;
-        while filled < buf.len() {
-            match file.read(&mut buf[filled..]) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::io(format!("read {}", found.path), e)),
-            }
-        }
+        // Not zeroed first: read_to_end fills the spare capacity as it is.
+        let mut buf = Vec::with_capacity(PIECE);
+        let filled = (&mut file)
+            .take(PIECE as u64)
+            .read_to_end(&mut buf)
+            .map_err(|e| Error::io(format!("read {}", found.path), e))?;
         if filled == 0 {
             break;
         }
-        buf.truncate(filled);
         total += filled as u64;
         if total > size {
             return Err(Error::Corrupt(format!(
