@@ -409,7 +409,7 @@ impl Runner {
             total_us,
             materialized,
         });
-        if round % 20 == 0 {
+        if round.is_multiple_of(20) {
             eprintln!(
                 "{}: checkpoint {round}/{}: {:.2} MiB uploaded",
                 self.system.name(),

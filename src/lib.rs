@@ -10,4 +10,5 @@ pub mod fs;
 pub mod metrics_http;
 pub mod page;
 pub mod retry;
+pub mod s3door;
 pub mod units;

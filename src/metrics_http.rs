@@ -67,13 +67,16 @@ pub const MAX_CONNECTIONS: usize = 64;
 
 /// The limits of one endpoint: the constants above unless the environment sets others.
 #[derive(Clone, Copy, Debug)]
-struct Limits {
-    header: Duration,
-    write: Duration,
+pub struct Limits {
+    /// A request's headers must come within this (and a next request after an answer).
+    pub header: Duration,
+    /// An answer must be taken within this once the socket's buffer is full.
+    pub write: Duration,
 }
 
 impl Limits {
-    fn from_env() -> Limits {
+    /// [`HEADER_TIMEOUT`] and [`WRITE_TIMEOUT`], unless the environment sets others.
+    pub fn from_env() -> Limits {
         let ms = |name: &str, default: Duration| match std::env::var(name) {
             Err(_) => default,
             Ok(v) => match v.parse::<u64>() {

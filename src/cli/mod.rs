@@ -578,6 +578,101 @@ pub(crate) struct DaemonArgs {
     /// the file is always there).
     #[arg(long, value_name = "ADDR", value_parser = parse_listen_addr)]
     pub(crate) metrics_listen: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    pub(crate) s3: S3DoorArgs,
+}
+
+/// The S3 front door's options (`--s3-*`), of every daemon.
+#[derive(clap::Args)]
+pub(crate) struct S3DoorArgs {
+    /// Serve every retained checkpoint read-only over the S3 REST API at ADDR (IP:PORT, or
+    /// PORT alone for 127.0.0.1:PORT), one bucket laid out as the mount is (default: off).
+    /// Requests must be signed with the key of --s3-credentials or of
+    /// CKPTFS_S3_ACCESS_KEY_ID and CKPTFS_S3_SECRET_ACCESS_KEY, unless --s3-anonymous is
+    /// given.
+    #[arg(long, value_name = "ADDR", value_parser = ckptfs::s3door::parse_listen)]
+    pub(crate) s3_listen: Option<std::net::SocketAddr>,
+    /// Let --s3-listen be a non-loopback address (refused without it: the door serves every
+    /// checkpoint over plain HTTP to other hosts).
+    #[arg(long, requires = "s3_listen")]
+    pub(crate) s3_listen_public: bool,
+    /// The door's bucket.
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = ckptfs::s3door::DEFAULT_BUCKET,
+        requires = "s3_listen"
+    )]
+    pub(crate) s3_bucket: String,
+    /// The key requests are signed with: a file (mode 0600) of the lines
+    /// access_key_id = ... and secret_access_key = ... (an AWS credentials file of one
+    /// profile will do).
+    #[arg(long, value_name = "FILE", requires = "s3_listen")]
+    pub(crate) s3_credentials: Option<PathBuf>,
+    /// Let unsigned requests read too (anyone who can reach the address); a signed
+    /// request must still be signed with the door's key.
+    #[arg(long, requires = "s3_listen")]
+    pub(crate) s3_anonymous: bool,
+    /// The configuration once made: the key file is read once (it may be a pipe).
+    #[arg(skip)]
+    made: std::cell::OnceCell<Option<ckptfs::s3door::DoorConfig>>,
+}
+
+impl S3DoorArgs {
+    /// The door's configuration (None without --s3-listen), its key read and checked.
+    pub(crate) fn config(&self) -> Result<Option<ckptfs::s3door::DoorConfig>, Error> {
+        if let Some(made) = self.made.get() {
+            return Ok(made.clone());
+        }
+        let made = self.make_config()?;
+        let _ = self.made.set(made.clone());
+        Ok(made)
+    }
+
+    fn make_config(&self) -> Result<Option<ckptfs::s3door::DoorConfig>, Error> {
+        use ckptfs::s3door;
+        let Some(listen) = self.s3_listen else {
+            return Ok(None);
+        };
+        s3door::check_exposure(listen, self.s3_listen_public)?;
+        if !is_bucket_name(&self.s3_bucket) {
+            return Err(Error::Invalid(format!(
+                "--s3-bucket {:?}: a bucket name is 3 to 63 lowercase letters, digits, dots \
+                 and hyphens, starting and ending with a letter or digit",
+                self.s3_bucket
+            )));
+        }
+        let credentials = match &self.s3_credentials {
+            Some(path) => Some(s3door::read_credentials(path)?),
+            None => s3door::env_credentials()?,
+        };
+        if credentials.is_none() && !self.s3_anonymous {
+            return Err(Error::Invalid(format!(
+                "--s3-listen needs the key requests are signed with: --s3-credentials FILE, \
+                 or {} and {} set; or --s3-anonymous to serve unsigned requests",
+                s3door::ENV_ACCESS_KEY,
+                s3door::ENV_SECRET_KEY
+            )));
+        }
+        Ok(Some(s3door::DoorConfig {
+            listen,
+            bucket: self.s3_bucket.clone(),
+            credentials,
+            anonymous: self.s3_anonymous,
+        }))
+    }
+}
+
+/// An S3 bucket name clients accept in a path-style URL.
+fn is_bucket_name(name: &str) -> bool {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    (3..=63).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '-')
+        && edge(name.chars().next())
+        && edge(name.chars().last())
+        && !name.contains("..")
 }
 
 /// The rules of a retention policy (restic's `forget` semantics): the union of the rules
@@ -740,6 +835,9 @@ impl DaemonArgs {
             // binds it again before it opens the store).
             drop(ckptfs::metrics_http::bind(addr)?);
         }
+        if let Some(door) = self.s3.config()? {
+            drop(ckptfs::s3door::bind(door.listen)?);
+        }
         Ok(())
     }
 
@@ -751,6 +849,7 @@ impl DaemonArgs {
         mountpoint: Option<PathBuf>,
     ) -> Result<MountConfig, Error> {
         let backend_options = self.backend_options();
+        let s3_door = self.s3.config()?;
         let store = match store {
             Location::Local(path) => Location::Local(
                 std::path::absolute(&path).map_err(|e| Error::io("resolve store path", e))?,
@@ -811,6 +910,7 @@ impl DaemonArgs {
             verify: true,
             read_only: false,
             metrics_listen: self.metrics_listen,
+            s3_door,
             flink,
             flink_roots,
             restore_lease: None,

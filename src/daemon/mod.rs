@@ -43,6 +43,8 @@ pub struct MountConfig {
     pub read_only: bool,
     /// Serve the metrics over HTTP at this address (`/metrics`), and the page (`/`).
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Serve the store read-only over the S3 REST API (`--s3-listen`, [`crate::s3door`]).
+    pub s3_door: Option<crate::s3door::DoorConfig>,
     /// Follow the Flink jobs whose checkpoints are in this directory (one job's, or the
     /// checkpoint root of any number of jobs).
     pub flink: Option<PathBuf>,
@@ -232,6 +234,11 @@ pub fn serve(
             .metrics_listen
             .map(crate::metrics_http::bind)
             .transpose()?;
+        let s3_listener = config
+            .s3_door
+            .as_ref()
+            .map(|door| crate::s3door::bind(door.listen))
+            .transpose()?;
         install_signal_handlers()?;
         let engine = if config.read_only {
             Engine::open_read_only(config.engine.clone())?
@@ -245,6 +252,15 @@ pub fn serve(
         let background = match &config.mountpoint {
             Some(mountpoint) => Some(mount_tree(&config, mountpoint, &engine, &controller)?),
             None => None,
+        };
+        // The S3 door: the same retained checkpoints as the tree, through the same seam.
+        let s3_door = match (s3_listener, &config.s3_door) {
+            (Some(listener), Some(door)) => Some(crate::s3door::S3Door::start(
+                listener,
+                door,
+                Arc::new(crate::fs::seam::Live::new(controller.clone())),
+            )?),
+            _ => None,
         };
         // Every daemon, mounted or not, takes commands at `ctl.sock` in its state directory:
         // `ckptfs checkpoint STORE` reaches a mount's daemon as it reaches `serve`.
@@ -283,9 +299,10 @@ pub fn serve(
             background,
             socket,
             metrics_server,
+            s3_door,
         ))
     })();
-    let (engine, controller, tasks, background, socket, metrics_server) = match started {
+    let (engine, controller, tasks, background, socket, metrics_server, s3_door) = match started {
         Ok(parts) => {
             ready(Ok(()));
             // systemd (Type=notify): ready now, with the socket listening. Without
@@ -329,6 +346,8 @@ pub fn serve(
     }
     // No new commands; those running hold the controller until they have answered.
     drop(socket);
+    // No new S3 requests (the door holds the controller too).
+    drop(s3_door);
     // Stop the periodic tasks, let in-flight checkpoints finish, then close the databases.
     tasks.stop();
     controller.shutdown();

@@ -40,7 +40,7 @@ const LINKS: u64 = 1 << 31;
 
 /// What `flink/` shows, as the retained checkpoints were at one generation.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(super) struct Picture {
+pub(crate) struct Picture {
     /// By job: by Flink checkpoint id, the ckptfs checkpoint and its completion time (ms).
     jobs: BTreeMap<String, BTreeMap<u64, (u64, u64)>>,
     /// By ckptfs checkpoint linked to: the job and Flink checkpoint.
@@ -50,7 +50,7 @@ pub(super) struct Picture {
 impl Picture {
     /// The picture of `manifests` (oldest first: a later one holding the same Flink
     /// checkpoint wins), each job's latest line only ([`latest_line`]).
-    fn of(manifests: &[Arc<Manifest>]) -> Picture {
+    pub(crate) fn of(manifests: &[Arc<Manifest>]) -> Picture {
         let mut jobs: BTreeMap<String, BTreeMap<u64, (u64, u64)>> = BTreeMap::new();
         let mut written: HashMap<u64, u64> = HashMap::new();
         for m in manifests {
@@ -83,7 +83,7 @@ impl Picture {
     }
 
     /// The (job, Flink checkpoint) pairs this picture links to `cp-M`.
-    fn pairs(&self) -> impl Iterator<Item = (&str, u64, u64)> {
+    pub(crate) fn pairs(&self) -> impl Iterator<Item = (&str, u64, u64)> {
         self.jobs
             .iter()
             .flat_map(|(job, chks)| chks.iter().map(move |(n, (cp, _))| (job.as_str(), *n, *cp)))
@@ -129,7 +129,7 @@ fn is_entry_name(name: &str) -> bool {
 }
 
 /// `chk-N` with N in canonical decimal, as Flink names its directories.
-fn parse_chk(name: &str) -> Option<u64> {
+pub(crate) fn parse_chk(name: &str) -> Option<u64> {
     let digits = name.strip_prefix("chk-")?;
     let canonical = !digits.is_empty()
         && digits.bytes().all(|b| b.is_ascii_digit())

@@ -22,8 +22,8 @@
 
 mod control_stream;
 #[cfg(test)]
-mod double;
-mod flink_names;
+pub(crate) mod double;
+pub(crate) mod flink_names;
 pub mod fuse;
 mod handles;
 mod inode;

@@ -676,12 +676,12 @@ fn soak_writers_checkpoints_readers_and_drops() {
                         m.mnt.join(format!("cp-{}", ids[(i as usize) % ids.len()])),
                     );
                 }
-                if i % 5 == 0 {
+                if i.is_multiple_of(5) {
                     let mut ctl = Ctl::open(&m);
                     ctl.send(&format!("retain {}\n", 3 + i % 6)).unwrap();
                     assert_eq!(ctl.answer()["ok"], true);
                 }
-                if i % 7 == 0 {
+                if i.is_multiple_of(7) {
                     let out = ckptfs(&["fsck", m.store.to_str().unwrap()]);
                     assert!(
                         String::from_utf8_lossy(&out.stderr).contains("in use"),

@@ -35,7 +35,7 @@ fn handles(bytes: &[u8]) -> Vec<StreamHandle> {
 
 /// An exported `_metadata` is relocatable: every file named relative to its directory,
 /// each there (below the job's directory `job_dir`) with the size it says; no segment.
-fn assert_relocatable(job_dir: &Path, chk: &str) {
+pub(crate) fn assert_relocatable(job_dir: &Path, chk: &str) {
     let bytes = std::fs::read(job_dir.join(chk).join("_metadata")).unwrap();
     let mut files = 0;
     for handle in handles(&bytes) {

@@ -37,7 +37,7 @@ fn names_only_the_mount(cp_dir: &Path) {
 
 /// A job restored from `chk` (a directory in a mount) goes on from the 933 records of the
 /// fixture's checkpoint 4 to 1200, its keyed state checked key by key as it runs.
-fn restores_from(classpath: &str, chk: &Path, scratch: &Path) {
+pub(crate) fn restores_from(classpath: &str, chk: &Path, scratch: &Path) {
     let ck = scratch.join("ck-restored");
     let mut job = Job::start(classpath, &ck, 1200, &["--restore", chk.to_str().unwrap()]);
     job.checkpoint_with(1200);

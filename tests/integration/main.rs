@@ -30,6 +30,7 @@ mod object_storage;
 mod page;
 mod policy;
 mod restore;
+mod s3door;
 mod scale;
 mod serve;
 mod store_safety;

@@ -456,6 +456,21 @@ pub fn export_to_s3(
 /// stays inline. Refused as [`export`] refuses: a `_metadata` of another Flink checkpoint
 /// than the label says, a layout ckptfs does not import.
 pub fn metadata_for_mount(bytes: &[u8], checkpoint: u64, cp_dir: &Path) -> Result<Vec<u8>> {
+    metadata_naming_tree(bytes, checkpoint, Some(cp_dir))
+}
+
+/// The `_metadata` of a checkpoint's tree wherever it is (`cp-M/` of the S3 door, or a
+/// copy of it): Flink's own with every file it names, however Flink named it, named
+/// relative to the directory holding `_metadata`, `<operator>/<subtask>/<name>` (the tree
+/// [`metadata_for_mount`] names by absolute path). Relocatable as [`export`]'s is: the
+/// directory restores wherever it is copied, a local disk or a bucket.
+pub fn metadata_relocatable(bytes: &[u8], checkpoint: u64) -> Result<Vec<u8>> {
+    metadata_naming_tree(bytes, checkpoint, None)
+}
+
+/// Flink's `_metadata` naming the files of the checkpoint's tree: by absolute path below
+/// `cp_dir` where one is given, else relative to the tree's top.
+fn metadata_naming_tree(bytes: &[u8], checkpoint: u64, cp_dir: Option<&Path>) -> Result<Vec<u8>> {
     let parsed = parse_for(bytes, checkpoint)?;
     let layout = layout(&parsed)?;
     let job_backend = job_backend();
@@ -466,15 +481,21 @@ pub fn metadata_for_mount(bytes: &[u8], checkpoint: u64, cp_dir: &Path) -> Resul
     for (backend, name, stream) in homes {
         crate::catalog::validate_file_name(name)?;
         let rel = backend.rel_path().join(name);
-        let absolute = || format!("file:{}", cp_dir.join(&rel).display());
-        let edit = match stream {
-            StreamHandle::File { span, size, .. } | StreamHandle::Segment { span, size, .. } => {
-                (span.clone(), metadata::file_handle(&absolute(), *size)?)
+        let relative = |size: u64| metadata::relative_handle(&rel.display().to_string(), size);
+        let edit = match (stream, cp_dir) {
+            (
+                StreamHandle::File { span, size, .. } | StreamHandle::Segment { span, size, .. },
+                Some(cp_dir),
+            ) => {
+                let absolute = format!("file:{}", cp_dir.join(&rel).display());
+                (span.clone(), metadata::file_handle(&absolute, *size)?)
             }
-            StreamHandle::Relative { span, size, .. } => (
-                span.clone(),
-                metadata::relative_handle(&rel.display().to_string(), *size)?,
-            ),
+            (
+                StreamHandle::File { span, size, .. }
+                | StreamHandle::Segment { span, size, .. }
+                | StreamHandle::Relative { span, size, .. },
+                _,
+            ) => (span.clone(), relative(*size)?),
             _ => continue,
         };
         // A file named by several subtasks (after a rescale) is one handle, rewritten once.
