@@ -7,6 +7,7 @@
 pub mod control;
 pub mod daemon;
 pub mod fs;
+pub mod http;
 pub mod metrics_http;
 pub mod page;
 pub mod retry;

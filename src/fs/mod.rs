@@ -535,7 +535,7 @@ mod tests {
         assert_eq!(err.errno(), libc::EINVAL);
         assert!(String::from_utf8(read_now(&fs, fh))
             .unwrap()
-            .contains("no such checkpoint 9"));
+            .contains("no such checkpoint: 9"));
         assert_eq!(ids(&controller), vec![1, 2]);
         fs.write(fh, b"delete 2\n").unwrap();
         assert_eq!(read_now(&fs, fh), b"{\"ok\":true}\n");

@@ -8,7 +8,7 @@
 //! thread of its own, bound before the engine opens, at most [`MAX_CONNECTIONS`]
 //! connections at once (the rest wait in the listen queue), a request's headers within
 //! the idle timeout and an answer taken by the client within the write timeout
-//! ([`crate::metrics_http::WriteDeadline`]). Every call that would write is refused
+//! ([`crate::http::WriteDeadline`]). Every call that would write is refused
 //! before its body is read.
 
 pub mod body;
@@ -20,10 +20,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::{TokioIo, TokioTimer};
-
 use crate::fs::seam::Checkpoints;
-use crate::metrics_http::{Limits, WriteDeadline};
+use crate::http::{serve_connections, Endpoint, Limits};
 use ckptfs_core::error::{Error, Result};
 
 /// Connections served at once; further ones wait in the listen queue until one ends.
@@ -178,11 +176,7 @@ pub fn bind(addr: SocketAddr) -> Result<TcpListener> {
 }
 
 /// The door, serving until dropped.
-pub struct S3Door {
-    addr: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
+pub struct S3Door(Endpoint);
 
 impl S3Door {
     /// Serve `checkpoints` on `listener` (from [`bind`]) in a thread of its own.
@@ -191,12 +185,6 @@ impl S3Door {
         config: &DoorConfig,
         checkpoints: Arc<dyn Checkpoints>,
     ) -> Result<S3Door> {
-        let addr = listener
-            .local_addr()
-            .map_err(|e| Error::io("S3 door address", e))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| Error::io(format!("--s3-listen {addr}"), e))?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("s3-door")
@@ -219,14 +207,26 @@ impl S3Door {
             anonymous: config.anonymous,
         });
         let s3 = builder.build();
-        let (stop, stopped) = tokio::sync::oneshot::channel();
         let limits = Limits::from_env();
-        let thread = std::thread::Builder::new()
-            .name("s3-door".into())
-            .spawn(move || runtime.block_on(serve(listener, s3, limits, stopped)))
-            .map_err(|e| Error::io("start the S3 door", e))?;
+        let endpoint = Endpoint::start(
+            WHAT,
+            "s3-door",
+            listener,
+            runtime,
+            move |listener, stopped| {
+                serve_connections(
+                    WHAT,
+                    listener,
+                    limits,
+                    MAX_CONNECTIONS,
+                    stopped,
+                    move || Drained(s3.clone()),
+                )
+            },
+        )?;
         log::info!(
-            "S3 door at http://{addr}, bucket {} ({})",
+            "S3 door at http://{}, bucket {} ({})",
+            endpoint.local_addr(),
             config.bucket,
             match (&config.credentials, config.anonymous) {
                 (Some(_), true) => "signed and anonymous reads",
@@ -234,84 +234,17 @@ impl S3Door {
                 (None, _) => "anonymous reads",
             }
         );
-        Ok(S3Door {
-            addr,
-            stop: Some(stop),
-            thread: Some(thread),
-        })
+        Ok(S3Door(endpoint))
     }
 
     /// The address it listens on (the port chosen, for port 0).
     pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+        self.0.local_addr()
     }
 }
 
-impl Drop for S3Door {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            if thread.join().is_err() {
-                log::error!("the S3 door's thread panicked");
-            }
-        }
-    }
-}
-
-/// Accept connections until `stopped`, at most [`MAX_CONNECTIONS`] at once.
-async fn serve(
-    listener: TcpListener,
-    s3: s3s::service::S3Service,
-    limits: Limits,
-    mut stopped: tokio::sync::oneshot::Receiver<()>,
-) {
-    let listener = match tokio::net::TcpListener::from_std(listener) {
-        Ok(listener) => listener,
-        Err(e) => {
-            log::error!("S3 door: {e}");
-            return;
-        }
-    };
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let slot = tokio::select! {
-            _ = &mut stopped => return,
-            slot = slots.clone().acquire_owned() => match slot {
-                Ok(slot) => slot,
-                Err(_) => return,
-            },
-        };
-        let stream = tokio::select! {
-            _ = &mut stopped => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    log::warn!("S3 door: accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = stream.set_nodelay(true);
-        let s3 = s3.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let served = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header)
-                .serve_connection(
-                    TokioIo::new(WriteDeadline::new(stream, limits.write)),
-                    Drained(s3),
-                )
-                .await;
-            if let Err(e) = served {
-                log::debug!("S3 door: connection: {e}");
-            }
-        });
-    }
-}
+/// The door, in messages.
+const WHAT: &str = "S3 door";
 
 /// The S3 service, a refused request's small body read first ([`DRAIN_LIMIT`]).
 #[derive(Clone)]
