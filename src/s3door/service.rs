@@ -113,17 +113,19 @@ fn etag_matches(condition: &ETagCondition, etag: &str, weak: bool) -> bool {
     }
 }
 
+/// The conditional headers of a GET or HEAD.
+pub(crate) struct Conditions<'a> {
+    pub if_match: Option<&'a ETagCondition>,
+    pub if_unmodified_since: Option<&'a Timestamp>,
+    pub if_none_match: Option<&'a ETagCondition>,
+    pub if_modified_since: Option<&'a Timestamp>,
+}
+
 /// The conditional headers of a GET or HEAD (RFC 9110 13.2.2): 412 or 304, or go on.
-fn check_conditions(
-    found: &Found,
-    if_match: Option<&ETagCondition>,
-    if_unmodified_since: Option<&Timestamp>,
-    if_none_match: Option<&ETagCondition>,
-    if_modified_since: Option<&Timestamp>,
-) -> S3Result<()> {
+fn check_conditions(found: &Found, asked: &Conditions<'_>) -> S3Result<()> {
     let etag = found.content.etag();
     let modified = seconds(found.modified);
-    match (if_match, if_unmodified_since) {
+    match (asked.if_match, asked.if_unmodified_since) {
         (Some(c), _) if !etag_matches(c, &etag, false) => {
             return Err(s3_error!(PreconditionFailed, "If-Match"));
         }
@@ -132,7 +134,7 @@ fn check_conditions(
         }
         _ => {}
     }
-    match (if_none_match, if_modified_since) {
+    match (asked.if_none_match, asked.if_modified_since) {
         (Some(c), _) if etag_matches(c, &etag, true) => Err(s3_error!(NotModified)),
         (None, Some(t)) if modified <= timestamp_seconds(t) => Err(s3_error!(NotModified)),
         _ => Ok(()),
@@ -157,6 +159,22 @@ impl Door {
         blocking(move || bucket.find(&k))
             .await?
             .ok_or_else(|| s3_error!(NoSuchKey, "{key}"))
+    }
+
+    /// What a GET or HEAD of `key` answers with: the object, once its bucket, its
+    /// conditions and the range asked are checked, with the range and its Content-Range.
+    async fn located(
+        &self,
+        bucket: &str,
+        key: &str,
+        conditions: Conditions<'_>,
+        range: Option<&dto::Range>,
+    ) -> S3Result<(Found, std::ops::Range<u64>, Option<String>)> {
+        self.check_bucket(bucket)?;
+        let found = self.find(key).await?;
+        check_conditions(&found, &conditions)?;
+        let (range, content_range) = body::range_of(range, found.content.size())?;
+        Ok((found, range, content_range))
     }
 
     async fn list(&self, query: Query) -> S3Result<Page> {
@@ -302,17 +320,19 @@ impl s3s::S3 for Door {
         req: S3Request<dto::HeadObjectInput>,
     ) -> S3Result<S3Response<dto::HeadObjectOutput>> {
         let input = req.input;
-        self.check_bucket(&input.bucket)?;
-        let found = self.find(&input.key).await?;
-        check_conditions(
-            &found,
-            input.if_match.as_ref(),
-            input.if_unmodified_since.as_ref(),
-            input.if_none_match.as_ref(),
-            input.if_modified_since.as_ref(),
-        )?;
-        let size = found.content.size();
-        let (range, content_range) = body::range_of(input.range.as_ref(), size)?;
+        let (found, range, content_range) = self
+            .located(
+                &input.bucket,
+                &input.key,
+                Conditions {
+                    if_match: input.if_match.as_ref(),
+                    if_unmodified_since: input.if_unmodified_since.as_ref(),
+                    if_none_match: input.if_none_match.as_ref(),
+                    if_modified_since: input.if_modified_since.as_ref(),
+                },
+                input.range.as_ref(),
+            )
+            .await?;
         Ok(S3Response::new(dto::HeadObjectOutput {
             accept_ranges: Some("bytes".into()),
             content_length: Some((range.end - range.start) as i64),
@@ -329,17 +349,19 @@ impl s3s::S3 for Door {
         req: S3Request<dto::GetObjectInput>,
     ) -> S3Result<S3Response<dto::GetObjectOutput>> {
         let input = req.input;
-        self.check_bucket(&input.bucket)?;
-        let found = self.find(&input.key).await?;
-        check_conditions(
-            &found,
-            input.if_match.as_ref(),
-            input.if_unmodified_since.as_ref(),
-            input.if_none_match.as_ref(),
-            input.if_modified_since.as_ref(),
-        )?;
-        let size = found.content.size();
-        let (range, content_range) = body::range_of(input.range.as_ref(), size)?;
+        let (found, range, content_range) = self
+            .located(
+                &input.bucket,
+                &input.key,
+                Conditions {
+                    if_match: input.if_match.as_ref(),
+                    if_unmodified_since: input.if_unmodified_since.as_ref(),
+                    if_none_match: input.if_none_match.as_ref(),
+                    if_modified_since: input.if_modified_since.as_ref(),
+                },
+                input.range.as_ref(),
+            )
+            .await?;
         let (etag, modified) = (found.content.etag(), found.modified);
         let length = range.end - range.start;
         let (bucket, verified) = (self.bucket.clone(), self.verified.clone());
