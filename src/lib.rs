@@ -1,7 +1,8 @@
 //! ckptfs: the product around the engine (`ckptfs-core`): the mounted tree ([`fs`], with
 //! fuser only in `fs/fuse.rs`), the control protocol ([`control`]), the daemon that serves
-//! a mount and its periodic tasks ([`daemon`]), its metrics endpoint ([`metrics_http`]), the
-//! page it serves ([`page`]) and the backoff for busy answers ([`retry`]). The command line is the binary: `main.rs`
+//! a mount or a store and its periodic tasks ([`daemon`]), its HTTP endpoints ([`http`]):
+//! the metrics ([`metrics_http`]) with the page ([`page`]), and the S3 door ([`s3door`]);
+//! the backoff for busy answers ([`retry`]). The command line is the binary: `main.rs`
 //! over `cli/`, `client/` and `commands/`.
 
 pub mod control;
