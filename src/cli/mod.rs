@@ -51,28 +51,12 @@ pub(crate) enum Command {
     /// once it serves.
     Serve(ServeArgs),
     /// Unmount MOUNTPOINT and wait until its daemon has stopped.
-    Umount {
-        /// The mountpoint of a running ckptfs daemon.
-        mountpoint: PathBuf,
-        /// Seconds to wait for the daemon to finish in-flight checkpoints.
-        #[arg(long, default_value_t = 300)]
-        timeout: u64,
-    },
+    Umount(UmountArgs),
     /// Take a checkpoint of every backend, wait for it, print its id.
     ///
     /// While other checkpoints hold every slot of the mount's --max-concurrent, the daemon
     /// answers busy; this command retries until --wait seconds have passed.
-    Checkpoint {
-        /// A mountpoint, or a store a running daemon holds (mount or serve: through the
-        /// socket in its state directory).
-        mountpoint: PathBuf,
-        /// Seconds to keep retrying while the daemon is busy (0: fail at once).
-        #[arg(long, default_value_t = 600)]
-        wait: u64,
-        /// Print the whole answer as JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Checkpoint(CheckpointArgs),
     /// Import RocksDB checkpoint directories as one new checkpoint, print its id.
     ///
     /// Each DIR (a directory made by RocksDB's Checkpoint API, e.g. `ldb checkpoint`, or a
@@ -84,22 +68,7 @@ pub(crate) enum Command {
     /// socket in its state directory), or else a store written directly: a store
     /// directory, a path that does not exist yet (a new store), or s3://BUCKET/PREFIX,
     /// which needs --state DIR.
-    Import {
-        /// A mountpoint or a store: its daemon's, when one holds it; else written directly.
-        target: PathBuf,
-        /// BACKEND=DIR: the backend (OPERATOR/SUBTASK) and its RocksDB checkpoint directory.
-        #[arg(required = true, value_name = "BACKEND=DIR", value_parser = parse_import)]
-        imports: Vec<(BackendName, PathBuf)>,
-        /// A store on object storage: the local state directory.
-        #[arg(long)]
-        state: Option<PathBuf>,
-        /// Seconds to keep retrying while the daemon is busy (0: fail at once).
-        #[arg(long, default_value_t = 600)]
-        wait: u64,
-        /// Print the whole answer as JSON (with what each import read and stored).
-        #[arg(long)]
-        json: bool,
-    },
+    Import(ImportArgs),
     /// Import the completed checkpoints of Flink jobs that the store does not hold yet.
     ///
     /// SRC is one job's checkpoint directory (`<execution.checkpointing.dir>/<job-id>/`, or
@@ -117,24 +86,7 @@ pub(crate) enum Command {
     /// export-flink needs. An operator the job no longer has is not carried over. Prints
     /// the ids. TARGET is a mountpoint or a store, as for import (a daemon that holds it
     /// imports); importing twice imports nothing new.
-    ImportFlink {
-        /// The Flink job's checkpoint directory, or the checkpoint root of its jobs.
-        src: PathBuf,
-        /// A mountpoint or a store: its daemon's, when one holds it; else written directly.
-        target: PathBuf,
-        /// A store on object storage: the local state directory.
-        #[arg(long)]
-        state: Option<PathBuf>,
-        /// Also read the files below DIR that the checkpoints name (a job restored in CLAIM
-        /// mode names the files of the job it was restored from: needed only when that
-        /// job's directory is not below SRC); files outside SRC and these roots are
-        /// refused. Repeatable.
-        #[arg(long = "source-root", value_name = "DIR")]
-        source_roots: Vec<PathBuf>,
-        /// Print one JSON answer per imported checkpoint, as import --json does.
-        #[arg(long)]
-        json: bool,
-    },
+    ImportFlink(ImportFlinkArgs),
     /// What Flink left behind in its checkpoint directory, and what is safe to delete.
     ///
     /// SRC is Flink's execution.checkpointing.dir (every job in it: a job restored in CLAIM
@@ -157,24 +109,9 @@ pub(crate) enum Command {
     /// written to a local disk; _metadata last). A failed export leaves nothing.
     /// TARGET is a mountpoint or a store (a directory or s3://BUCKET/PREFIX, read
     /// directly).
-    ExportFlink {
-        /// A mountpoint, or a store read directly.
-        target: PathBuf,
-        /// The ckptfs checkpoint's id (N of cp-N).
-        checkpoint: u64,
-        /// Destination: a directory (missing or empty), or s3://BUCKET/PREFIX (no object).
-        dest: PathBuf,
-        /// Print what was written as JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    ExportFlink(ExportFlinkArgs),
     /// List the retained checkpoints.
-    Ls {
-        /// A mountpoint, or a store (a directory or s3://BUCKET/PREFIX) read directly.
-        mountpoint: PathBuf,
-        #[arg(long)]
-        json: bool,
-    },
+    Ls(LsArgs),
     /// Show, change or apply the retention policy: for each retained checkpoint, newest
     /// first, the rules that keep it, or that it is dropped.
     ///
@@ -185,178 +122,321 @@ pub(crate) enum Command {
     /// Pin checkpoint N as NAME: no retention policy drops it, and rmdir and rm refuse it
     /// (EBUSY) until it is unpinned. The mount shows it as pinned/NAME -> ../cp-N. A NAME
     /// already pinned moves to N.
-    Pin {
-        /// A mountpoint or a store: its daemon's, when one holds it; else written directly.
-        target: PathBuf,
-        /// The checkpoint's id (N of cp-N).
-        checkpoint: u64,
-        /// 1 to 64 of A-Z a-z 0-9 . _ -, not starting with a dot.
-        name: String,
-        /// A store on object storage: the local state directory.
-        #[arg(long)]
-        state: Option<PathBuf>,
-    },
+    Pin(PinArgs),
     /// Remove pin NAME; its checkpoint is left to the retention policy, which applies at
     /// once.
-    Unpin {
-        /// A mountpoint or a store: its daemon's, when one holds it; else written directly.
-        target: PathBuf,
-        /// The pin's name.
-        name: String,
-        /// A store on object storage: the local state directory.
-        #[arg(long)]
-        state: Option<PathBuf>,
-    },
+    Unpin(UnpinArgs),
     /// Drop checkpoint N (as rmdir MOUNTPOINT/cp-N does); the newest only with --force.
-    Rm {
-        /// A mountpoint, or a store a running daemon holds (mount or serve: through the
-        /// socket in its state directory).
-        mountpoint: PathBuf,
-        /// The checkpoint's id (N of cp-N).
-        checkpoint: u64,
-        /// Drop it even if it is the newest checkpoint, which rmdir refuses: latest moves
-        /// back to the one before (the control line `delete N`).
-        #[arg(long)]
-        force: bool,
-    },
+    Rm(RmArgs),
     /// Show the daemon's state: backends, checkpoints, in flight, retain, last error.
-    Status {
-        /// A mountpoint, or a store (a directory or s3://BUCKET/PREFIX) read directly.
-        mountpoint: PathBuf,
-        #[arg(long)]
-        json: bool,
-    },
+    Status(StatusArgs),
     /// Write KEY=VALUE into a backend.
-    Put {
-        /// A mountpoint, or a store a running daemon holds (mount or serve: through the
-        /// socket in its state directory).
-        mountpoint: PathBuf,
-        /// The backend, <operator>/<subtask>.
-        backend: BackendName,
-        /// The key (bytes as given).
-        key: std::ffi::OsString,
-        /// The value (bytes as given).
-        value: std::ffi::OsString,
-    },
+    Put(PutArgs),
     /// Delete KEY from a backend.
-    Del {
-        /// A mountpoint, or a store a running daemon holds (mount or serve: through the
-        /// socket in its state directory).
-        mountpoint: PathBuf,
-        /// The backend, <operator>/<subtask>.
-        backend: BackendName,
-        /// The key (bytes as given).
-        key: std::ffi::OsString,
-    },
+    Del(DelArgs),
     /// Load tab-separated, percent-encoded KEY<TAB>VALUE lines (as `scan` prints them) from
     /// FILE or stdin into a backend, in atomic batches.
-    Load {
-        /// A mountpoint, or a store a running daemon holds (mount or serve: through the
-        /// socket in its state directory).
-        mountpoint: PathBuf,
-        /// The backend, <operator>/<subtask>.
-        backend: BackendName,
-        /// The lines to load (default: stdin).
-        file: Option<PathBuf>,
-    },
+    Load(LoadArgs),
     /// Write checkpoint N of STORE to DEST/<operator>/<subtask>/, verifying every object.
-    Restore {
-        /// A store directory or s3://BUCKET/PREFIX.
-        #[arg(value_parser = parse_location)]
-        store: Location,
-        /// The checkpoint's id (N of cp-N).
-        checkpoint: u64,
-        /// Destination directory; must be missing or empty.
-        dest: PathBuf,
-        /// Print the report as JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Restore(RestoreArgs),
     /// Draw the checkpoints and the stored objects they reference, with reference counts.
-    Graph {
-        /// A mountpoint, or a store (a directory or s3://BUCKET/PREFIX).
-        path: PathBuf,
-        /// dot (Graphviz source) or svg (needs Graphviz `dot`); default svg when `dot` is
-        /// installed, dot otherwise.
-        #[arg(long, value_parser = ["dot", "svg"])]
-        format: Option<String>,
-    },
+    Graph(GraphArgs),
     /// Show each retained checkpoint's files and bytes per backend, and the bytes of its
     /// objects new to it, shared with an earlier checkpoint, or exclusive to it.
-    Du {
-        /// A mountpoint, or a store (a directory or s3://BUCKET/PREFIX).
-        path: PathBuf,
-        /// Only checkpoint ID (still counted against all the retained ones).
-        id: Option<u64>,
-        /// Print the report as JSON.
-        #[arg(long)]
-        json: bool,
-        /// Each operator's and state's figures over the retained checkpoints, oldest to
-        /// newest: one row per checkpoint, one column per operator and state.
-        #[arg(long, conflicts_with = "id")]
-        history: bool,
-        /// Draw the history to FILE as SVG (stacked: each checkpoint's bytes new and
-        /// shared; each operator's states' bytes); prints nothing else unless --history.
-        #[arg(long, value_name = "FILE", conflicts_with = "id")]
-        svg: Option<PathBuf>,
-    },
+    Du(DuArgs),
     /// Show what changed from checkpoint A to checkpoint B: per backend and state the files
     /// added, removed and changed (same name, other content) with their bytes, from the
     /// manifests; with --keys, the keys added, removed and changed per column family.
-    Diff {
-        /// A mountpoint, or a store (a directory or s3://BUCKET/PREFIX).
-        path: PathBuf,
-        /// The checkpoint compared from.
-        a: u64,
-        /// The checkpoint compared to (may be older than A, or A itself).
-        b: u64,
-        /// Print the report as one JSON document.
-        #[arg(long)]
-        json: bool,
-        /// Also compare keys: write both checkpoints' differing backends out to a private
-        /// directory under $TMPDIR and iterate them with RocksDB (read-only).
-        #[arg(long)]
-        keys: bool,
-        /// With --keys, list at most N changed keys per backend and column family (the
-        /// counts are always exact).
-        #[arg(long, requires = "keys", value_name = "N", default_value_t = ckptfs_core::commands::diff::keys::DEFAULT_LIMIT)]
-        limit: usize,
-    },
+    Diff(DiffArgs),
     /// Recount references, verify every object, list orphans, missing and corrupt objects.
-    Fsck {
-        /// A store directory or s3://BUCKET/PREFIX (takes the store's lease).
-        #[arg(value_parser = parse_location)]
-        store: Location,
-        /// Quarantine unreadable manifests, delete orphans and leftovers of interrupted
-        /// checkpoints, store missing or corrupt objects again from identical copies in
-        /// STORE/state and in each --from directory.
-        #[arg(long)]
-        repair: bool,
-        /// A directory to search for copies of damaged objects (a restored checkpoint, a
-        /// backup, a state directory elsewhere); may repeat.
-        #[arg(long = "from")]
-        from: Vec<PathBuf>,
-        /// Print the report as JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Fsck(FsckArgs),
     /// Print the keys and values of a RocksDB directory (read-only), tab-separated and
     /// percent-encoded.
-    Scan {
-        /// A RocksDB directory (a checkpoint copied out, a restored backend).
-        dir: PathBuf,
-        /// Print only the number of keys.
-        #[arg(long)]
-        count: bool,
-    },
+    Scan(ScanArgs),
     /// Run the built-in workload against a store and checkpoint it (no mount needed).
     Workload(WorkloadArgs),
     /// Print the completion script of SHELL for ckptfs, e.g.
     /// `ckptfs completions bash > /etc/bash_completion.d/ckptfs`.
-    Completions {
-        /// The shell.
-        shell: clap_complete::Shell,
-    },
+    Completions(CompletionsArgs),
+}
+
+/// `ckptfs umount`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct UmountArgs {
+    /// The mountpoint of a running ckptfs daemon.
+    pub(crate) mountpoint: PathBuf,
+    /// Seconds to wait for the daemon to finish in-flight checkpoints.
+    #[arg(long, default_value_t = 300)]
+    pub(crate) timeout: u64,
+}
+
+/// `ckptfs checkpoint`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct CheckpointArgs {
+    /// A mountpoint, or a store a running daemon holds (mount or serve: through the
+    /// socket in its state directory).
+    pub(crate) mountpoint: PathBuf,
+    /// Seconds to keep retrying while the daemon is busy (0: fail at once).
+    #[arg(long, default_value_t = 600)]
+    pub(crate) wait: u64,
+    /// Print the whole answer as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `ckptfs import`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct ImportArgs {
+    /// A mountpoint or a store: its daemon's, when one holds it; else written directly.
+    pub(crate) target: PathBuf,
+    /// BACKEND=DIR: the backend (OPERATOR/SUBTASK) and its RocksDB checkpoint directory.
+    #[arg(required = true, value_name = "BACKEND=DIR", value_parser = parse_import)]
+    pub(crate) imports: Vec<(BackendName, PathBuf)>,
+    /// A store on object storage: the local state directory.
+    #[arg(long)]
+    pub(crate) state: Option<PathBuf>,
+    /// Seconds to keep retrying while the daemon is busy (0: fail at once).
+    #[arg(long, default_value_t = 600)]
+    pub(crate) wait: u64,
+    /// Print the whole answer as JSON (with what each import read and stored).
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `ckptfs import-flink`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct ImportFlinkArgs {
+    /// The Flink job's checkpoint directory, or the checkpoint root of its jobs.
+    pub(crate) src: PathBuf,
+    /// A mountpoint or a store: its daemon's, when one holds it; else written directly.
+    pub(crate) target: PathBuf,
+    /// A store on object storage: the local state directory.
+    #[arg(long)]
+    pub(crate) state: Option<PathBuf>,
+    /// Also read the files below DIR that the checkpoints name (a job restored in CLAIM
+    /// mode names the files of the job it was restored from: needed only when that
+    /// job's directory is not below SRC); files outside SRC and these roots are
+    /// refused. Repeatable.
+    #[arg(long = "source-root", value_name = "DIR")]
+    pub(crate) source_roots: Vec<PathBuf>,
+    /// Print one JSON answer per imported checkpoint, as import --json does.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `ckptfs export-flink`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct ExportFlinkArgs {
+    /// A mountpoint, or a store read directly.
+    pub(crate) target: PathBuf,
+    /// The ckptfs checkpoint's id (N of cp-N).
+    pub(crate) checkpoint: u64,
+    /// Destination: a directory (missing or empty), or s3://BUCKET/PREFIX (no object).
+    pub(crate) dest: PathBuf,
+    /// Print what was written as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `ckptfs ls`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct LsArgs {
+    /// A mountpoint, or a store (a directory or s3://BUCKET/PREFIX) read directly.
+    pub(crate) mountpoint: PathBuf,
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `ckptfs pin`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct PinArgs {
+    /// A mountpoint or a store: its daemon's, when one holds it; else written directly.
+    pub(crate) target: PathBuf,
+    /// The checkpoint's id (N of cp-N).
+    pub(crate) checkpoint: u64,
+    /// 1 to 64 of A-Z a-z 0-9 . _ -, not starting with a dot.
+    pub(crate) name: String,
+    /// A store on object storage: the local state directory.
+    #[arg(long)]
+    pub(crate) state: Option<PathBuf>,
+}
+
+/// `ckptfs unpin`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct UnpinArgs {
+    /// A mountpoint or a store: its daemon's, when one holds it; else written directly.
+    pub(crate) target: PathBuf,
+    /// The pin's name.
+    pub(crate) name: String,
+    /// A store on object storage: the local state directory.
+    #[arg(long)]
+    pub(crate) state: Option<PathBuf>,
+}
+
+/// `ckptfs rm`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct RmArgs {
+    /// A mountpoint, or a store a running daemon holds (mount or serve: through the
+    /// socket in its state directory).
+    pub(crate) mountpoint: PathBuf,
+    /// The checkpoint's id (N of cp-N).
+    pub(crate) checkpoint: u64,
+    /// Drop it even if it is the newest checkpoint, which rmdir refuses: latest moves
+    /// back to the one before (the control line `delete N`).
+    #[arg(long)]
+    pub(crate) force: bool,
+}
+
+/// `ckptfs status`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct StatusArgs {
+    /// A mountpoint, or a store (a directory or s3://BUCKET/PREFIX) read directly.
+    pub(crate) mountpoint: PathBuf,
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `ckptfs put`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct PutArgs {
+    /// A mountpoint, or a store a running daemon holds (mount or serve: through the
+    /// socket in its state directory).
+    pub(crate) mountpoint: PathBuf,
+    /// The backend, <operator>/<subtask>.
+    pub(crate) backend: BackendName,
+    /// The key (bytes as given).
+    pub(crate) key: std::ffi::OsString,
+    /// The value (bytes as given).
+    pub(crate) value: std::ffi::OsString,
+}
+
+/// `ckptfs del`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct DelArgs {
+    /// A mountpoint, or a store a running daemon holds (mount or serve: through the
+    /// socket in its state directory).
+    pub(crate) mountpoint: PathBuf,
+    /// The backend, <operator>/<subtask>.
+    pub(crate) backend: BackendName,
+    /// The key (bytes as given).
+    pub(crate) key: std::ffi::OsString,
+}
+
+/// `ckptfs load`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct LoadArgs {
+    /// A mountpoint, or a store a running daemon holds (mount or serve: through the
+    /// socket in its state directory).
+    pub(crate) mountpoint: PathBuf,
+    /// The backend, <operator>/<subtask>.
+    pub(crate) backend: BackendName,
+    /// The lines to load (default: stdin).
+    pub(crate) file: Option<PathBuf>,
+}
+
+/// `ckptfs restore`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct RestoreArgs {
+    /// A store directory or s3://BUCKET/PREFIX.
+    #[arg(value_parser = parse_location)]
+    pub(crate) store: Location,
+    /// The checkpoint's id (N of cp-N).
+    pub(crate) checkpoint: u64,
+    /// Destination directory; must be missing or empty.
+    pub(crate) dest: PathBuf,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `ckptfs graph`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct GraphArgs {
+    /// A mountpoint, or a store (a directory or s3://BUCKET/PREFIX).
+    pub(crate) path: PathBuf,
+    /// dot (Graphviz source) or svg (needs Graphviz `dot`); default svg when `dot` is
+    /// installed, dot otherwise.
+    #[arg(long, value_parser = ["dot", "svg"])]
+    pub(crate) format: Option<String>,
+}
+
+/// `ckptfs du`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct DuArgs {
+    /// A mountpoint, or a store (a directory or s3://BUCKET/PREFIX).
+    pub(crate) path: PathBuf,
+    /// Only checkpoint ID (still counted against all the retained ones).
+    pub(crate) id: Option<u64>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Each operator's and state's figures over the retained checkpoints, oldest to
+    /// newest: one row per checkpoint, one column per operator and state.
+    #[arg(long, conflicts_with = "id")]
+    pub(crate) history: bool,
+    /// Draw the history to FILE as SVG (stacked: each checkpoint's bytes new and
+    /// shared; each operator's states' bytes); prints nothing else unless --history.
+    #[arg(long, value_name = "FILE", conflicts_with = "id")]
+    pub(crate) svg: Option<PathBuf>,
+}
+
+/// `ckptfs diff`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct DiffArgs {
+    /// A mountpoint, or a store (a directory or s3://BUCKET/PREFIX).
+    pub(crate) path: PathBuf,
+    /// The checkpoint compared from.
+    pub(crate) a: u64,
+    /// The checkpoint compared to (may be older than A, or A itself).
+    pub(crate) b: u64,
+    /// Print the report as one JSON document.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Also compare keys: write both checkpoints' differing backends out to a private
+    /// directory under $TMPDIR and iterate them with RocksDB (read-only).
+    #[arg(long)]
+    pub(crate) keys: bool,
+    /// With --keys, list at most N changed keys per backend and column family (the
+    /// counts are always exact).
+    #[arg(long, requires = "keys", value_name = "N", default_value_t = ckptfs_core::commands::diff::keys::DEFAULT_LIMIT)]
+    pub(crate) limit: usize,
+}
+
+/// `ckptfs fsck`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct FsckArgs {
+    /// A store directory or s3://BUCKET/PREFIX (takes the store's lease).
+    #[arg(value_parser = parse_location)]
+    pub(crate) store: Location,
+    /// Quarantine unreadable manifests, delete orphans and leftovers of interrupted
+    /// checkpoints, store missing or corrupt objects again from identical copies in
+    /// STORE/state and in each --from directory.
+    #[arg(long)]
+    pub(crate) repair: bool,
+    /// A directory to search for copies of damaged objects (a restored checkpoint, a
+    /// backup, a state directory elsewhere); may repeat.
+    #[arg(long = "from")]
+    pub(crate) from: Vec<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `ckptfs scan`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct ScanArgs {
+    /// A RocksDB directory (a checkpoint copied out, a restored backend).
+    pub(crate) dir: PathBuf,
+    /// Print only the number of keys.
+    #[arg(long)]
+    pub(crate) count: bool,
+}
+
+/// `ckptfs completions`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct CompletionsArgs {
+    /// The shell.
+    pub(crate) shell: clap_complete::Shell,
 }
 
 /// An IP:PORT to listen on; a bare port is refused with the two usual spellings.

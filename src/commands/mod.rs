@@ -30,102 +30,41 @@ pub fn run(command: Command, args: &[OsString]) -> Result<ExitCode, Error> {
     match command {
         Command::Mount(mount) => mount::mount(mount, args),
         Command::Serve(serve) => mount::serve(serve),
-        Command::Umount {
-            mountpoint,
-            timeout,
-        } => mount::umount(&mountpoint, timeout),
-        Command::Checkpoint {
-            mountpoint,
-            wait,
-            json,
-        } => mounted::checkpoint(&mountpoint, Duration::from_secs(wait), json),
-        Command::Import {
-            target,
-            imports,
-            state,
-            wait,
-            json,
-        } => import::import(&target, &imports, state, Duration::from_secs(wait), json),
-        Command::ImportFlink {
-            src,
-            target,
-            state,
-            source_roots,
-            json,
-        } => import::import_flink(&src, &source_roots, &target, state, json),
+        Command::Umount(a) => mount::umount(&a.mountpoint, a.timeout),
+        Command::Checkpoint(a) => {
+            mounted::checkpoint(&a.mountpoint, Duration::from_secs(a.wait), a.json)
+        }
+        Command::Import(a) => import::import(
+            &a.target,
+            &a.imports,
+            a.state,
+            Duration::from_secs(a.wait),
+            a.json,
+        ),
+        Command::ImportFlink(a) => {
+            import::import_flink(&a.src, &a.source_roots, &a.target, a.state, a.json)
+        }
         Command::FlinkGc(args) => flink_gc::flink_gc(args),
-        Command::ExportFlink {
-            target,
-            checkpoint,
-            dest,
-            json,
-        } => restore::export_flink(&target, checkpoint, &dest, json),
-        Command::Ls { mountpoint, json } => show::ls(&mountpoint, json),
+        Command::ExportFlink(a) => restore::export_flink(&a.target, a.checkpoint, &a.dest, a.json),
+        Command::Ls(a) => show::ls(&a.mountpoint, a.json),
         Command::Forget(args) => policy::forget(args),
-        Command::Pin {
-            target,
-            checkpoint,
-            name,
-            state,
-        } => policy::pin(&target, checkpoint, &name, state),
-        Command::Unpin {
-            target,
-            name,
-            state,
-        } => policy::unpin(&target, &name, state),
-        Command::Rm {
-            mountpoint,
-            checkpoint,
-            force,
-        } => mounted::rm(&mountpoint, checkpoint, force),
-        Command::Status { mountpoint, json } => show::status(&mountpoint, json),
-        Command::Put {
-            mountpoint,
-            backend,
-            key,
-            value,
-        } => mounted::put(&mountpoint, backend, &key, &value),
-        Command::Del {
-            mountpoint,
-            backend,
-            key,
-        } => mounted::del(&mountpoint, backend, &key),
-        Command::Load {
-            mountpoint,
-            backend,
-            file,
-        } => mounted::load(&mountpoint, &backend, file.as_deref()),
-        Command::Restore {
-            store,
-            checkpoint,
-            dest,
-            json,
-        } => restore::restore(&store, checkpoint, &dest, json),
-        Command::Graph { path, format } => show::graph(&path, format.as_deref()),
-        Command::Du {
-            path,
-            id: _,
-            json,
-            history,
-            svg,
-        } if history || svg.is_some() => show::du_history(&path, history, json, svg.as_deref()),
-        Command::Du { path, id, json, .. } => show::du(&path, id, json),
-        Command::Diff {
-            path,
-            a,
-            b,
-            json,
-            keys,
-            limit,
-        } => diff::diff(&path, a, b, json, keys.then_some(limit)),
-        Command::Fsck {
-            store,
-            repair,
-            from,
-            json,
-        } => fsck::fsck(&store, repair, &from, json),
-        Command::Scan { dir, count } => tools::scan(&dir, count),
+        Command::Pin(a) => policy::pin(&a.target, a.checkpoint, &a.name, a.state),
+        Command::Unpin(a) => policy::unpin(&a.target, &a.name, a.state),
+        Command::Rm(a) => mounted::rm(&a.mountpoint, a.checkpoint, a.force),
+        Command::Status(a) => show::status(&a.mountpoint, a.json),
+        Command::Put(a) => mounted::put(&a.mountpoint, a.backend, &a.key, &a.value),
+        Command::Del(a) => mounted::del(&a.mountpoint, a.backend, &a.key),
+        Command::Load(a) => mounted::load(&a.mountpoint, &a.backend, a.file.as_deref()),
+        Command::Restore(a) => restore::restore(&a.store, a.checkpoint, &a.dest, a.json),
+        Command::Graph(a) => show::graph(&a.path, a.format.as_deref()),
+        Command::Du(a) if a.history || a.svg.is_some() => {
+            show::du_history(&a.path, a.history, a.json, a.svg.as_deref())
+        }
+        Command::Du(a) => show::du(&a.path, a.id, a.json),
+        Command::Diff(a) => diff::diff(&a.path, a.a, a.b, a.json, a.keys.then_some(a.limit)),
+        Command::Fsck(a) => fsck::fsck(&a.store, a.repair, &a.from, a.json),
+        Command::Scan(a) => tools::scan(&a.dir, a.count),
         Command::Workload(workload) => tools::workload(workload),
-        Command::Completions { shell } => tools::completions(shell),
+        Command::Completions(a) => tools::completions(a.shell),
     }
 }
