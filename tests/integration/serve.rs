@@ -65,6 +65,20 @@ fn socket_of(store: &Path) -> PathBuf {
     store.join("state/ctl.sock")
 }
 
+/// `ckptfs serve ARGS` (words split at spaces) as nobody, in a mount namespace of its own
+/// with /dev/null bound over /dev/fuse (setpriv, not runuser: it execs the daemon, whose
+/// own exit status the test reads).
+fn serve_as_nobody_without_fuse(args: &str) -> Command {
+    let script = format!(
+        "mount --bind /dev/null /dev/fuse || exit 97; \
+         exec setpriv --reuid=nobody --regid=nogroup --clear-groups {} serve {args}",
+        public_bin()
+    );
+    let mut command = Command::new("unshare");
+    command.args(["-m", "--propagation", "private", "sh", "-c", &script]);
+    command
+}
+
 /// A serving daemon, stopped (SIGTERM, then SIGKILL) when dropped.
 struct Served {
     child: Option<Child>,
@@ -144,14 +158,7 @@ impl Drop for Served {
 fn serve_runs_as_nobody_without_fuse_and_checkpoints_through_the_socket() {
     let (_dir, store) = store_dir(true);
     let store_arg = store.to_string_lossy().into_owned();
-    let script = format!(
-        "mount --bind /dev/null /dev/fuse || exit 97; \
-         exec setpriv --reuid=nobody --regid=nogroup --clear-groups {} serve {store_arg} \
-         --backend A/0",
-        public_bin()
-    );
-    let mut command = Command::new("unshare");
-    command.args(["-m", "--propagation", "private", "sh", "-c", &script]);
+    let command = serve_as_nobody_without_fuse(&format!("{store_arg} --backend A/0"));
     let mut served = Served::start(command, &store);
     let meta = std::fs::metadata(&served.socket).unwrap();
     assert_eq!(
@@ -253,14 +260,7 @@ fn sigterm_ends_serve_cleanly() {
 fn serve_follows_a_flink_job() {
     let (dir, store) = store_dir(false);
     let job = dir.path().join("job");
-    crate::common::run(
-        "cp",
-        &[
-            "-a",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/flink/job1"),
-            &job.to_string_lossy(),
-        ],
-    );
+    crate::flink::cp_a(&crate::flink::fixture(), &job);
     let store_arg = store.to_string_lossy().into_owned();
     let mut command = Command::new(public_bin());
     command
@@ -466,14 +466,7 @@ fn an_overlong_line_is_refused_and_the_connection_closed() {
 fn import_flink_into_a_served_store_goes_through_the_daemon() {
     let (dir, store) = store_dir(false);
     let job = dir.path().join("job");
-    crate::common::run(
-        "cp",
-        &[
-            "-a",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/flink/job1"),
-            &job.to_string_lossy(),
-        ],
-    );
+    crate::flink::cp_a(&crate::flink::fixture(), &job);
     let store_arg = store.to_string_lossy().into_owned();
     let mut command = Command::new(public_bin());
     command.args(["serve", &store_arg]);
@@ -569,17 +562,11 @@ fn serve_as_nobody_follows_a_running_flink_job() {
     std::fs::create_dir(&ck).unwrap();
     std::fs::set_permissions(&ck, std::fs::Permissions::from_mode(0o755)).unwrap();
     let port = crate::common::moto::free_port();
-    let script = format!(
-        "mount --bind /dev/null /dev/fuse || exit 97; \
-         exec setpriv --reuid=nobody --regid=nogroup --clear-groups {} serve {store_arg} \
-         --flink {} --metrics-listen 127.0.0.1:{port}",
-        public_bin(),
+    let mut command = serve_as_nobody_without_fuse(&format!(
+        "{store_arg} --flink {} --metrics-listen 127.0.0.1:{port}",
         ck.display()
-    );
-    let mut command = Command::new("unshare");
-    command
-        .args(["-m", "--propagation", "private", "sh", "-c", &script])
-        .env("CKPTFS_FLINK_POLL_MS", "200");
+    ));
+    command.env("CKPTFS_FLINK_POLL_MS", "200");
     let mut served = Served::start(command, &store);
     let listed = || -> Vec<serde_json::Value> {
         let out = ok(as_nobody(&["ls", &store_arg, "--json"]));

@@ -448,29 +448,10 @@ enum Imported {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::flink::metadata::{self, KeyedHandle, StreamHandle};
     use crate::source::counting::CountingTree;
     use std::path::Path;
 
     const JOB: &str = "a312c9034e3e0d2016dae60431b4c9dc";
-
-    /// `bytes` (a `_metadata`) with every uploaded file named as `file:<dir>/shared/<name>`.
-    fn naming_files_in(bytes: &[u8], dir: &Path) -> Vec<u8> {
-        let mut paths = Vec::new();
-        for op in metadata::parse(bytes).unwrap().operators {
-            for subtask in op.subtasks {
-                if let Some(KeyedHandle::Incremental(h)) = subtask.managed_keyed {
-                    for (_, stream) in h.shared.iter().chain(&h.private) {
-                        if let StreamHandle::File { at, path, .. } = stream {
-                            let name = path.rsplit('/').next().unwrap();
-                            paths.push((*at, format!("file:{}/shared/{name}", dir.display())));
-                        }
-                    }
-                }
-            }
-        }
-        metadata::with_paths(bytes, paths).unwrap()
-    }
 
     /// `bytes` with the RocksDB file name `000024.sst` written `00/024.sst`, as the changelog
     /// backend and unaligned checkpoints name files: refused by ckptfs.
@@ -515,7 +496,8 @@ mod tests {
         let metadata_of = |n: u64| job.join(format!("chk-{n}/_metadata"));
         let mut good = BTreeMap::new();
         for n in [4, 5, 6] {
-            let bytes = naming_files_in(&std::fs::read(metadata_of(n)).unwrap(), &job);
+            let bytes =
+                crate::flink::naming_files_in(&std::fs::read(metadata_of(n)).unwrap(), &job);
             std::fs::write(metadata_of(n), &bytes).unwrap();
             good.insert(n, bytes);
         }

@@ -1170,25 +1170,6 @@ mod tests {
             .unwrap();
     }
 
-    /// `bytes` (a `_metadata`) with every uploaded file named as `file:<dir>/shared/<name>`.
-    fn naming_files_in(bytes: &[u8], dir: &Path) -> Vec<u8> {
-        let mut paths = Vec::new();
-        for op in metadata::parse(bytes).unwrap().operators {
-            for subtask in op.subtasks {
-                if let Some(KeyedHandle::Incremental(h)) = subtask.managed_keyed {
-                    for (_, stream) in h.shared.iter().chain(&h.private) {
-                        if let StreamHandle::File { at, path, .. } = stream {
-                            let name = path.rsplit('/').next().unwrap();
-                            paths.push((*at, format!("file:{}/shared/{name}", dir.display())));
-                        }
-                    }
-                }
-            }
-        }
-        assert!(!paths.is_empty());
-        metadata::with_paths(bytes, paths).unwrap()
-    }
-
     /// A checkpoint root holding two jobs: the fixture job A, and job B restored from it in
     /// CLAIM mode (its checkpoints 2 and 7 name A's files, in A's directory). Both are
     /// listed, job by job in the order they began (the `_metadata` time of each one's
@@ -1206,7 +1187,7 @@ mod tests {
         );
         cp_a(&fixture, &root.join(a));
         let bytes = std::fs::read(fixture.join("chk-6/_metadata")).unwrap();
-        let claimed = naming_files_in(&bytes, &root.join(a));
+        let claimed = crate::flink::naming_files_in(&bytes, &root.join(a));
         for n in [2, 7] {
             let chk = root.join(b).join(format!("chk-{n}"));
             std::fs::create_dir_all(&chk).unwrap();
@@ -1261,7 +1242,7 @@ mod tests {
         // A copy of A's shared/ beside the root is outside it: refused.
         let outside = dir.path().join("elsewhere");
         cp_a(&fixture, &outside);
-        let escaping = naming_files_in(&bytes, &outside);
+        let escaping = crate::flink::naming_files_in(&bytes, &outside);
         std::fs::write(root.join(b).join(format!("chk-7/{METADATA}")), &escaping).unwrap();
         let found = completed(&FlinkSource::parse(&root).unwrap()).unwrap();
         let staging = tempfile::tempdir().unwrap();

@@ -25,3 +25,24 @@ pub(crate) fn copy_of_fixture(to: &std::path::Path) {
         .unwrap()
         .success());
 }
+
+/// `bytes` (a `_metadata`) with every uploaded file named as `file:<dir>/shared/<name>`.
+#[cfg(test)]
+pub(crate) fn naming_files_in(bytes: &[u8], dir: &std::path::Path) -> Vec<u8> {
+    use metadata::{KeyedHandle, StreamHandle};
+    let mut paths = Vec::new();
+    for op in metadata::parse(bytes).unwrap().operators {
+        for subtask in op.subtasks {
+            if let Some(KeyedHandle::Incremental(h)) = subtask.managed_keyed {
+                for (_, stream) in h.shared.iter().chain(&h.private) {
+                    if let StreamHandle::File { at, path, .. } = stream {
+                        let name = path.rsplit('/').next().unwrap();
+                        paths.push((*at, format!("file:{}/shared/{name}", dir.display())));
+                    }
+                }
+            }
+        }
+    }
+    assert!(!paths.is_empty());
+    metadata::with_paths(bytes, paths).unwrap()
+}
