@@ -360,9 +360,9 @@ pub fn export_to_s3(
             .stored_remotely(backend, name)
             .filter(|(from, _, size)| remote.can_copy_from(from) && *size <= MAX_COPY_OBJECT);
         let uploaded = match in_store {
-            Some((_, from_key, size)) => remote
-                .copy_within(&from_key, &key)
-                .map(|()| (size, true)),
+            Some((from, from_key, size)) => remote
+                .copy_from(&from, &from_key, &key, None)
+                .map(|_| (size, true)),
             None => {
                 let mut written = 0;
                 remote

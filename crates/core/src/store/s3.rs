@@ -37,6 +37,9 @@ use super::{hash_file, layout, ObjectId, ObjectStore, Staged, WriteFence};
 use crate::error::{Error, ErrorKind, IoContext, Result};
 use crate::fsutil::{create_new_private, create_private_dir_all, lock, remove_tree};
 
+mod copy;
+pub use copy::Copied;
+
 /// Keys deleted by one request (S3's DeleteObjects takes at most 1,000).
 const DELETE_BATCH: usize = 1000;
 
@@ -85,6 +88,8 @@ pub struct Remote {
     prefix: String,
     /// The endpoint it talks to (`None`: AWS's, from the region).
     endpoint: Option<String>,
+    /// Server-side copies from other buckets ([`Remote::copy_from`]).
+    copier: copy::Copier,
 }
 
 impl Remote {
@@ -140,6 +145,7 @@ impl Remote {
                     .with_timeout(Duration::from_secs(120))
                     .with_allow_http(allow_http),
             );
+        let copier = copy::Copier::new(&builder, allow_http)?;
         let client = builder
             .build()
             .map_err(|e| Error::Invalid(format!("s3://{bucket}: {e}")))?;
@@ -161,6 +167,7 @@ impl Remote {
                 format!("{prefix}/")
             },
             endpoint,
+            copier,
         }))
     }
 
@@ -229,11 +236,11 @@ impl Remote {
         format!("{}{name}", self.prefix)
     }
 
-    /// True when [`Remote::copy_within`] can copy `other`'s objects here: the same bucket on
-    /// the same endpoint, both configured from the same environment (object_store copies
-    /// within one bucket).
+    /// True when [`Remote::copy_from`] can copy `other`'s objects here: any bucket on the
+    /// same endpoint, both configured from the same environment (one set of credentials
+    /// reads there and writes here).
     pub fn can_copy_from(&self, other: &Remote) -> bool {
-        self.bucket == other.bucket && self.endpoint == other.endpoint
+        self.endpoint == other.endpoint
     }
 
     /// Copy object `from` to `to` (keys below the bucket) inside the object store: one
