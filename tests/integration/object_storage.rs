@@ -887,7 +887,11 @@ fn an_object_is_copied_across_buckets_by_the_object_store_and_named_by_its_sha25
     let copied = store.copy_from(&source, key, &to_key, Some(&etag)).unwrap();
     assert_eq!(copied.sha256, sha256);
     assert_eq!(copied.etag, etag, "one part: the MD5 of the same bytes");
-    let get = |raw: &mut RawHttp, path: &str| raw.request("GET", path, b"").unwrap();
+    let get = |_: &mut RawHttp, path: &str| {
+        RawHttp::connect(moto.port)
+            .request("GET", path, b"")
+            .unwrap()
+    };
     let (status, _, got) = get(
         &mut raw,
         &format!("/{to}/store/objects/a%20b%2B%C3%BC%25.sst"),
