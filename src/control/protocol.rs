@@ -347,6 +347,9 @@ pub struct CheckpointDone {
     pub bytes: u64,
     /// Bytes it stored (uploaded, on object storage).
     pub bytes_uploaded: u64,
+    /// Of those, the bytes the object store copied from the source itself.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes_copied: u64,
     /// The synchronous phase (what blocks writers), in milliseconds.
     pub sync_ms: f64,
     /// The asynchronous phase (storing and committing), in milliseconds.
@@ -354,6 +357,10 @@ pub struct CheckpointDone {
     /// What each import of the checkpoint read and stored; absent when it imported nothing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub imports: Vec<ImportReport>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl CheckpointDone {
@@ -367,6 +374,7 @@ impl CheckpointDone {
             files_reused: s.files_reused,
             bytes: s.bytes_total,
             bytes_uploaded: s.bytes_uploaded,
+            bytes_copied: s.bytes_copied,
             sync_ms: s.sync_micros as f64 / 1000.0,
             async_ms: s.async_micros as f64 / 1000.0,
             imports,
@@ -629,6 +637,7 @@ mod tests {
             files_reused: 2,
             bytes: 100,
             bytes_uploaded: 10,
+            bytes_copied: 0,
             sync_ms: 1.5,
             async_ms: 0.0,
             imports: Vec::new(),

@@ -227,7 +227,7 @@ fn whole(
     tx: &tokio::sync::mpsc::Sender<io::Result<Bytes>>,
 ) -> Result<bool> {
     use std::io::Read;
-    let mut hasher = blake3::Hasher::new();
+    let mut hasher = object.hasher();
     let mut held: Option<Bytes> = None;
     let mut total = 0u64;
     loop {
@@ -261,7 +261,7 @@ fn whole(
             "object {object} has {total} bytes, expected {size}"
         )));
     }
-    if ObjectId::from_hash(hasher.finalize()) != *object {
+    if hasher.finalize() != *object {
         return Err(Error::Corrupt(format!(
             "object {object} does not match its checksum"
         )));

@@ -60,8 +60,10 @@ pub(crate) fn assert_relocatable(job_dir: &Path, chk: &str) {
 /// stored), read back through the mount with ldb, exported, the export moved elsewhere,
 /// and a job restored from the moved copy goes on from 600 records with every key's state
 /// (StateJob checks each key's count itself). With `also_s3`, the job's directory is also
-/// copied to moto_server as it is (its `_metadata` naming the local paths: a moved job) and
-/// imported from there, each segment a ranged GET, and read back the same. With
+/// copied to moto_server as it is (its `_metadata` naming the local paths: a moved job),
+/// imported from there into a store in another bucket ([`through_object_storage`]), read
+/// back the same, exported inside the object store, and the job restores from that export
+/// (downloaded: Flink's S3 plugin cannot be installed here) instead of the moved one. With
 /// `on_btrfs`, everything is on a loop-mounted btrfs, and the job restores from an export
 /// of the store itself, whose files are clones of the store's objects. Returns the source
 /// `_metadata` imported.
@@ -92,33 +94,10 @@ fn import_export_restore(extra: &[&str], also_s3: bool, on_btrfs: bool) -> Vec<u
     std::thread::sleep(std::time::Duration::from_millis(200));
     job.kill();
     let source = std::fs::read(job_dir.join(format!("chk-{idle}/_metadata"))).unwrap();
-    if also_s3 {
-        let moto = crate::common::moto::moto();
-        let bucket = moto.bucket();
-        let job_id = job_dir.file_name().unwrap().to_str().unwrap();
-        put_tree(moto.port, &bucket, &format!("ck/{job_id}"), &job_dir);
-        let store = dir.path().join("store-s3");
-        let src = format!("s3://{bucket}/ck/{job_id}");
-        ok(ckptfs(&["import-flink", &src, store.to_str().unwrap()]));
-        let mnt = dir.path().join("mnt-s3");
-        std::fs::create_dir(&mnt).unwrap();
-        let m = Mounted::at(&store, &mnt, &[]);
-        let cp = imported_from(&mnt, idle, None);
-        check_tree(&classpath, &mnt.join(format!("cp-{cp}")), 600, dir.path());
-        m.umount();
-        for entry in std::fs::read_dir(dir.path()).unwrap() {
-            let path = entry.unwrap().path();
-            if path
-                .file_name()
-                .unwrap()
-                .to_str()
-                .unwrap()
-                .starts_with("out-")
-            {
-                std::fs::remove_dir_all(path).unwrap();
-            }
-        }
-    }
+    let from_s3 = also_s3.then(|| {
+        let merging = extra.contains(&"--file-merging");
+        through_object_storage(&job_dir, idle, &classpath, dir.path(), merging)
+    });
 
     let store = dir.path().join("store");
     let answers: Vec<serde_json::Value> = ok(ckptfs(&[
@@ -177,7 +156,7 @@ fn import_export_restore(extra: &[&str], also_s3: bool, on_btrfs: bool) -> Vec<u
     let moved = dir.path().join("elsewhere/copy");
     std::fs::create_dir_all(moved.parent().unwrap()).unwrap();
     std::fs::rename(&dest, &moved).unwrap();
-    let chk = moved.join(&job_id).join(&chk_name);
+    let chk = from_s3.unwrap_or_else(|| moved.join(&job_id).join(&chk_name));
     let mut args = vec!["--restore", chk.to_str().unwrap()];
     args.extend_from_slice(extra);
     let mut job = Job::start(&classpath, &dir.path().join("ck2"), 900, &args);
@@ -185,6 +164,186 @@ fn import_export_restore(extra: &[&str], also_s3: bool, on_btrfs: bool) -> Vec<u
     assert_eq!(job.restored, Some(600), "the source starts where it was");
     job.kill();
     source
+}
+
+/// The job's directory `job_dir` put into a bucket of moto_server, imported from there into
+/// a store in another bucket, read back through the mount (checkpoint `idle` holds 600
+/// records), checked by fsck, and exported into the store's bucket; the export downloaded
+/// under `scratch`, and its checkpoint directory returned. Each whole SST (every file
+/// unless `merging`: then each is a segment of a shared file, downloaded by a ranged GET)
+/// is copied by the object store: `bytes_copied` counts every byte of the job's `shared/`,
+/// and no GET of one reads its data blocks (each is a ranged read of its footer and
+/// properties, past its first byte).
+fn through_object_storage(
+    job_dir: &Path,
+    idle: u64,
+    classpath: &str,
+    scratch: &Path,
+    merging: bool,
+) -> PathBuf {
+    let moto = crate::common::moto::moto();
+    let bucket = moto.bucket();
+    let job_id = job_dir.file_name().unwrap().to_str().unwrap();
+    put_tree(moto.port, &bucket, &format!("ck/{job_id}"), job_dir);
+    let store_bucket = moto.bucket();
+    let store = format!("s3://{store_bucket}/store");
+    let state = scratch.join("state-s3");
+    let src = format!("s3://{bucket}/ck/{job_id}");
+    let proxy = crate::common::moto::HttpProxy::start(moto.port);
+    let out = Command::new(crate::common::mounted::BIN)
+        .args(["import-flink", &src, &store, "--json", "--state"])
+        .arg(&state)
+        .env(
+            "AWS_ENDPOINT_URL",
+            format!("http://127.0.0.1:{}", proxy.port),
+        )
+        .output()
+        .unwrap();
+    let copied: u64 = ok(out)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|a| a["bytes_copied"].as_u64().unwrap_or(0))
+        .sum();
+    let gets = proxy.requests("GET", &format!("/ck/{job_id}/shared/"));
+    if merging {
+        assert_eq!(copied, 0, "segments are read, not copied");
+    } else {
+        let ssts = named_ssts(job_dir);
+        let sst_bytes: u64 = ssts.values().sum();
+        assert_eq!(
+            copied, sst_bytes,
+            "every SST copied by the object store: {ssts:?}"
+        );
+        // The GETs of SSTs (other files under shared/ are read whole, as they must be).
+        let gets: Vec<_> = gets
+            .into_iter()
+            .filter(|(target, _)| {
+                ssts.keys()
+                    .any(|p| p.ends_with(target.rsplit('/').next().unwrap()))
+            })
+            .collect();
+        assert!(!gets.is_empty(), "each SST's properties are read");
+        for (target, headers) in &gets {
+            let range = headers
+                .iter()
+                .find(|(n, _)| n == "range")
+                .map(|(_, v)| v.as_str())
+                .unwrap_or_else(|| panic!("GET {target} of the whole file"));
+            let start: u64 = range
+                .trim_start_matches("bytes=")
+                .split('-')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!(start > 0, "GET {target} {range} reads its data blocks");
+        }
+        let uploads = proxy.requests("PUT", "/store/objects/sha256-");
+        assert!(!uploads.is_empty());
+        for (target, headers) in &uploads {
+            assert!(
+                headers.iter().any(|(n, _)| n == "x-amz-copy-source"),
+                "PUT {target} uploaded a copied object's bytes"
+            );
+        }
+    }
+    drop(proxy);
+    let mnt = scratch.join("mnt-s3");
+    std::fs::create_dir(&mnt).unwrap();
+    let state_arg = state.to_str().unwrap();
+    let m = Mounted::at(Path::new(&store), &mnt, &["--state", state_arg]);
+    let cp = imported_from(&mnt, idle, None);
+    check_tree(classpath, &mnt.join(format!("cp-{cp}")), 600, scratch);
+    m.umount();
+    for entry in std::fs::read_dir(scratch).unwrap() {
+        let path = entry.unwrap().path();
+        if path
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with("out-")
+        {
+            std::fs::remove_dir_all(path).unwrap();
+        }
+    }
+    ok(ckptfs(&["fsck", &store]));
+    let remote = ckptfs_core::store::s3::Remote::connect(&store_bucket, "").unwrap();
+    if !merging {
+        // A copied object is checked by its SHA-256 like any other by its BLAKE3: one
+        // changed byte and fsck names it.
+        let (key, _, _) = remote
+            .list_keys("store/objects/", false)
+            .unwrap()
+            .into_iter()
+            .find(|(key, _, _)| key.starts_with("store/objects/sha256-"))
+            .expect("a copied object");
+        let good = remote.get_bytes(&key).unwrap();
+        let mut bad = good.clone();
+        bad[0] ^= 1;
+        let put = |bytes: &[u8]| {
+            remote
+                .upload_from(&key, |out| {
+                    std::io::Write::write_all(out, bytes).unwrap();
+                    Ok(())
+                })
+                .unwrap()
+        };
+        put(&bad);
+        let out = ckptfs(&["fsck", &store, "--json"]);
+        assert!(!out.status.success());
+        let id = key.rsplit('/').next().unwrap();
+        assert!(String::from_utf8_lossy(&out.stdout).contains(id), "{out:?}");
+        put(&good);
+        ok(ckptfs(&["fsck", &store]));
+    }
+    let exports = format!("s3://{store_bucket}/exports");
+    let answer: serde_json::Value = serde_json::from_str(&ok(ckptfs(&[
+        "export-flink",
+        &store,
+        &cp.to_string(),
+        &exports,
+        "--json",
+    ])))
+    .unwrap();
+    assert!(answer["copied_in_store"].as_u64().unwrap() > 0, "{answer}");
+    let down = scratch.join("export-s3");
+    let mut chk = None;
+    for (key, _, _) in remote.list_keys("exports/", false).unwrap() {
+        let rel = key.strip_prefix("exports/").unwrap();
+        let to = down.join(rel);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::write(&to, remote.get_bytes(&key).unwrap()).unwrap();
+        if rel.ends_with("/_metadata") {
+            chk = Some(to.parent().unwrap().to_path_buf());
+        }
+    }
+    chk.expect("the export's _metadata")
+}
+
+/// Every SST file the completed checkpoints in `job_dir` name by path (not inline), once,
+/// with its size.
+fn named_ssts(job_dir: &Path) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(job_dir).unwrap() {
+        let Ok(bytes) = std::fs::read(entry.unwrap().path().join("_metadata")) else {
+            continue;
+        };
+        for op in metadata::parse(&bytes).unwrap().operators {
+            for subtask in op.subtasks {
+                if let Some(KeyedHandle::Incremental(h)) = subtask.managed_keyed {
+                    for (name, handle) in h.shared.into_iter().chain(h.private) {
+                        if let (true, StreamHandle::File { path, size, .. }) =
+                            (name.ends_with(".sst"), handle)
+                        {
+                            out.insert(path, size);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 /// File merging (FLIP-306): every file of the job's checkpoints is a segment of a shared
@@ -203,10 +362,10 @@ fn a_file_merging_jobs_checkpoints_import_export_and_restore() {
 }
 
 /// The ForSt backend (Flink 2's disaggregated state, a RocksDB fork): its checkpoints are
-/// RocksDB files too.
+/// RocksDB files too. From object storage, its SSTs are copied by the object store.
 #[test]
 fn a_forst_jobs_checkpoints_import_export_and_restore() {
-    let source = import_export_restore(&["--state-backend", "forst"], false, true);
+    let source = import_export_restore(&["--state-backend", "forst"], true, true);
     assert!(!handles(&source).is_empty());
 }
 

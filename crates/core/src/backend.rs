@@ -217,6 +217,9 @@ pub struct StagedFile {
     /// An SST's column family, as RocksDB's live file metadata (hosted) or the file's
     /// properties (imported) name it, recorded in its entry.
     pub column_family: Option<String>,
+    /// An imported file on object storage that the store copies without reading it
+    /// (`path` is then its URI, never opened).
+    pub remote: Option<crate::store::s3::RemoteFile>,
 }
 
 /// SST and blob files never change once written, so they are shared across checkpoints and
@@ -575,6 +578,7 @@ impl Backend {
                 size,
                 source: None,
                 column_family: None,
+                remote: None,
             });
         }
         Ok(linked)
@@ -625,6 +629,7 @@ fn list_files(staging: &Path) -> Result<Vec<StagedFile>> {
             size: meta.len(),
             source: None,
             column_family: None,
+            remote: None,
         });
     }
     files.sort_by(|a, b| a.name.cmp(&b.name));

@@ -76,6 +76,9 @@ enum Origin {
     Staged(String),
     /// In the store already (see [`ScannedFile::stored`]).
     Stored,
+    /// On object storage, to be copied by the object store itself (see
+    /// [`ScannedFile::remote`]).
+    Remote(crate::store::s3::RemoteFile),
 }
 
 impl ScannedFile {
@@ -104,6 +107,34 @@ impl ScannedFile {
             source: Some(source),
             column_family,
             origin: Origin::Held(file),
+        }
+    }
+
+    /// A file on object storage that the store copies without reading it, imported as
+    /// `name`, recorded under `source` (its immutable name) with its column family (read
+    /// from its properties by ranged reads). Its path is its URI: never opened, it keys
+    /// the file in an import (one object named twice is copied once).
+    pub fn remote(
+        name: &str,
+        file: crate::store::s3::RemoteFile,
+        source: Option<String>,
+        column_family: Option<String>,
+    ) -> Self {
+        ScannedFile {
+            name: name.to_string(),
+            path: PathBuf::from(file.uri()),
+            size: file.size,
+            source,
+            column_family,
+            origin: Origin::Remote(file),
+        }
+    }
+
+    /// The object the store copies, for a file made by [`ScannedFile::remote`].
+    pub fn remote_file(&self) -> Option<&crate::store::s3::RemoteFile> {
+        match &self.origin {
+            Origin::Remote(file) => Some(file),
+            _ => None,
         }
     }
 
@@ -155,7 +186,8 @@ impl ScannedFile {
     /// if replaced or removed).
     pub fn check_unchanged(&self) -> Result<()> {
         match &self.origin {
-            Origin::Stored => Ok(()),
+            // Copied only while it was the version listed (`If-Match` on its ETag).
+            Origin::Stored | Origin::Remote(_) => Ok(()),
             Origin::Held(file) => file.check_unchanged(),
             Origin::Staged(stamp) => {
                 let now = std::fs::symlink_metadata(&self.path)

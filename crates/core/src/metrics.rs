@@ -81,6 +81,13 @@ fn register_checkpoints(registry: &mut Registry, counters: &Counters, status: &E
         counters.bytes_uploaded.clone(),
     );
     registry.register_with_unit(
+        "checkpoint_copied",
+        "Of the bytes the committed checkpoints stored, those the object store copied from \
+         the source itself",
+        Unit::Bytes,
+        counters.bytes_copied.clone(),
+    );
+    registry.register_with_unit(
         "checkpoint_reused",
         "Bytes of the committed checkpoints' files that were stored already",
         Unit::Bytes,

@@ -31,6 +31,9 @@ pub struct CheckpointRow {
     pub backends_materialized: u64,
     /// Bytes of the files the checkpoint names.
     pub bytes: u64,
+    /// Of `bytes_uploaded`, the bytes the object store copied from the source itself.
+    #[serde(default)]
+    pub bytes_copied: u64,
     /// Bytes the checkpoint stored as new objects (files, chunks, file lists).
     pub bytes_uploaded: u64,
     /// Of `bytes_uploaded`, bytes of new chunks of append-only files other than WAL files
@@ -67,6 +70,7 @@ impl CheckpointRow {
             async_ms: s.async_micros as f64 / 1000.0,
             backends_materialized: s.backends_materialized,
             bytes: s.bytes_total,
+            bytes_copied: s.bytes_copied,
             bytes_uploaded: s.bytes_uploaded,
             bytes_uploaded_append_only: s.bytes_uploaded_append_only,
             bytes_uploaded_materialization: s.bytes_uploaded_materialization,
@@ -390,6 +394,7 @@ mod tests {
                 bytes_uploaded_wal: 40,
                 backends_materialized: 1,
                 bytes_uploaded_materialization: 30,
+                bytes_copied: 20,
                 sync_micros: 1500,
                 async_micros: 2250,
             },
@@ -404,7 +409,7 @@ mod tests {
         assert_eq!(
             text,
             "{\"async_ms\":2.25,\"backends_materialized\":1,\"bytes\":9000,\
-             \"bytes_uploaded\":1200,\"bytes_uploaded_append_only\":100,\
+             \"bytes_copied\":20,\"bytes_uploaded\":1200,\"bytes_uploaded_append_only\":100,\
              \"bytes_uploaded_materialization\":30,\"bytes_uploaded_wal\":40,\
              \"bytes_wal\":50,\"completed_unix_ms\":1700000000503,\"files\":7,\
              \"files_new\":2,\"files_reused\":5,\"id\":3,\"sync_ms\":1.5}"

@@ -268,6 +268,8 @@ struct HttpState {
     releases: u64,
     /// Method and request-target of every request read so far.
     seen: Vec<(String, String)>,
+    /// The headers of each of them (names in lower case), in the same order.
+    headers: Vec<Vec<(String, String)>>,
     /// The open streams (client and server sides) by number, closed when the proxy is
     /// dropped.
     open: HashMap<u64, TcpStream>,
@@ -371,6 +373,19 @@ impl HttpProxy {
             .count()
     }
 
+    /// The request-target and headers of every request seen of `method` whose path holds
+    /// `path_part`.
+    pub fn requests(&self, method: &str, path_part: &str) -> Vec<(String, Vec<(String, String)>)> {
+        let state = self.shared.lock();
+        state
+            .seen
+            .iter()
+            .zip(&state.headers)
+            .filter(|(request, _)| http_matches(method, path_part, request))
+            .map(|((_, target), headers)| (target.clone(), headers.clone()))
+            .collect()
+    }
+
     fn add(&self, fault: HttpFault, method: &str, path_part: &str, times: usize) {
         if times > 0 {
             self.shared.lock().rules.push(HttpRule {
@@ -405,7 +420,12 @@ impl HttpShared {
 
     /// A request was read up to its body: the fault to apply to it, if any, and the count of
     /// releases so far.
-    fn arrive(&self, method: &str, target: &str) -> (Option<HttpFault>, u64) {
+    fn arrive(
+        &self,
+        method: &str,
+        target: &str,
+        headers: &[(String, String)],
+    ) -> (Option<HttpFault>, u64) {
         let mut state = self.lock();
         let request = (method.to_string(), target.to_string());
         let mut fault = None;
@@ -422,6 +442,7 @@ impl HttpShared {
             }
         }
         state.seen.push(request);
+        state.headers.push(headers.to_vec());
         (fault, state.releases)
     }
 
@@ -580,7 +601,7 @@ impl HttpConnection {
         let body = request.request_body()?;
         let expect_continue = body != Body::Length(0) && request.has("expect", "100-continue");
         let client_keeps = request.keep_alive(&version);
-        let (fault, since) = self.shared.arrive(&method, &target);
+        let (fault, since) = self.shared.arrive(&method, &target, &request.headers);
         let mut held_body = None;
         if fault == Some(HttpFault::Hold) {
             if !expect_continue {

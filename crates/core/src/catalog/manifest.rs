@@ -16,7 +16,9 @@ use crate::names::BackendName;
 use crate::store::chunks::Chunks;
 use crate::store::{ObjectId, ObjectStore};
 
-/// The format written. 8: file-list entries of SSTs record their column family (format 7
+/// The format written. 9: an object may be named by the SHA-256 the object store computed
+/// when it copied the bytes from a source (`sha256-<hex>`, see [`crate::store::Digest`]);
+/// format 8 readers refuse such an id. 8: file-list entries of SSTs record their column family (format 7
 /// readers refuse an entry with an unknown field); 7: imported backends (`ckptfs import`): `ckptfs.json` lists them as
 /// external and file lists record where each imported file was read from; 6: on object storage, `ckptfs.json` carries the writer's epoch, the
 /// pending and the void checkpoints (manifests unchanged; format 5 readers would count a
@@ -24,7 +26,7 @@ use crate::store::{ObjectId, ObjectStore};
 /// refused chunked files over 64 MiB) and WAL figures in the stats; 4: file lists may store
 /// append-only files as chunks; 3: manifests name one stored file list per backend; 2:
 /// manifests and `ckptfs.json` carry a checksum.
-pub const FORMAT: u32 = 8;
+pub const FORMAT: u32 = 9;
 /// The oldest format still read: format 1 files have no checksum.
 pub const OLDEST_FORMAT: u32 = 1;
 
@@ -250,6 +252,10 @@ pub struct CheckpointStats {
     /// (not in `bytes_uploaded`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub bytes_uploaded_materialization: u64,
+    /// Of `bytes_uploaded`, the bytes the object store copied from the source itself
+    /// (format 9): no byte of them passed through ckptfs.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes_copied: u64,
     /// Microseconds of the synchronous phase ([`crate::Engine::begin`]), after which
     /// writers continue.
     pub sync_micros: u64,

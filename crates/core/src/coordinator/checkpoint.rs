@@ -467,6 +467,7 @@ fn import_part(
             size: file.size,
             source: file.source.clone(),
             column_family: file.column_family.clone(),
+            remote: file.remote_file().cloned(),
         });
     }
     (part, import.files)

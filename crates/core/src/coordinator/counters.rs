@@ -55,6 +55,8 @@ pub struct Counters {
     /// Bytes the committed checkpoints stored: new files, chunks and file lists, and what a
     /// background materialization they adopted stored before them.
     pub bytes_uploaded: Counter,
+    /// Of `bytes_uploaded`, the bytes the object store copied from the source itself.
+    pub bytes_copied: Counter,
     /// Bytes of the committed checkpoints' files that were stored already (re-referenced):
     /// each checkpoint's `bytes` less the file bytes it (or its materialization) stored.
     pub bytes_reused: Counter,
@@ -93,6 +95,7 @@ impl Counters {
             checkpoints_completed: Counter::default(),
             checkpoints_failed: Counter::default(),
             bytes_uploaded: Counter::default(),
+            bytes_copied: Counter::default(),
             bytes_reused: Counter::default(),
             checkpoint_seconds: Family::new_with_constructor(|| Histogram::new(DURATION_BUCKETS)),
             errors: Counter::default(),
@@ -121,6 +124,7 @@ impl Counters {
         self.checkpoints_completed.inc();
         self.bytes_uploaded
             .inc_by(stats.bytes_uploaded + stats.bytes_uploaded_materialization);
+        self.bytes_copied.inc_by(stats.bytes_copied);
         let file_bytes_stored =
             stats.bytes_uploaded.saturating_sub(list_bytes) + stats.bytes_uploaded_materialization;
         self.bytes_reused

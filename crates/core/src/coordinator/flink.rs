@@ -390,7 +390,12 @@ impl Engine {
             self.holds_source(backend, name, source, size)
         };
         // The files to read are held open in `backends` until the checkpoint is stored.
-        let listed = flink::subtasks(checkpoint, staging.path(), &known)?;
+        let listed = flink::subtasks(
+            checkpoint,
+            staging.path(),
+            &known,
+            Some(self.object_store()),
+        )?;
         let (backends, job, operators) = (listed.backends, listed.job, listed.operators);
         if held(&job) {
             return Ok(Imported::Held(job));

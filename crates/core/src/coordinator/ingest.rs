@@ -172,15 +172,17 @@ impl<'a> Ingest<'a> {
 
     /// Publish `staged` unless the store came to hold its content meanwhile (a concurrent
     /// checkpoint's copy, which survives; ours is the duplicate), and pin it either way.
-    /// Called under the state lock, so no other ingest decides in between.
+    /// Called under the state lock, so no other ingest decides in between. True if it
+    /// was published.
     fn publish(
         &mut self,
         st: &mut MutexGuard<'_, State>,
         staged: Staged,
         piece: Piece,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let (id, size) = (staged.id, staged.size);
-        if st.can_share(&id) {
+        let published = !st.can_share(&id);
+        if !published {
             self.store.discard(staged);
         } else {
             // Durable with the others before the manifest names it (see `commit`).
@@ -198,7 +200,7 @@ impl<'a> Ingest<'a> {
         }
         st.registry.pin(id);
         self.pins.push(id);
-        Ok(())
+        Ok(published)
     }
 
     /// Store pieces held in memory unless the store holds them already: those it holds are
@@ -351,7 +353,9 @@ impl<'a> Ingest<'a> {
             self.stats.bytes_new_sst += size;
         }
         let mut st = self.engine.state();
-        self.publish(&mut st, staged, Piece::File)?;
+        if self.publish(&mut st, staged, Piece::File)? && file.remote.is_some() {
+            self.stats.bytes_copied += size;
+        }
         Ok(part.entry(file, id, size))
     }
 
@@ -540,6 +544,10 @@ fn stage_file(
     file: &StagedFile,
     copy_at_once: bool,
 ) -> Result<StageOutcome> {
+    // On object storage the store can copy from: copied there, never read here.
+    if let Some(remote) = &file.remote {
+        return Ok(StageOutcome::Staged(store.stage_copy(remote)?, None));
+    }
     // With nothing alive in the store (the first checkpoint of a new store, a first
     // import), no content can be shared: copy while hashing, reading the file once.
     if copy_at_once || engine.state().registry.is_empty() {

@@ -26,6 +26,8 @@ use crate::names::BackendName;
 use crate::source::{
     join, EntryKind, Fetched, FileStamp, LocalTree, S3Tree, Tree, MAX_METADATA_BYTES,
 };
+use crate::store::s3::MAX_COPY_OBJECT;
+use crate::store::ObjectStore;
 
 /// The name under which a subtask's Flink meta data (`KeyedBackendSerializationProxy`) is
 /// kept beside its RocksDB files: RocksDB ignores files it does not name itself.
@@ -627,6 +629,7 @@ pub fn subtasks(
     completed: &Completed,
     staging: &Path,
     known: &dyn Fn(&BackendName, &str, &str, u64) -> bool,
+    copies_into: Option<&dyn ObjectStore>,
 ) -> Result<Listed> {
     let bytes = completed.read_metadata()?;
     let in_checkpoint = |e: Error| {
@@ -645,6 +648,7 @@ pub fn subtasks(
             dir: staging.join(backend.rel_path()),
             backend,
             known,
+            copies_into,
             fetched: &fetched,
         };
         let mut files = Vec::new();
@@ -668,6 +672,7 @@ pub fn subtasks(
         dir: staging.join(JOB_OPERATOR),
         backend: &backend,
         known,
+        copies_into,
         fetched: &fetched,
     };
     // As read and parsed (Flink may delete it meanwhile).
@@ -706,6 +711,8 @@ struct Staging<'a> {
     dir: PathBuf,
     backend: &'a BackendName,
     known: &'a dyn Fn(&BackendName, &str, &str, u64) -> bool,
+    /// The store, when it may copy files of object storage itself (see [`copied`]).
+    copies_into: Option<&'a dyn ObjectStore>,
     /// What this checkpoint's handles made readable so far, shared by every handle that
     /// names the same bytes.
     fetched: &'a RefCell<Fetches>,
@@ -724,6 +731,8 @@ struct Fetches {
     segments: std::collections::HashMap<(usize, String, u64, u64), ScannedFile>,
     /// Inline bytes written out, by their hash.
     inline: std::collections::HashMap<String, ScannedFile>,
+    /// Files on object storage the store copies itself, by tree and path.
+    copied: std::collections::HashMap<(usize, String), ScannedFile>,
 }
 
 impl Fetches {
@@ -785,6 +794,9 @@ fn file(
             return Ok(ScannedFile::stored(name, source.clone(), size));
         }
     }
+    if let Some(found) = copied(to, name, &tree, &rel, size, &immutable)? {
+        return of_size(found, size);
+    }
     let fetched = opened(to, &tree, &rel, || tree.fetch(&rel, &to.dir, name, size))?;
     let found = match fetched {
         Fetched::Open(file) => {
@@ -810,6 +822,44 @@ fn of_size(found: ScannedFile, size: u64) -> Result<ScannedFile> {
         )));
     }
     Ok(found)
+}
+
+/// File `rel` of `tree` as an object the store copies without reading it (an SST or blob
+/// file of at most [`MAX_COPY_OBJECT`] bytes, on object storage the store can copy from),
+/// looked up and its properties read once per checkpoint however many handles name it;
+/// `None` for a file that is read (downloaded or held open) instead.
+fn copied(
+    to: &Staging<'_>,
+    name: &str,
+    tree: &Arc<dyn Tree>,
+    rel: &str,
+    size: u64,
+    immutable: &Option<String>,
+) -> Result<Option<ScannedFile>> {
+    let Some(store) = to.copies_into else {
+        return Ok(None);
+    };
+    if !crate::backend::is_shared_file(name) || size > MAX_COPY_OBJECT {
+        return Ok(None);
+    }
+    let key = Fetches::key(tree, rel);
+    if let Some(first) = to.fetched.borrow().copied.get(&key) {
+        return Ok(Some(renamed(first, name)));
+    }
+    let Some(file) = tree
+        .remote_file(rel)?
+        .filter(|f| store.copies_from(&f.remote))
+    else {
+        return Ok(None);
+    };
+    let column_family = if name.ends_with(".sst") {
+        crate::source::sst::properties_of_remote(&file)?.column_family
+    } else {
+        None
+    };
+    let found = ScannedFile::remote(name, file, immutable.clone(), column_family);
+    to.fetched.borrow_mut().copied.insert(key, found.clone());
+    Ok(Some(found))
 }
 
 /// File `rel` of `tree` as `fetch` makes it readable, once per checkpoint however many
@@ -1141,7 +1191,7 @@ mod tests {
         std::fs::write(&metadata_path, &rewritten).unwrap();
         let found = completed(&FlinkSource::parse(&job).unwrap()).unwrap();
         let staging = tempfile::tempdir().unwrap();
-        let listed = subtasks(&found[2], staging.path(), &|_, _, _, _| false).unwrap();
+        let listed = subtasks(&found[2], staging.path(), &|_, _, _, _| false, None).unwrap();
         let held: std::collections::BTreeSet<PathBuf> = listed
             .backends
             .iter()
@@ -1225,7 +1275,7 @@ mod tests {
         // B's checkpoint names A's files: inside the root, read.
         let found = completed(&FlinkSource::parse(&root).unwrap()).unwrap();
         let staging = tempfile::tempdir().unwrap();
-        let listed_b = subtasks(&found[1], staging.path(), &|_, _, _, _| false).unwrap();
+        let listed_b = subtasks(&found[1], staging.path(), &|_, _, _, _| false, None).unwrap();
         assert_eq!(listed_b.job, b);
         assert!(listed_b
             .backends
@@ -1235,7 +1285,7 @@ mod tests {
         // One job's directory alone: the other job's files are outside it.
         let alone = completed(&FlinkSource::parse(&root.join(b)).unwrap()).unwrap();
         let staging = tempfile::tempdir().unwrap();
-        let e = subtasks(&alone[0], staging.path(), &|_, _, _, _| false)
+        let e = subtasks(&alone[0], staging.path(), &|_, _, _, _| false, None)
             .err()
             .expect("outside the job's directory");
         assert_eq!(e.errno(), libc::EACCES, "{e}");
@@ -1246,7 +1296,7 @@ mod tests {
         std::fs::write(root.join(b).join(format!("chk-7/{METADATA}")), &escaping).unwrap();
         let found = completed(&FlinkSource::parse(&root).unwrap()).unwrap();
         let staging = tempfile::tempdir().unwrap();
-        let e = subtasks(&found[1], staging.path(), &|_, _, _, _| false)
+        let e = subtasks(&found[1], staging.path(), &|_, _, _, _| false, None)
             .err()
             .expect("outside the root");
         assert_eq!(e.errno(), libc::EACCES, "{e}");
@@ -1266,7 +1316,7 @@ mod tests {
             [4, 5, 6]
         );
         let staging = tempfile::tempdir().unwrap();
-        let listed = subtasks(&found[2], staging.path(), &|_, _, _, _| false).unwrap();
+        let listed = subtasks(&found[2], staging.path(), &|_, _, _, _| false, None).unwrap();
         let (backends, job) = (listed.backends, listed.job);
         assert_eq!(job, "a312c9034e3e0d2016dae60431b4c9dc");
         let names: Vec<String> = backends.iter().map(|b| b.backend.to_string()).collect();

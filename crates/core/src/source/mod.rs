@@ -182,6 +182,12 @@ pub trait Tree: Send + Sync {
     /// Where the file an absolute URI of this kind of tree names (`file:/...`,
     /// `s3://bucket/key`) is below the root, `None` if it is outside it (or another kind).
     fn locate(&self, uri: &str) -> Option<String>;
+    /// File `rel` as an object a store on the same object storage can copy without
+    /// reading it (see [`crate::store::ObjectStore::stage_copy`]), looked up now; `None`
+    /// for a tree on a local disk. A missing file is NotFound.
+    fn remote_file(&self, _rel: &str) -> Result<Option<crate::store::s3::RemoteFile>> {
+        Ok(None)
+    }
     /// An immutable name of `rel` for the store to remember (an object's URI), `None` for a
     /// local file (its identity is read from the file itself).
     fn immutable_name(&self, rel: &str) -> Option<String>;

@@ -302,6 +302,17 @@ impl Tree for S3Tree {
         Ok(false)
     }
 
+    fn remote_file(&self, rel: &str) -> Result<Option<crate::store::s3::RemoteFile>> {
+        let key = self.key(rel)?;
+        match self.remote.remote_file(&key)? {
+            Some(file) => Ok(Some(file)),
+            None => Err(Error::NotFound(format!(
+                "s3://{}/{key} is missing",
+                self.remote.bucket()
+            ))),
+        }
+    }
+
     fn immutable_name(&self, rel: &str) -> Option<String> {
         Some(format!(
             "s3://{}/{}",

@@ -87,6 +87,14 @@ pub fn properties_in(file: &SourceFile, start: u64, size: u64) -> Result<Propert
     })
 }
 
+/// The [`Properties`] of an SST on object storage, read by three small ranged GETs at its
+/// end (only while it is the version looked up), never its data blocks.
+pub fn properties_of_remote(file: &crate::store::s3::RemoteFile) -> Result<Properties> {
+    parse(file.size, &|offset, len| {
+        file.remote.read_range_of(file, offset, len)
+    })
+}
+
 /// The [`Properties`] of a file ckptfs wrote itself at `path` (inlined or downloaded).
 pub fn properties_at(path: &std::path::Path) -> Result<Properties> {
     use crate::error::IoContext;

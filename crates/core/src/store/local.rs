@@ -6,7 +6,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{hash_copy, ObjectId, ObjectStore, Staged};
+use super::{hash_copy, Digest, IdHasher, ObjectId, ObjectStore, Staged};
 use crate::error::{Error, IoContext, Result};
 use crate::fsutil::{create_new_private, ensure_real_dir, fsync_dir, is_real_dir};
 
@@ -75,20 +75,23 @@ impl ObjectStore for LocalStore {
         let hashed = if crate::fsutil::reflink(&input, &out) {
             fs::File::open(&tmp)
                 .ctx("open", &tmp)
-                .and_then(|mut clone| hash_copy(&mut clone, None, &tmp))
+                .and_then(|mut clone| {
+                    hash_copy(&mut clone, IdHasher::new(Digest::Blake3), None, &tmp)
+                })
         } else {
-            hash_copy(&mut input, Some(&mut out), &tmp)
+            hash_copy(
+                &mut input,
+                IdHasher::new(Digest::Blake3),
+                Some(&mut out),
+                &tmp,
+            )
         };
         let result = hashed.and_then(|r| {
             crate::failpoint!("store::staged-before-fsync");
             out.sync_all().ctx("fsync", &tmp).map(|_| r)
         });
         match result {
-            Ok((hash, size)) => Ok(Staged {
-                id: ObjectId::from_hash(hash),
-                size,
-                tmp,
-            }),
+            Ok((id, size)) => Ok(Staged { id, size, tmp }),
             Err(e) => {
                 let _ = fs::remove_file(&tmp);
                 Err(e)

@@ -165,9 +165,28 @@ impl OpenedStore {
     }
 }
 
-/// The identity of a stored object: the BLAKE3 hash of its bytes.
+/// How an object's id was computed from its bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Digest {
+    /// BLAKE3, computed by ckptfs as it read the bytes (every object it wrote itself).
+    Blake3,
+    /// SHA-256, computed by the object store as it copied the bytes from a source that
+    /// ckptfs never read (format 9: `CopyObject` with a checksum, see `s3.rs`).
+    Sha256,
+}
+
+/// The identity of a stored object: the hash of its bytes, BLAKE3 or (for a copy the
+/// object store made) SHA-256. Either way the object is addressed by its content: every
+/// reader checks the bytes against the id with the id's own hash function.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ObjectId([u8; 32]);
+pub struct ObjectId {
+    hash: [u8; 32],
+    digest: Digest,
+}
+
+/// The text that precedes the hex digits of a SHA-256 id (a BLAKE3 id is bare hex, as
+/// stores of formats 1 to 8 name every object).
+const SHA256_PREFIX: &str = "sha256-";
 
 /// Hashing an id for a hash table needs only some of its bytes: they are a cryptographic
 /// hash already, uniformly spread (and equal ids still hash equally). Feeding 8 bytes
@@ -175,7 +194,7 @@ pub struct ObjectId([u8; 32]);
 impl std::hash::Hash for ObjectId {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         let mut head = [0u8; 8];
-        head.copy_from_slice(&self.0[..8]);
+        head.copy_from_slice(&self.hash[..8]);
         state.write_u64(u64::from_le_bytes(head));
     }
 }
@@ -183,17 +202,44 @@ impl std::hash::Hash for ObjectId {
 impl ObjectId {
     /// The id of the bytes whose BLAKE3 hash is `hash`.
     pub fn from_hash(hash: blake3::Hash) -> Self {
-        ObjectId(*hash.as_bytes())
+        ObjectId {
+            hash: *hash.as_bytes(),
+            digest: Digest::Blake3,
+        }
+    }
+
+    /// The id of the bytes whose SHA-256 hash is `hash`.
+    pub fn from_sha256(hash: [u8; 32]) -> Self {
+        ObjectId {
+            hash,
+            digest: Digest::Sha256,
+        }
     }
 
     /// The hash's 32 bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
-        &self.0
+        &self.hash
     }
 
-    /// The hash as 64 lower-case hex digits, as the object is named in the store.
+    /// The hash function the id was computed with.
+    pub fn digest(&self) -> Digest {
+        self.digest
+    }
+
+    /// A hasher that computes, from an object's bytes, the id it must have: a reader
+    /// checks `id.hasher()` fed the bytes against `id`.
+    pub fn hasher(&self) -> IdHasher {
+        IdHasher::new(self.digest)
+    }
+
+    /// The id as the object is named in the store: 64 lower-case hex digits for BLAKE3,
+    /// the same prefixed with `sha256-` for SHA-256.
     pub fn to_hex(&self) -> String {
-        blake3::Hash::from_bytes(self.0).to_hex().to_string()
+        let hex = blake3::Hash::from_bytes(self.hash).to_hex();
+        match self.digest {
+            Digest::Blake3 => hex.to_string(),
+            Digest::Sha256 => format!("{SHA256_PREFIX}{hex}"),
+        }
     }
 
     /// A short prefix for logs and pictures.
@@ -217,8 +263,15 @@ impl fmt::Debug for ObjectId {
 impl FromStr for ObjectId {
     type Err = Error;
     fn from_str(text: &str) -> Result<Self> {
-        blake3::Hash::from_hex(text)
-            .map(ObjectId::from_hash)
+        let (hex, digest) = match text.strip_prefix(SHA256_PREFIX) {
+            Some(hex) => (hex, Digest::Sha256),
+            None => (text, Digest::Blake3),
+        };
+        blake3::Hash::from_hex(hex)
+            .map(|hash| ObjectId {
+                hash: *hash.as_bytes(),
+                digest,
+            })
             .map_err(|_| Error::Invalid(format!("not an object id: {text:?}")))
     }
 }
@@ -233,6 +286,43 @@ impl<'de> Deserialize<'de> for ObjectId {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
         let text = String::deserialize(d)?;
         text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Computes an object's id from its bytes, with the hash function of [`Digest`].
+#[derive(Clone)]
+pub enum IdHasher {
+    /// BLAKE3.
+    Blake3(Box<blake3::Hasher>),
+    /// SHA-256.
+    Sha256(sha2::Sha256),
+}
+
+impl IdHasher {
+    /// A hasher for ids computed with `digest`.
+    pub fn new(digest: Digest) -> Self {
+        match digest {
+            Digest::Blake3 => IdHasher::Blake3(Box::new(blake3::Hasher::new())),
+            Digest::Sha256 => IdHasher::Sha256(<sha2::Sha256 as sha2::Digest>::new()),
+        }
+    }
+
+    /// Feed `bytes`.
+    pub fn update(&mut self, bytes: &[u8]) {
+        match self {
+            IdHasher::Blake3(h) => {
+                h.update(bytes);
+            }
+            IdHasher::Sha256(h) => sha2::Digest::update(h, bytes),
+        }
+    }
+
+    /// The id of the bytes fed.
+    pub fn finalize(self) -> ObjectId {
+        match self {
+            IdHasher::Blake3(h) => ObjectId::from_hash(h.finalize()),
+            IdHasher::Sha256(h) => ObjectId::from_sha256(sha2::Digest::finalize(h).into()),
+        }
     }
 }
 
@@ -325,6 +415,21 @@ pub trait ObjectStore: Send + Sync {
     fn remote_object(&self, _id: &ObjectId) -> Option<(std::sync::Arc<s3::Remote>, String)> {
         None
     }
+    /// True if [`ObjectStore::stage_copy`] copies objects of `remote` (object storage on
+    /// the same endpoint).
+    fn copies_from(&self, _remote: &s3::Remote) -> bool {
+        false
+    }
+    /// Have the object store copy `file` into a durable private object without a byte of
+    /// it passing through this host, named by the SHA-256 the object store computed as it
+    /// copied ([`Digest::Sha256`]). Only where [`ObjectStore::copies_from`] says so.
+    fn stage_copy(&self, file: &s3::RemoteFile) -> Result<Staged> {
+        Err(Error::Invalid(format!(
+            "{}: {} cannot be copied here without reading it",
+            self.describe(),
+            file.uri()
+        )))
+    }
     /// Remove leftovers of interrupted stages.
     fn clear_staging(&self) -> Result<usize>;
     /// Every published object id with its last modification time where the store has
@@ -349,9 +454,9 @@ pub trait ObjectStore: Send + Sync {
         // checked by reading the clone itself; else a copy checked as it is written.
         let (hash, copied) = if crate::fsutil::reflink(&src, &out) {
             let mut clone = std::fs::File::open(dest).ctx("open", dest)?;
-            hash_copy(&mut clone, None, dest)?
+            hash_copy(&mut clone, id.hasher(), None, dest)?
         } else {
-            hash_copy(&mut src, Some(&mut out), dest)?
+            hash_copy(&mut src, id.hasher(), Some(&mut out), dest)?
         };
         check(id, size, hash, copied)?;
         out.sync_all().ctx("fsync", dest)
@@ -362,7 +467,7 @@ pub trait ObjectStore: Send + Sync {
     fn write_verified(&self, id: &ObjectId, size: u64, out: &mut dyn Write) -> Result<()> {
         let mut src = self.open(id)?;
         let what = PathBuf::from(format!("object {id}"));
-        let (hash, copied) = hash_copy(&mut src, Some(out), &what)?;
+        let (hash, copied) = hash_copy(&mut src, id.hasher(), Some(out), &what)?;
         check(id, size, hash, copied)
     }
 
@@ -378,10 +483,12 @@ pub trait ObjectStore: Send + Sync {
                 "object {id} is larger than {limit} bytes"
             )));
         }
+        let mut hasher = id.hasher();
+        hasher.update(&bytes);
         check(
             id,
             bytes.len() as u64,
-            blake3::hash(&bytes),
+            hasher.finalize(),
             bytes.len() as u64,
         )?;
         Ok(bytes)
@@ -390,21 +497,22 @@ pub trait ObjectStore: Send + Sync {
     /// Read an object through, checking size and hash.
     fn verify(&self, id: &ObjectId, size: u64) -> Result<()> {
         let mut src = self.open(id)?;
-        let (hash, read) = hash_copy(&mut src, None, Path::new("-"))?;
+        let (hash, read) = hash_copy(&mut src, id.hasher(), None, Path::new("-"))?;
         check(id, size, hash, read)
     }
 }
 
-fn check(id: &ObjectId, size: u64, hash: blake3::Hash, actual: u64) -> Result<()> {
+/// Refuse an object read as `actual` bytes that hash to `hash` unless it is `size` bytes
+/// of content `id`.
+pub fn check(id: &ObjectId, size: u64, hash: ObjectId, actual: u64) -> Result<()> {
     if actual != size {
         return Err(Error::Corrupt(format!(
             "object {id} has {actual} bytes, expected {size}"
         )));
     }
-    if ObjectId::from_hash(hash) != *id {
+    if hash != *id {
         return Err(Error::Corrupt(format!(
-            "object {id} does not match its checksum (content hashes to {})",
-            hash.to_hex()
+            "object {id} does not match its checksum (content hashes to {hash})"
         )));
     }
     Ok(())
@@ -413,17 +521,17 @@ fn check(id: &ObjectId, size: u64, hash: blake3::Hash, actual: u64) -> Result<()
 /// Hash a file's content: its object id and size.
 pub fn hash_file(path: &Path) -> Result<(ObjectId, u64)> {
     let mut file = std::fs::File::open(path).ctx("open", path)?;
-    let (hash, size) = hash_copy(&mut file, None, path)?;
-    Ok((ObjectId::from_hash(hash), size))
+    hash_copy(&mut file, IdHasher::new(Digest::Blake3), None, path)
 }
 
-/// Stream `src` into `dest` (if any) while hashing; returns the hash and the byte count.
+/// Stream `src` into `dest` (if any) while `hasher` hashes it; returns the id of the bytes
+/// and their count.
 pub(crate) fn hash_copy(
     src: &mut impl Read,
+    mut hasher: IdHasher,
     mut dest: Option<&mut dyn Write>,
     what: &Path,
-) -> Result<(blake3::Hash, u64)> {
-    let mut hasher = blake3::Hasher::new();
+) -> Result<(ObjectId, u64)> {
     let mut buf = vec![0u8; 1 << 20];
     let mut total = 0u64;
     loop {
@@ -440,4 +548,64 @@ pub(crate) fn hash_copy(
         total += n as u64;
     }
     Ok((hasher.finalize(), total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sha256(bytes: &[u8]) -> [u8; 32] {
+        <sha2::Sha256 as sha2::Digest>::digest(bytes).into()
+    }
+
+    #[test]
+    fn a_sha256_id_is_named_apart_and_parses_back() {
+        let blake = ObjectId::from_hash(blake3::hash(b"x"));
+        let sha = ObjectId::from_sha256(sha256(b"x"));
+        assert_eq!(blake.to_hex().len(), 64);
+        assert!(sha.to_hex().starts_with("sha256-"), "{sha}");
+        assert_eq!(sha.to_hex().len(), 64 + "sha256-".len());
+        for id in [blake, sha] {
+            assert_eq!(id.to_hex().parse::<ObjectId>().unwrap(), id);
+            let json = serde_json::to_string(&id).unwrap();
+            assert_eq!(serde_json::from_str::<ObjectId>(&json).unwrap(), id);
+        }
+        // The same 32 bytes under the two hash functions are two ids.
+        let same_bytes = ObjectId::from_sha256(*blake.as_bytes());
+        assert_ne!(same_bytes, blake);
+        for bad in ["sha256-", "sha256-xyz", "sha1-00", "SHA256-00"] {
+            assert!(bad.parse::<ObjectId>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn each_id_is_checked_with_its_own_hash_function() {
+        let bytes = b"an SST the object store copied";
+        let sha = ObjectId::from_sha256(sha256(bytes));
+        let mut hasher = sha.hasher();
+        hasher.update(bytes);
+        assert_eq!(hasher.finalize(), sha);
+        let (hashed, len) = hash_copy(&mut &bytes[..], sha.hasher(), None, Path::new("-")).unwrap();
+        assert!(check(&sha, bytes.len() as u64, hashed, len).is_ok());
+        // One byte changed: refused, naming the object.
+        let (hashed, len) = hash_copy(
+            &mut &b"an SST the object store copieD"[..],
+            sha.hasher(),
+            None,
+            Path::new("-"),
+        )
+        .unwrap();
+        let e = check(&sha, bytes.len() as u64, hashed, len).unwrap_err();
+        assert_eq!(e.kind(), crate::error::ErrorKind::Corrupt);
+        assert!(e.to_string().contains(&sha.to_hex()), "{e}");
+        // A BLAKE3 hasher never vouches for a SHA-256 id of the same bytes.
+        let (blake, len) = hash_copy(
+            &mut &bytes[..],
+            IdHasher::new(Digest::Blake3),
+            None,
+            Path::new("-"),
+        )
+        .unwrap();
+        assert!(check(&sha, len, blake, len).is_err());
+    }
 }

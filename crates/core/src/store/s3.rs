@@ -930,11 +930,11 @@ async fn fetch_into(
     };
     let tmp = cache.tmp_path(&id);
     let mut out = create_new_private().open(&tmp).ctx("create", &tmp)?;
-    if id == ObjectId::from_hash(blake3::hash(b"")) {
+    if id == id.hasher().finalize() {
         // Empty (a fresh WAL): nothing to fetch, and a ranged GET of it is refused.
         return cache.insert(id, &tmp, 0);
     }
-    let result: Result<(blake3::Hash, u64)> = async {
+    let result: Result<(ObjectId, u64)> = async {
         let first = remote
             .client
             .get_opts(
@@ -947,7 +947,7 @@ async fn fetch_into(
             .await
             .map_err(missing)?;
         let size = first.meta.size;
-        let mut hasher = blake3::Hasher::new();
+        let mut hasher = id.hasher();
         let mut total = 0u64;
         let mut stream = first.into_stream();
         while let Some(piece) = stream.next().await {
@@ -975,12 +975,7 @@ async fn fetch_into(
     }
     .await;
     let checked = result.and_then(|(hash, total)| {
-        if ObjectId::from_hash(hash) != id {
-            return Err(Error::Corrupt(format!(
-                "object {id} does not match its checksum (content hashes to {})",
-                hash.to_hex()
-            )));
-        }
+        super::check(&id, total, hash, total)?;
         Ok(total)
     });
     match checked {
@@ -1211,7 +1206,15 @@ impl ObjectStore for S3Objects {
     }
 
     fn clear_staging(&self) -> Result<usize> {
-        Ok(0)
+        self.sweep_copy_staging()
+    }
+
+    fn copies_from(&self, remote: &Remote) -> bool {
+        self.remote.can_copy_from(remote)
+    }
+
+    fn stage_copy(&self, file: &RemoteFile) -> Result<Staged> {
+        self.copy_in(file)
     }
 
     fn describe(&self) -> String {
@@ -1405,3 +1408,184 @@ impl Records for S3Records {
 
 /// The record [`Records::store_now`] writes to read the store's clock.
 const CLOCK: &str = layout::CLOCK;
+
+/// An object of a source bucket that a store on the same endpoint copies without reading
+/// it ([`ObjectStore::stage_copy`]): the bucket's connection, the object's whole key, and
+/// its size and ETag when it was looked up. Every read and copy of it is conditional on
+/// that ETag (`If-Match`), so what is read of it and what is copied are the same version.
+#[derive(Clone)]
+pub struct RemoteFile {
+    /// The source bucket's connection.
+    pub remote: Arc<Remote>,
+    /// The object's key below the bucket.
+    pub key: String,
+    /// Its size in bytes when looked up.
+    pub size: u64,
+    /// Its ETag when looked up.
+    pub etag: Option<String>,
+}
+
+impl RemoteFile {
+    /// `s3://bucket/key`.
+    pub fn uri(&self) -> String {
+        format!("s3://{}/{}", self.remote.bucket, self.key)
+    }
+}
+
+impl std::fmt::Debug for RemoteFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RemoteFile({}, {} bytes)", self.uri(), self.size)
+    }
+}
+
+impl Remote {
+    /// Object `key` (a whole key below the bucket) as it is now (one HEAD), `None` if
+    /// there is none.
+    pub fn remote_file(self: &Arc<Self>, key: &str) -> Result<Option<RemoteFile>> {
+        let what = format!("look up s3://{}/{key}", self.bucket);
+        match self.block_on(self.client.head(&Key::from(key))) {
+            Ok(meta) => Ok(Some(RemoteFile {
+                remote: self.clone(),
+                key: key.to_string(),
+                size: meta.size,
+                etag: meta.e_tag,
+            })),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(remote_error(&what, e)),
+        }
+    }
+
+    /// Bytes `[offset, offset + len)` of `file` (fewer at its end), read only while it is
+    /// the version looked up: an object written since is a Conflict.
+    pub fn read_range_of(&self, file: &RemoteFile, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let end = offset.saturating_add(len as u64).min(file.size);
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        let what = format!("read {}", file.uri());
+        let options = object_store::GetOptions {
+            range: Some(object_store::GetRange::Bounded(offset..end)),
+            if_match: file.etag.clone(),
+            ..Default::default()
+        };
+        self.block_on(async {
+            let got = self
+                .client
+                .get_opts(&Key::from(file.key.as_str()), options)
+                .await
+                .map_err(|e| changed_or(&what, e))?;
+            let bytes = got.bytes().await.map_err(|e| remote_error(&what, e))?;
+            Ok(bytes.to_vec())
+        })
+    }
+}
+
+/// `e`, said as a source object written since it was looked up when it is a failed
+/// precondition.
+fn changed_or(what: &str, e: object_store::Error) -> Error {
+    match e {
+        object_store::Error::Precondition { .. } => Error::Conflict(format!(
+            "{what}: the object was written again since it was listed"
+        )),
+        e => remote_error(what, e),
+    }
+}
+
+/// Staging keys of copies: `tmp/<unique>` below the store's prefix, never under
+/// `objects/` (whose keys are all ids).
+static COPY_SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl S3Objects {
+    /// A key below the store's prefix that no other stage uses: `tmp/<pid>-<nanos>-<n>`.
+    fn copy_staging_key(&self) -> String {
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let n = COPY_SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.remote.full_key(&format!(
+            "{}/{}-{nanos}-{n}",
+            layout::TMP,
+            std::process::id()
+        ))
+    }
+
+    /// Copy `file` into the store inside the object store, named by the SHA-256 the object
+    /// store computes: first to a staging key (which gives the hash), then from there to
+    /// the object's key, then the staging key is deleted. No byte passes through this host.
+    fn copy_in(&self, file: &RemoteFile) -> Result<Staged> {
+        if !self.remote.can_copy_from(&file.remote) {
+            return Err(Error::Invalid(format!(
+                "{} is on another endpoint than {}: the object store cannot copy it",
+                file.uri(),
+                self.describe()
+            )));
+        }
+        if file.size > MAX_COPY_OBJECT {
+            return Err(Error::Invalid(format!(
+                "{} has {} bytes, more than one copy request copies ({MAX_COPY_OBJECT})",
+                file.uri(),
+                file.size
+            )));
+        }
+        let staging = self.copy_staging_key();
+        let first = self
+            .remote
+            .copy_from(&file.remote, &file.key, &staging, file.etag.as_deref());
+        let result = first.and_then(|copied| {
+            let id = ObjectId::from_sha256(copied.whole_sha256(&file.uri())?);
+            let key = self.remote.full_key(&Self::object_name(&id));
+            self.begin_stage(id);
+            let second = self
+                .remote
+                .copy_from(&self.remote, &staging, &key, Some(&copied.etag))
+                .and_then(|again| {
+                    if again.sha256 == Some(*id.as_bytes()) {
+                        Ok(())
+                    } else {
+                        Err(Error::Corrupt(format!(
+                            "the object store copied {} as {} and then as {:?}",
+                            file.uri(),
+                            id,
+                            again.sha256.map(ObjectId::from_sha256)
+                        )))
+                    }
+                });
+            match second {
+                Ok(()) => Ok(Staged {
+                    id,
+                    size: file.size,
+                    tmp: PathBuf::new(),
+                }),
+                Err(e) => {
+                    self.end_stage(&id);
+                    Err(e)
+                }
+            }
+        });
+        // Best effort: a staging key left behind is swept with the orphans.
+        if let Err(e) = self.remote.delete_key(&staging) {
+            log::warn!(
+                "staging copy s3://{}/{staging} not deleted: {e}",
+                self.remote.bucket
+            );
+        }
+        result
+    }
+
+    /// Delete staging copies (`tmp/`) older than the orphan grace: a copy in flight is
+    /// younger, and an interrupted one is an orphan once older.
+    fn sweep_copy_staging(&self) -> Result<usize> {
+        let mut swept = 0;
+        for (name, modified) in self.remote.list_under(layout::TMP)? {
+            if super::is_young(Some(modified), super::DEFAULT_ORPHAN_GRACE) {
+                continue;
+            }
+            self.check_fence()?;
+            self.remote
+                .delete_key(&self.remote.full_key(&format!("{}/{name}", layout::TMP)))?;
+            swept += 1;
+        }
+        Ok(swept)
+    }
+}

@@ -49,10 +49,26 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 /// What the object store answered for a copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Copied {
-    /// The SHA-256 of the copy's bytes, as the object store computed it.
-    pub sha256: [u8; 32],
+    /// The SHA-256 of the copy's whole bytes, as the object store computed it; `None` if it
+    /// computed none (a server without `x-amz-checksum-algorithm`) or another kind (a
+    /// multipart object's checksum of its parts' checksums).
+    pub sha256: Option<[u8; 32]>,
     /// The copy's ETag, as S3 spells it (with its quotes).
     pub etag: String,
+}
+
+impl Copied {
+    /// The SHA-256 of the copy of `what`, or an error saying the object store computed
+    /// none: a caller that names the copy by it needs it.
+    pub fn whole_sha256(&self, what: &str) -> Result<[u8; 32]> {
+        self.sha256.ok_or_else(|| {
+            Error::Invalid(format!(
+                "the object store computed no SHA-256 of its copy of {what} (a server \
+                 without x-amz-checksum-algorithm: SHA256): it cannot be named without \
+                 reading it"
+            ))
+        })
+    }
 }
 
 /// What a CopyObject request needs that `object_store` keeps inside its client.
@@ -295,15 +311,7 @@ fn copied(
         let etag = answer
             .etag
             .ok_or_else(|| generic("S3 answered the copy without an ETag"))?;
-        let sha256 = answer
-            .checksum_sha256
-            .ok_or_else(|| {
-                generic(
-                    "the object store did not compute a SHA-256 checksum of the copy \
-                     (x-amz-checksum-algorithm: SHA256 is not supported there)",
-                )
-            })
-            .and_then(|b64| decode_sha256(&b64))?;
+        let sha256 = answer.checksum_sha256.as_deref().and_then(decode_sha256);
         return Ok(Copied { sha256, etag });
     }
     let code = answer.code.unwrap_or_else(|| status.as_str().to_string());
@@ -341,20 +349,13 @@ fn copied(
     })
 }
 
-/// The 32 bytes of a base64 SHA-256, as S3 spells `ChecksumSHA256`.
-fn decode_sha256(b64: &str) -> object_store::Result<[u8; 32]> {
+/// The 32 bytes of a base64 SHA-256, as S3 spells `ChecksumSHA256`; `None` for anything
+/// else (a multipart object's `<base64>-N` is no SHA-256 of the whole object).
+fn decode_sha256(b64: &str) -> Option<[u8; 32]> {
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(b64.trim())
-        .map_err(|e| {
-            generic(format!(
-                "the copy's ChecksumSHA256 {b64:?} is not base64: {e}"
-            ))
-        })?;
-    bytes.try_into().map_err(|_| {
-        generic(format!(
-            "the copy's ChecksumSHA256 {b64:?} is not a whole object's SHA-256 (32 bytes)"
-        ))
-    })
+        .ok()?;
+    bytes.try_into().ok()
 }
 
 #[cfg(test)]
@@ -374,19 +375,19 @@ mod tests {
         .unwrap();
         assert_eq!(copy.etag, "\"abc\"");
         // SHA-256 of nothing.
-        assert_eq!(copy.sha256[..4], [0xe3, 0xb0, 0xc4, 0x42]);
+        assert_eq!(copy.sha256.unwrap()[..4], [0xe3, 0xb0, 0xc4, 0x42]);
 
         let no_sum = br#"<CopyObjectResult><ETag>"abc"</ETag></CopyObjectResult>"#;
-        let e = copied(
+        let copy = copied(
             http::StatusCode::OK,
             Answer::parse(no_sum).unwrap(),
             "s3://a/k",
             None,
-        );
-        assert!(
-            format!("{e:?}").contains("did not compute a SHA-256"),
-            "{e:?}"
-        );
+        )
+        .unwrap();
+        assert_eq!(copy.sha256, None);
+        let e = copy.whole_sha256("s3://a/k").unwrap_err();
+        assert!(e.to_string().contains("computed no SHA-256"), "{e}");
 
         // S3 may answer 200 with an error.
         let error = br#"<Error><Code>InternalError</Code><Message>sorry</Message></Error>"#;
@@ -427,13 +428,17 @@ mod tests {
         assert!(e.to_string().contains("access denied"), "{e}");
 
         let multipart = br#"<CopyObjectResult><ETag>"x-2"</ETag><ChecksumSHA256>AAAA-2</ChecksumSHA256></CopyObjectResult>"#;
-        let e = copied(
+        let copy = copied(
             http::StatusCode::OK,
             Answer::parse(multipart).unwrap(),
             "s3://a/k",
             None,
+        )
+        .unwrap();
+        assert_eq!(
+            copy.sha256, None,
+            "a multipart checksum is no SHA-256 of the object"
         );
-        assert!(e.is_err());
         assert!(Answer::parse(b"<unclosed").is_err() || Answer::parse(b"\xff").is_err());
     }
 }
