@@ -158,6 +158,8 @@ fn compile_job(classes: &Path) -> Result<String> {
         .args(["-nowarn", "-cp", &format!("{}/*", lib.display()), "-d"])
         .arg(classes)
         .arg(&source)
+        // No hsperfdata in /tmp.
+        .arg("-J-XX:-UsePerfData")
         .output()
         .ctx("run javac (openjdk-17-jdk-headless)")?;
     if !out.status.success() {
@@ -181,17 +183,26 @@ struct JobLog {
 }
 
 /// The Flink job, SIGKILLed when dropped (Flink keeps the retained checkpoints of a job that
-/// did not finish).
+/// did not finish), then its temporary files removed.
 struct Job {
     child: Child,
     log: Arc<Mutex<JobLog>>,
     stderr: PathBuf,
+    /// The JVM's `java.io.tmpdir` (`work/java-tmp`): its mini cluster's working directory
+    /// (`minicluster_*`, some 31 MB, which a killed JVM never removes), RocksDB's native
+    /// library, Flink's blobs.
+    tmp: PathBuf,
 }
 
 impl Job {
     fn start(classpath: &str, ck: &Path, args: &Args, work: &Path) -> Result<Job> {
         let stderr = work.join("job.stderr");
+        let tmp = work.join("java-tmp");
+        std::fs::create_dir_all(&tmp).ctx("create java-tmp/")?;
         let mut child = Command::new("java")
+            .arg(format!("-Djava.io.tmpdir={}", tmp.display()))
+            // No hsperfdata in /tmp.
+            .arg("-XX:-UsePerfData")
             .args(["-Xmx2g", "-cp", classpath, "StateJob"])
             .arg(ck)
             .args(["--keys", &args.keys.to_string()])
@@ -231,7 +242,12 @@ impl Job {
                 }
             }
         });
-        Ok(Job { child, log, stderr })
+        Ok(Job {
+            child,
+            log,
+            stderr,
+            tmp,
+        })
     }
 
     /// An error if the JVM has exited.
@@ -251,6 +267,7 @@ impl Job {
     fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.tmp);
     }
 }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use ckptfs::control::import_flink::{self, FlinkCheckpoint, NotImported};
 use ckptfs::control::protocol::{answer_line, CheckpointDone, Failure, Line, Reply, Request};
 use ckptfs_core::error::{Error, IoContext};
 use ckptfs_core::flink::import as flink;
@@ -88,13 +89,7 @@ fn import_into_store(
 struct FlinkFailure<'a> {
     #[serde(flatten)]
     failure: Failure,
-    flink: FlinkCheckpoint<'a>,
-}
-
-#[derive(Serialize)]
-struct FlinkCheckpoint<'a> {
-    job: &'a str,
-    checkpoint: u64,
+    flink: &'a FlinkCheckpoint,
 }
 
 /// `ckptfs import-flink`: every completed checkpoint of the jobs under `src` (one job's
@@ -123,58 +118,13 @@ pub fn import_flink(
         answer?.into_imported()?
     } else {
         // Every checkpoint's metadata is read before the store is touched.
-        let src = flink::FlinkSource::open(src, roots)?;
-        flink::check_all(&flink::completed(&src)?)?;
+        let src = import_flink::checked_source(src, roots)?;
         let engine = open_for_import(target, state)?;
-        let mut done: Vec<CheckpointDone> = Vec::new();
-        let mut flink_done = Vec::new();
-        for imported in engine.import_flink(&src, false)? {
-            match imported.result {
-                Ok((manifest, reports)) => {
-                    done.push(CheckpointDone::of(&manifest, reports));
-                    flink_done.push(imported.checkpoint);
-                }
-                Err(e) => {
-                    // What was committed before the failure is said, then the failure.
-                    for d in &done {
-                        print_done(d, json);
-                    }
-                    let before = if done.is_empty() {
-                        "nothing was imported".to_string()
-                    } else {
-                        format!(
-                            "imported before it: Flink checkpoints {} as checkpoints {}",
-                            join(&flink_done),
-                            join(&done.iter().map(|d| d.id).collect::<Vec<_>>())
-                        )
-                    };
-                    if json {
-                        let failed = Line {
-                            ok: false,
-                            body: FlinkFailure {
-                                failure: Failure::of(&e),
-                                flink: FlinkCheckpoint {
-                                    job: &imported.job,
-                                    checkpoint: imported.checkpoint,
-                                },
-                            },
-                        };
-                        println!(
-                            "{}",
-                            serde_json::to_string(&failed).map_err(|e| Error::Invalid(format!(
-                                "cannot write the failure as JSON: {e}"
-                            )))?
-                        );
-                    }
-                    eprintln!(
-                        "ckptfs: checkpoint {} of Flink job {} was not imported ({before})",
-                        imported.checkpoint, imported.job
-                    );
-                    return Err(e);
-                }
-            }
+        // No daemon holds the store: no other checkpoint can take the slot.
+        match import_flink::import(&engine, &src, || false) {
+            Ok(done) => done.into_iter().map(|d| d.done).collect(),
+            Err(failed) => return Err(said_partly(*failed, json)),
         }
-        done
     };
     for d in &done {
         print_done(d, json);
@@ -182,13 +132,27 @@ pub fn import_flink(
     Ok(ExitCode::SUCCESS)
 }
 
-/// `a, b, c`.
-fn join(items: &[impl std::fmt::Display]) -> String {
-    items
-        .iter()
-        .map(|i| i.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
+/// A Flink import that failed part way: what was committed before the failure is printed
+/// as a success would print it, then with `json` a line for the failure; the error (which
+/// says the same) is returned.
+fn said_partly(failed: NotImported, json: bool) -> Error {
+    for d in &failed.done {
+        print_done(&d.done, json);
+    }
+    if let (true, Some(flink)) = (json, &failed.failed) {
+        let line = Line {
+            ok: false,
+            body: FlinkFailure {
+                failure: Failure::of(&failed.error),
+                flink,
+            },
+        };
+        match serde_json::to_string(&line) {
+            Ok(line) => println!("{line}"),
+            Err(e) => return Error::Invalid(format!("cannot write the failure as JSON: {e}")),
+        }
+    }
+    failed.error
 }
 
 /// The engine of a store written without a daemon: it hosts nothing and carries every

@@ -5,6 +5,7 @@
 //! through a callback. The daemon's periodic tasks (`crate::daemon::tasks`) run against
 //! the same controller.
 
+pub mod import_flink;
 pub mod protocol;
 
 use std::collections::BTreeMap;
@@ -424,39 +425,15 @@ impl Controller {
         }
     }
 
-    /// [`ckptfs_core::Engine::import_flink`], tried again while a checkpoint slot is taken:
-    /// what each imported checkpoint answers.
+    /// [`import_flink::import`] of a checked source, a checkpoint slot taken waited for
+    /// until [`FLINK_IMPORT_WAIT`] has passed or the daemon stops: what each imported
+    /// checkpoint answers.
     fn import_flink_waiting(&self, src: &Path, roots: &[PathBuf]) -> Result<Vec<CheckpointDone>> {
-        use ckptfs_core::flink::import as flink;
-        let src = flink::FlinkSource::open(src, roots)?;
-        flink::check_all(&flink::completed(&src)?)?;
+        let src = import_flink::checked_source(src, roots)?;
         let mut backoff = Backoff::new(FLINK_IMPORT_WAIT);
-        let mut done: Vec<CheckpointDone> = Vec::new();
-        loop {
-            let mut busy = false;
-            let can_wait = backoff.has_time();
-            for imported in self.engine.import_flink(&src, false)? {
-                match imported.result {
-                    Ok((manifest, reports)) => done.push(CheckpointDone::of(&manifest, reports)),
-                    Err(e) if is_busy(&e) && can_wait => busy = true,
-                    Err(e) if done.is_empty() => return Err(e),
-                    Err(e) => {
-                        let ids: Vec<String> = done.iter().map(|d| d.id.to_string()).collect();
-                        return Err(e.context(format!(
-                            "checkpoint {} of Flink job {} was not imported (imported before \
-                             it as checkpoints {})",
-                            imported.checkpoint,
-                            imported.job,
-                            ids.join(", ")
-                        )));
-                    }
-                }
-            }
-            if !busy || self.stopping() {
-                return Ok(done);
-            }
-            backoff.pause();
-        }
+        import_flink::import(&self.engine, &src, || !self.stopping() && backoff.pause())
+            .map(|done| done.into_iter().map(|d| d.done).collect())
+            .map_err(|failed| failed.error)
     }
 
     /// After a checkpoint: if a backend has gathered twice as many small SSTs as the

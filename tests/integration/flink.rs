@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::common::java::JavaTmp;
 use crate::common::mounted::{ckptfs, ok, Mounted};
 
 /// Flink's time of the fixture's checkpoint `n` as an import records it: its `_metadata`'s
@@ -436,7 +437,9 @@ fn a_daemon_follows_a_jobs_checkpoints_as_they_complete() {
 /// `StateJob --expected` for `records` records: (operator name, column family, subtask) ->
 /// entries.
 fn job_expected(classpath: &str, records: u64) -> BTreeMap<(String, String, u32), usize> {
-    let out = Command::new("java")
+    let tmp = JavaTmp::new();
+    let out = tmp
+        .java()
         .args(["-cp", classpath, "StateJob", "--expected", "--keys", "50"])
         .args(["--records", &records.to_string()])
         .args(["--parallelism", "2", "--max-parallelism", "128"])
@@ -468,13 +471,18 @@ pub(crate) struct Job {
     pub(crate) lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
     /// "restored records M", if the job started from a checkpoint.
     pub(crate) restored: Option<u64>,
+    /// The JVM's temporary files (its mini cluster's working directory): removed after
+    /// [`Drop`] has killed it.
+    _tmp: JavaTmp,
 }
 
 impl Job {
     /// StateJob writing checkpoints under `ck` (every second, 50 keys, parallelism 2,
     /// files over 2 KiB uploaded), until `records` records are out; `extra` options added.
     pub(crate) fn start(classpath: &str, ck: &Path, records: u64, extra: &[&str]) -> Job {
-        let mut child = Command::new("java")
+        let tmp = JavaTmp::new();
+        let mut child = tmp
+            .java()
             .args(["-Xmx768m", "-cp", classpath, "StateJob"])
             .arg(ck)
             .args([
@@ -505,6 +513,7 @@ impl Job {
             child,
             lines,
             restored: None,
+            _tmp: tmp,
         }
     }
 

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::common::java::compile_java;
+use crate::common::java::{compile_java, JavaTmp};
 use crate::common::moto::moto;
 use crate::common::mounted::{ckptfs, errno_of, ok, Ctl, Mounted, BIN};
 use crate::common::read_with_ldb;
@@ -587,7 +587,10 @@ fn checkpoints_of_a_rocksjava_application_restore_to_the_keys_it_recorded() {
         dir.path().join("store"),
     );
     let rounds = 5;
-    let java = Command::new("java")
+    // Declared before the JVM's guard: removed after it is killed.
+    let tmp = JavaTmp::new();
+    let java = tmp
+        .java()
         .args(["-cp", &classpath, "RocksCheckpoints"])
         .arg(&db)
         .arg(&out)

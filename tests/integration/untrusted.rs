@@ -622,14 +622,7 @@ fn shared_names(n: u32) -> Vec<String> {
 #[test]
 fn a_partial_flink_import_says_what_it_committed() {
     let dir = tempfile::tempdir().unwrap();
-    let job = dir.path().join("job");
-    cp_a(&fixture(), &job);
-    let earlier: Vec<String> = shared_names(4).into_iter().chain(shared_names(5)).collect();
-    let only_in_6 = shared_names(6)
-        .into_iter()
-        .find(|n| !earlier.contains(n))
-        .expect("checkpoint 6 uploads a file of its own");
-    std::fs::remove_file(job.join("shared").join(&only_in_6)).unwrap();
+    let job = job_failing_at_6(dir.path());
     let store = dir.path().join("store");
     let out = ckptfs(&[
         "import-flink",
@@ -655,6 +648,62 @@ fn a_partial_flink_import_says_what_it_committed() {
             && e.contains("Flink checkpoints 4, 5 as checkpoints 1, 2"),
         "{e}"
     );
+}
+
+/// The job of [`a_partial_flink_import_says_what_it_committed`] at `dir/job`: checkpoint 6
+/// misses a file of its own.
+fn job_failing_at_6(dir: &Path) -> PathBuf {
+    let job = dir.join("job");
+    cp_a(&fixture(), &job);
+    let earlier: Vec<String> = shared_names(4).into_iter().chain(shared_names(5)).collect();
+    let only_in_6 = shared_names(6)
+        .into_iter()
+        .find(|n| !earlier.contains(n))
+        .expect("checkpoint 6 uploads a file of its own");
+    std::fs::remove_file(job.join("shared").join(&only_in_6)).unwrap();
+    job
+}
+
+/// Through a mount, the same partial failure is described as without one (one rule, in
+/// `control::import_flink`): the control line's answer has the errno of the cause and
+/// names the failed Flink checkpoint and what was imported before it, and so does the
+/// command's error; a failure with nothing imported before it names its checkpoint too.
+#[test]
+fn a_partial_flink_import_through_a_mount_says_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = job_failing_at_6(dir.path());
+    let m = crate::common::mounted::Mounted::new(&[]);
+    let mut ctl = crate::common::mounted::Ctl::open(&m);
+    ctl.send(&format!("import-flink {}\n", job.display()))
+        .unwrap();
+    let answer = ctl.answer();
+    assert_eq!(answer["ok"], false, "{answer}");
+    assert_eq!(answer["errno"], libc::EACCES, "{answer}");
+    let message = answer["error"].as_str().unwrap();
+    assert!(
+        message.starts_with("checkpoint 6 of Flink job ")
+            && message.contains(
+                " was not imported (imported before it: Flink checkpoints 4, 5 as \
+                 checkpoints 1, 2): "
+            ),
+        "{message}"
+    );
+    drop(ctl);
+    // Checkpoint 6 again, now with nothing imported before it.
+    let out = ckptfs(&[
+        "import-flink",
+        job.to_str().unwrap(),
+        m.mnt.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("checkpoint 6 of Flink job ")
+            && e.contains(" was not imported (nothing was imported): "),
+        "{e}"
+    );
+    m.umount();
 }
 
 /// The follower and a control-line `import-flink` of the same job never both import one

@@ -34,6 +34,8 @@ pub fn compile_java(source: &str, classes: &Path) -> String {
         .args(["-nowarn", "-cp", &format!("{}/*", lib.display()), "-d"])
         .arg(classes)
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join(source))
+        // No hsperfdata in /tmp.
+        .arg("-J-XX:-UsePerfData")
         .output()
         .expect("javac (openjdk-17-jdk-headless; scripts/test installs it)");
     assert!(
@@ -42,4 +44,31 @@ pub fn compile_java(source: &str, classes: &Path) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     format!("{}/*:{}", lib.display(), classes.display())
+}
+
+/// A directory for a JVM's temporary files, removed when dropped: a Flink mini cluster's
+/// working directory (`minicluster_*`, some 31 MB, which a killed JVM never removes),
+/// RocksDB's unpacked native library, Flink's blobs and spill files. Drop it after the JVM
+/// has exited (declare it before the process's guard).
+pub struct JavaTmp(tempfile::TempDir);
+
+impl JavaTmp {
+    /// A new one, empty.
+    pub fn new() -> JavaTmp {
+        JavaTmp(
+            tempfile::Builder::new()
+                .prefix("ckptfs-java-")
+                .tempdir()
+                .unwrap(),
+        )
+    }
+
+    /// `java`, its temporary files in this directory (`java.io.tmpdir`, which Flink's
+    /// `io.tmp.dirs` defaults to) and none in /tmp (no hsperfdata).
+    pub fn java(&self) -> Command {
+        let mut java = Command::new("java");
+        java.arg(format!("-Djava.io.tmpdir={}", self.0.path().display()))
+            .arg("-XX:-UsePerfData");
+        java
+    }
 }
