@@ -3,7 +3,7 @@
 //! may cache a listing (the root's readdir cache), and what the kernel is told to forget
 //! when checkpoints go. The operations that use it are in `ops.rs`.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,9 +11,10 @@ use std::time::{Duration, SystemTime};
 
 use super::attr::{
     Attr, DirEntry, Invalidator, Kind, Owner, CHECKPOINTS, CTL, LATEST, META_DIR, META_DIR_NAME,
-    METRICS, PINNED, PIN_LINKS, REGISTRY, ROOT, STATUS,
+    METRICS, PINNED, REGISTRY, ROOT, STATUS,
 };
 use super::flink_names::{is_flink_dir, is_flink_ino, FlinkNames, FLINK, FLINK_DIR_NAME};
+use super::pinned::{is_pin_ino, Pins};
 use super::seam::Checkpoints;
 use super::tree::{CheckpointTree, NodeKind, TreeCache};
 use ckptfs_core::catalog::Manifest;
@@ -98,40 +99,6 @@ pub(super) fn top_of(ino: u64) -> Option<u64> {
         .map(|(cp, _)| cp)
 }
 
-/// The names of the links in `pinned/`: every pin name seen, in the order seen (the k-th
-/// is inode [`PIN_LINKS`] + k, stable while mounted), and each name's place, so that
-/// listing 10,000 links costs 10,000 steps, not a search of every name per link.
-#[derive(Default)]
-struct PinNames {
-    names: Vec<String>,
-    index: HashMap<String, u64>,
-}
-
-impl PinNames {
-    /// The inode of the link `pinned/NAME` (given one if the name is new).
-    fn ino(&mut self, name: &str) -> u64 {
-        if let Some(ino) = self.index.get(name) {
-            return *ino;
-        }
-        let ino = PIN_LINKS + self.names.len() as u64;
-        self.names.push(name.to_string());
-        self.index.insert(name.to_string(), ino);
-        ino
-    }
-
-    /// The name of link inode `ino`.
-    fn name(&self, ino: u64) -> Option<&str> {
-        let k = usize::try_from(ino.checked_sub(PIN_LINKS)?).ok()?;
-        self.names.get(k).map(String::as_str)
-    }
-}
-
-/// True for the inode of a link in `pinned/` (shown or not): below the `flink/` subtree's
-/// inodes ([`FLINK`] on).
-fn is_pin_ino(ino: u64) -> bool {
-    (PIN_LINKS..FLINK).contains(&ino)
-}
-
 /// Make `shown` the checkpoints of `current`; the ones it held that are gone.
 fn replace_shown(shown: &mut BTreeSet<u64>, current: BTreeSet<u64>) -> Vec<u64> {
     let gone = shown.difference(&current).copied().collect();
@@ -152,9 +119,8 @@ pub(super) struct Inodes {
     /// Checkpoints the kernel may have cached entries for.
     shown: Mutex<BTreeSet<u64>>,
     root_cache: Mutex<RootCache>,
-    /// Every pin name seen, in the order seen: the link of the k-th is inode
-    /// [`PIN_LINKS`] + k, stable while mounted.
-    pins: Mutex<PinNames>,
+    /// `pinned/`: a link per pin (pinned.rs).
+    pins: Pins,
     /// `flink/`: Flink's names of the imported checkpoints (flink_names.rs).
     flink: FlinkNames,
     /// Where the tree is mounted (absolute), once known: a Flink checkpoint's `cp-N/`
@@ -169,13 +135,13 @@ impl Inodes {
     pub(super) fn new(checkpoints: Arc<dyn Checkpoints>, owner: Owner) -> Self {
         Inodes {
             flink: FlinkNames::new(checkpoints.clone(), owner),
+            pins: Pins::new(checkpoints.clone(), owner),
             checkpoints,
             owner,
             generation: AtomicU64::new(1),
             trees: Mutex::new(TreeCache::new(TREE_CACHE)),
             shown: Mutex::new(BTreeSet::new()),
             root_cache: Mutex::new(RootCache::default()),
-            pins: Mutex::default(),
             mountpoint: Mutex::new(None),
             invalidator: Mutex::new(None),
         }
@@ -229,7 +195,7 @@ impl Inodes {
             // Pins change without a checkpoint coming or going: each link the kernel was
             // shown is looked up again.
             // Told with no lock held.
-            let pins = lock(&self.pins).names.clone();
+            let pins = self.pins.names();
             if !pins.is_empty() {
                 inv.inode(PINNED);
             }
@@ -330,35 +296,13 @@ impl Inodes {
         self.checkpoints.checkpoints().last().map(|m| m.id)
     }
 
-    /// The pin a link inode shows, and the retained checkpoint it points to.
-    fn pin_of(&self, ino: u64) -> Option<(String, u64)> {
-        let name = lock(&self.pins).name(ino)?.to_string();
-        let cp = self.checkpoints.pinned(&name)?;
-        self.checkpoints.manifest(cp).map(|_| (name, cp))
-    }
-
-    /// What `stat` shows of link `pinned/NAME`, inode `ino`, to `cp-{cp}`.
-    fn pin_attr(&self, ino: u64, cp: u64) -> Attr {
-        let len = format!("../cp-{cp}").len() as u64;
-        self.owner.fixed(ino, Kind::Symlink, len, 0o777, 1)
-    }
-
-    /// `pinned/` is shown while some retained checkpoint is pinned (as `latest` while
-    /// there is a checkpoint).
-    fn shows_pinned(&self) -> bool {
-        self.checkpoints
-            .pins()
-            .values()
-            .any(|cp| self.checkpoints.manifest(*cp).is_some())
-    }
-
     /// What `stat` shows of inode `ino`.
     pub(super) fn getattr(&self, ino: u64) -> Result<Attr> {
         let owner = &self.owner;
         match ino {
             ROOT => {
                 let n = self.checkpoints.checkpoints().len() as u32;
-                let pinned = u32::from(self.shows_pinned());
+                let pinned = u32::from(self.pins.shown());
                 let flink = u32::from(self.flink.shown(self.generation()));
                 Ok(owner.fixed(ROOT, Kind::Dir, 0, 0o755, 3 + pinned + flink + n))
             }
@@ -376,12 +320,7 @@ impl Inodes {
                 Ok(owner.fixed(LATEST, Kind::Symlink, len, 0o777, 1))
             }
             PINNED => Ok(owner.fixed(PINNED, Kind::Dir, 0, 0o555, 2)),
-            _ if is_pin_ino(ino) => {
-                let (_, cp) = self
-                    .pin_of(ino)
-                    .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
-                Ok(self.pin_attr(ino, cp))
-            }
+            _ if is_pin_ino(ino) => self.pins.getattr(ino),
             _ => match top_of(ino) {
                 Some(cp) => self.top_attr(ino, cp),
                 None => self.node_attr(ino),
@@ -443,7 +382,7 @@ impl Inodes {
             ROOT => match name {
                 META_DIR_NAME => self.getattr(META_DIR),
                 "latest" => self.getattr(LATEST),
-                "pinned" if self.shows_pinned() => self.getattr(PINNED),
+                "pinned" if self.pins.shown() => self.getattr(PINNED),
                 FLINK_DIR_NAME if self.flink.shown(self.generation()) => self.getattr(FLINK),
                 _ => {
                     let cp = parse_checkpoint_dir(name).ok_or_else(missing)?;
@@ -453,14 +392,7 @@ impl Inodes {
                     self.getattr(make_ino(cp, 0))
                 }
             },
-            PINNED => {
-                let cp = self.checkpoints.pinned(name).ok_or_else(missing)?;
-                if self.checkpoints.manifest(cp).is_none() {
-                    return Err(missing());
-                }
-                let ino = lock(&self.pins).ino(name);
-                Ok(self.pin_attr(ino, cp))
-            }
+            PINNED => self.pins.lookup(name),
             META_DIR => match name {
                 "ctl" => self.getattr(CTL),
                 "status" => self.getattr(STATUS),
@@ -494,7 +426,7 @@ impl Inodes {
                 if !checkpoints.is_empty() {
                     out.push(entry("latest", LATEST)?);
                 }
-                if self.shows_pinned() {
+                if self.pins.shown() {
                     out.push(entry("pinned", PINNED)?);
                 }
                 out.extend(self.flink.root_entry(self.generation())?);
@@ -505,7 +437,7 @@ impl Inodes {
                 }
                 Ok(out)
             }
-            PINNED => Ok(self.pinned_links()),
+            PINNED => Ok(self.pins.readdir()),
             META_DIR => Ok(vec![
                 entry("ctl", CTL)?,
                 entry("checkpoints", CHECKPOINTS)?,
@@ -529,25 +461,6 @@ impl Inodes {
                 }
             }
         }
-    }
-
-    /// The links of `pinned/`: the pins once, and each link's inode from its name (not one
-    /// search each).
-    fn pinned_links(&self) -> Vec<DirEntry> {
-        let shown: Vec<(String, u64)> = self
-            .checkpoints
-            .pins()
-            .into_iter()
-            .filter(|(_, cp)| self.checkpoints.manifest(*cp).is_some())
-            .collect();
-        let mut names = lock(&self.pins);
-        shown
-            .into_iter()
-            .map(|(name, cp)| {
-                let attr = self.pin_attr(names.ino(&name), cp);
-                DirEntry { name, attr }
-            })
-            .collect()
     }
 
     /// The entries of a directory with `.` and `..` first: what an open directory serves.
@@ -601,10 +514,7 @@ impl Inodes {
             return self.flink.readlink(self.generation(), ino);
         }
         if is_pin_ino(ino) {
-            let (_, cp) = self
-                .pin_of(ino)
-                .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
-            return Ok(format!("../cp-{cp}"));
+            return self.pins.readlink(ino);
         }
         if ino != LATEST {
             return Err(Error::Invalid("not a symbolic link".into()));
@@ -624,20 +534,8 @@ impl Inodes {
 
 #[cfg(test)]
 mod tests {
+    use super::super::attr::PIN_LINKS;
     use super::*;
-
-    /// A pin's link keeps the inode it was first given, whatever pins come after it.
-    #[test]
-    fn pin_links_keep_their_inodes_in_the_order_seen() {
-        let mut pins = PinNames::default();
-        assert_eq!(pins.ino("b"), PIN_LINKS);
-        assert_eq!(pins.ino("a"), PIN_LINKS + 1);
-        assert_eq!(pins.ino("b"), PIN_LINKS);
-        assert_eq!(pins.name(PIN_LINKS + 1), Some("a"));
-        assert_eq!(pins.name(PIN_LINKS + 2), None);
-        assert_eq!(pins.name(PIN_LINKS - 1), None);
-        assert!(is_pin_ino(PIN_LINKS + 2) && !is_pin_ino(FLINK) && !is_pin_ino(PINNED));
-    }
 
     /// Only a root handle opened while no other is open uses the kernel's cache, and it
     /// keeps what the kernel holds only if that was filled at the same generation.

@@ -1,6 +1,6 @@
 //! The mounted tree as plain Rust. The FUSE operations are in one place, `ops.rs`
 //! ([`CkptFs`]), over the tree's typed parts: the inode table (`inode.rs`, with the `flink/`
-//! subtree in `flink_names.rs` and checkpoint trees in `tree.rs`) and the open handles
+//! subtree in `flink_names.rs`, `pinned/` in `pinned.rs` and checkpoint trees in `tree.rs`) and the open handles
 //! (`handles.rs`, with the control stream in `control_stream.rs` and the registry view in
 //! `registry_view.rs`); what they all show is in `attr.rs`, the engine behind them in
 //! `seam.rs`. No fuser types here but in `fuse.rs`, the thin adapter, so everything is
@@ -32,6 +32,7 @@ pub mod fuse;
 mod handles;
 mod inode;
 mod ops;
+mod pinned;
 mod registry_view;
 pub mod seam;
 pub mod tree;
