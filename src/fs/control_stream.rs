@@ -5,20 +5,29 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use super::{CkptFs, MAX_LINE, MAX_UNREAD_ANSWERS};
+use super::seam::{Checkpoints, ControlLines};
 use crate::control::protocol::{self, answer_line, Failure};
 use crate::control::{self};
 use ckptfs_core::error::{Error, Result};
 use ckptfs_core::fsutil::lock;
 
-/// Answers of one open control handle, in command order.
+/// Longest control line accepted (a put of a large value fits; a stray binary stream not).
+pub const MAX_LINE: usize = 4 << 20;
+
+/// Most answers a control handle keeps unread. A handle opened write-only keeps none (no
+/// one can read them); a reading handle that falls this far behind gets ENOBUFS on write
+/// until it reads, so a producer that never reads cannot grow the daemon without bound.
+pub const MAX_UNREAD_ANSWERS: usize = 65_536;
+
+/// One open control handle: the text of a line not finished yet, and the answers in
+/// command order.
 #[derive(Default)]
 pub(super) struct ControlStream {
     pub(super) state: Mutex<ControlState>,
     /// Opened write-only: answers are not kept.
-    pub(super) discard_answers: bool,
+    discard_answers: bool,
     /// Directories staged by `import` lines for this handle's next `checkpoint`.
-    pub(super) imports: Mutex<control::StagedImports>,
+    imports: Mutex<control::StagedImports>,
 }
 
 /// A reader parked until the next answer is ready.
@@ -73,30 +82,43 @@ impl ControlState {
     }
 }
 
-pub(super) fn push_answers(stream: &Arc<ControlStream>, answers: Vec<Option<String>>) {
-    if stream.discard_answers {
-        return;
+impl ControlStream {
+    /// The stream of a handle just opened; `discard_answers` if nobody can read them (the
+    /// handle was opened write-only).
+    pub(super) fn new(discard_answers: bool) -> Self {
+        ControlStream {
+            discard_answers,
+            ..ControlStream::default()
+        }
     }
-    let ready = {
-        let mut st = lock(&stream.state);
-        st.slots.extend(answers);
-        st.deliverable()
-    };
-    for (callback, data) in ready {
-        callback(Ok(data));
-    }
-}
 
-impl CkptFs {
+    fn push_answers(&self, answers: Vec<Option<String>>) {
+        if self.discard_answers {
+            return;
+        }
+        let ready = {
+            let mut st = lock(&self.state);
+            st.slots.extend(answers);
+            st.deliverable()
+        };
+        for (callback, data) in ready {
+            callback(Ok(data));
+        }
+    }
+
     /// Write control commands. Lines run when complete: text after the last newline waits
     /// for the next write (or the close), so a line split across writes runs once, whole.
     /// The complete lines of a write are parsed and validated first: one bad line fails the
     /// write with EINVAL, nothing runs, and the error is the handle's next answer.
-    pub fn write(&self, fh: u64, data: &[u8]) -> Result<usize> {
-        let stream = self.control_stream(fh)?;
+    pub(super) fn write(
+        self: &Arc<Self>,
+        control: &dyn ControlLines,
+        checkpoints: &Arc<dyn Checkpoints>,
+        data: &[u8],
+    ) -> Result<usize> {
         // `carried`: how much of `complete` earlier writes handed over.
         let (complete, carried) = {
-            let mut st = lock(&stream.state);
+            let mut st = lock(&self.state);
             // Only the new bytes can hold the last newline: no rescans of old text.
             match data.iter().rposition(|b| *b == b'\n') {
                 Some(end) => {
@@ -112,22 +134,22 @@ impl CkptFs {
                 }
             }
         };
-        if lock(&stream.state).unfinished.len() > MAX_LINE {
-            lock(&stream.state).unfinished.clear();
+        if lock(&self.state).unfinished.len() > MAX_LINE {
+            lock(&self.state).unfinished.clear();
             let e = Error::Invalid(format!(
                 "a control line is longer than {MAX_LINE} bytes; nothing of it runs"
             ));
-            self.checkpoints.record_error(e.to_string());
-            push_answers(&stream, vec![Some(answer_line(&Err(Failure::of(&e))))]);
+            checkpoints.record_error(e.to_string());
+            self.push_answers(vec![Some(answer_line(&Err(Failure::of(&e))))]);
             return Err(e);
         }
         if !complete.is_empty() {
-            if let Err(e) = self.run_lines(&stream, &complete) {
+            if let Err(e) = self.run_lines(control, checkpoints, &complete) {
                 // ENOBUFS asks for a retry of the same write: what earlier writes carried
                 // over stays pending. Any other refusal judged the line that carried text
                 // belongs to: it is dropped with it (else every later line would be glued
                 // to a line that can never parse).
-                lock(&stream.state).unfinished = if e.errno() == libc::ENOBUFS {
+                lock(&self.state).unfinished = if e.errno() == libc::ENOBUFS {
                     complete[..carried].to_vec()
                 } else {
                     Vec::new()
@@ -138,45 +160,33 @@ impl CkptFs {
         Ok(data.len())
     }
 
-    /// Parse, validate and run complete lines on behalf of a control handle.
-    pub(super) fn run_lines(&self, stream: &Arc<ControlStream>, text: &[u8]) -> Result<()> {
+    /// Parse, validate and run complete lines.
+    fn run_lines(
+        self: &Arc<Self>,
+        control: &dyn ControlLines,
+        checkpoints: &Arc<dyn Checkpoints>,
+        text: &[u8],
+    ) -> Result<()> {
         let commands = crate::control::checked_commands(
             text,
-            |c| self.control.validate(c),
-            |e| self.checkpoints.record_error(e),
+            |c| control.validate(c),
+            |e| checkpoints.record_error(e),
         );
         let commands = match commands {
             Ok(c) => c,
             Err(e) => {
-                push_answers(stream, vec![Some(answer_line(&Err(Failure::of(&e))))]);
+                self.push_answers(vec![Some(answer_line(&Err(Failure::of(&e))))]);
                 // The write as a whole is refused (EINVAL); its answer says the rule's
                 // errno and kind.
                 return Err(Error::Invalid(e.to_string()));
             }
         };
-        let first = {
-            let mut st = lock(&stream.state);
-            if !stream.discard_answers && st.slots.len() + commands.len() > MAX_UNREAD_ANSWERS {
-                return Err(Error::io(
-                    format!(
-                        "this handle holds {} unread answers (at most {MAX_UNREAD_ANSWERS}); \
-                         read them before writing more",
-                        st.slots.len()
-                    ),
-                    std::io::Error::from_raw_os_error(libc::ENOBUFS),
-                ));
-            }
-            let first = st.base + st.slots.len();
-            if !stream.discard_answers {
-                st.slots.extend(std::iter::repeat_n(None, commands.len()));
-            }
-            first
-        };
-        if stream.discard_answers {
+        let first = self.reserve(commands.len())?;
+        if self.discard_answers {
             // Nobody reads these answers: a command refused later (a busy checkpoint, a
             // failed write) must at least show in status.
-            let checkpoints = self.checkpoints.clone();
-            self.control.execute(
+            let checkpoints = checkpoints.clone();
+            control.execute(
                 commands,
                 Arc::new(move |_, answer: protocol::Answer| {
                     if let Err(failure) = answer {
@@ -184,11 +194,11 @@ impl CkptFs {
                             .record_error(format!("control command refused: {}", failure.error));
                     }
                 }),
-                &stream.imports,
+                &self.imports,
             );
             return Ok(());
         }
-        let weak = Arc::downgrade(stream);
+        let weak = Arc::downgrade(self);
         let answer: control::AnswerSink = Arc::new(move |index, answer| {
             if let Some(stream) = weak.upgrade() {
                 let ready = {
@@ -206,7 +216,57 @@ impl CkptFs {
                 }
             }
         });
-        self.control.execute(commands, answer, &stream.imports);
+        control.execute(commands, answer, &self.imports);
         Ok(())
+    }
+
+    /// Room for the answers of `n` commands: the slot index of the first (ENOBUFS if the
+    /// handle would hold too many unread).
+    fn reserve(&self, n: usize) -> Result<usize> {
+        let mut st = lock(&self.state);
+        if !self.discard_answers && st.slots.len() + n > MAX_UNREAD_ANSWERS {
+            return Err(Error::io(
+                format!(
+                    "this handle holds {} unread answers (at most {MAX_UNREAD_ANSWERS}); \
+                     read them before writing more",
+                    st.slots.len()
+                ),
+                std::io::Error::from_raw_os_error(libc::ENOBUFS),
+            ));
+        }
+        let first = st.base + st.slots.len();
+        if !self.discard_answers {
+            st.slots.extend(std::iter::repeat_n(None, n));
+        }
+        Ok(first)
+    }
+
+    /// Read the next answer: `reply` is called now, or once the answer is ready.
+    pub(super) fn read(&self, size: u32, reply: ReadCallback) {
+        let mut st = lock(&self.state);
+        match st.take(size) {
+            Some(data) => {
+                drop(st);
+                reply(Ok(data));
+            }
+            None => st.waiting.push_back((size, reply)),
+        }
+    }
+
+    /// The handle is closed: a last line without a newline (`echo -n checkpoint > ctl`)
+    /// runs now, and readers still parked (another thread of the process) get end-of-file.
+    pub(super) fn close(
+        self: &Arc<Self>,
+        control: &dyn ControlLines,
+        checkpoints: &Arc<dyn Checkpoints>,
+    ) {
+        let rest = std::mem::take(&mut lock(&self.state).unfinished);
+        if !rest.is_empty() {
+            let _ = self.run_lines(control, checkpoints, &rest);
+        }
+        let waiting: Vec<_> = lock(&self.state).waiting.drain(..).collect();
+        for (_, callback) in waiting {
+            callback(Ok(Vec::new()));
+        }
     }
 }

@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use super::ops::CkptFs;
 use super::seam::{Checkpoints, ControlLines};
-use super::CkptFs;
 use crate::control::protocol::{Failure, Request};
 use crate::control::{AnswerSink, ChangeHook, StagedImports};
 use ckptfs_core::catalog::{

@@ -20,10 +20,11 @@
 //! cp-M`, retention).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::{Attr, CkptFs, DirEntry, Invalidator, Kind, ROOT};
+use super::attr::{Attr, DirEntry, Invalidator, Kind, Owner, ROOT};
+use super::seam::Checkpoints;
 use ckptfs_core::catalog::Manifest;
 use ckptfs_core::error::{Error, Result};
 use ckptfs_core::fsutil::lock;
@@ -142,20 +143,20 @@ fn target(cp: u64) -> String {
     format!("../../cp-{cp}")
 }
 
-/// The state of the subtree: the picture of the current generation, the last one the
+/// What the subtree remembers: the picture of the current generation, the last one the
 /// kernel was told about, and the job numbers (stable for the daemon's life: a job's inode
 /// does not change while it is shown).
 #[derive(Default)]
-pub(super) struct FlinkNames {
+struct Seen {
     picture: Option<(u64, Arc<Picture>)>,
-    /// The picture at the last [`CkptFs::flink_changed`] (or the first one built): what
-    /// the kernel may hold entries of.
+    /// The picture at the last [`FlinkNames::changed`] (or the first one built): what the
+    /// kernel may hold entries of.
     told: Option<Arc<Picture>>,
     job_numbers: HashMap<String, u64>,
     jobs: Vec<String>,
 }
 
-impl FlinkNames {
+impl Seen {
     fn job_ino(&mut self, job: &str) -> u64 {
         if let Some(k) = self.job_numbers.get(job) {
             return JOBS + k;
@@ -182,66 +183,83 @@ pub(super) fn is_flink_dir(ino: u64) -> bool {
     (FLINK..LINKS).contains(&ino)
 }
 
-impl CkptFs {
-    /// The picture of the current generation, built if the set of checkpoints changed.
-    fn flink_picture(&self) -> Arc<Picture> {
-        let generation = self
-            .root_generation
-            .load(std::sync::atomic::Ordering::SeqCst);
-        if let Some((at, picture)) = &lock(&self.flink).picture {
+/// The `flink/` subtree, a part of the inode table ([`super::inode::Inodes`]): its
+/// operations take the table's generation (bumped whenever the set of checkpoints
+/// changes), from which the picture is rebuilt.
+pub(super) struct FlinkNames {
+    checkpoints: Arc<dyn Checkpoints>,
+    owner: Owner,
+    seen: Mutex<Seen>,
+}
+
+impl FlinkNames {
+    /// The subtree over `checkpoints`, its entries owned by `owner`.
+    pub(super) fn new(checkpoints: Arc<dyn Checkpoints>, owner: Owner) -> Self {
+        FlinkNames {
+            checkpoints,
+            owner,
+            seen: Mutex::default(),
+        }
+    }
+
+    /// The picture of `generation`, built if the set of checkpoints changed.
+    fn picture(&self, generation: u64) -> Arc<Picture> {
+        if let Some((at, picture)) = &lock(&self.seen).picture {
             if *at == generation {
                 return picture.clone();
             }
         }
         let picture = Arc::new(Picture::of(&self.checkpoints.checkpoints()));
-        let mut flink = lock(&self.flink);
-        flink.picture = Some((generation, picture.clone()));
-        flink.told.get_or_insert_with(|| picture.clone());
+        let mut seen = lock(&self.seen);
+        seen.picture = Some((generation, picture.clone()));
+        seen.told.get_or_insert_with(|| picture.clone());
         picture
     }
 
     /// Whether the root shows `flink/` now.
-    pub(super) fn flink_shown(&self) -> bool {
-        !self.flink_picture().is_empty()
+    pub(super) fn shown(&self, generation: u64) -> bool {
+        !self.picture(generation).is_empty()
     }
 
     /// The root's `flink` entry, if shown.
-    pub(super) fn flink_root_entry(&self) -> Result<Option<DirEntry>> {
-        if !self.flink_shown() {
+    pub(super) fn root_entry(&self, generation: u64) -> Result<Option<DirEntry>> {
+        if !self.shown(generation) {
             return Ok(None);
         }
         Ok(Some(DirEntry {
             name: FLINK_DIR_NAME.into(),
-            attr: self.flink_getattr(FLINK)?,
+            attr: self.getattr(generation, FLINK)?,
         }))
     }
 
     /// `stat` of an inode of the subtree.
-    pub(super) fn flink_getattr(&self, ino: u64) -> Result<Attr> {
-        let picture = self.flink_picture();
+    pub(super) fn getattr(&self, generation: u64, ino: u64) -> Result<Attr> {
+        let picture = self.picture(generation);
         let gone = || Error::NotFound(format!("inode {ino}"));
         if ino == FLINK {
             if picture.is_empty() {
                 return Err(Error::NotFound("no Flink checkpoint is retained".into()));
             }
             let nlink = 2 + picture.jobs.len() as u32;
-            return Ok(self.attr(FLINK, Kind::Dir, 0, 0o555, nlink, self.mounted_at));
+            return Ok(self.owner.fixed(FLINK, Kind::Dir, 0, 0o555, nlink));
         }
         if ino >= LINKS {
             let cp = ino - LINKS;
-            let (_, _, completed) = self.flink_link(&picture, cp).ok_or_else(gone)?;
+            let (_, _, completed) = self.link(&picture, cp).ok_or_else(gone)?;
             let len = target(cp).len() as u64;
-            return Ok(self.attr(ino, Kind::Symlink, len, 0o777, 1, ms(completed)));
+            return Ok(self
+                .owner
+                .attr(ino, Kind::Symlink, len, 0o777, 1, ms(completed)));
         }
-        let job = lock(&self.flink).job_of(ino).ok_or_else(gone)?;
+        let job = lock(&self.seen).job_of(ino).ok_or_else(gone)?;
         let chks = picture.jobs.get(&job).ok_or_else(gone)?;
         let newest = chks.values().map(|(_, at)| *at).max().unwrap_or(0);
-        Ok(self.attr(ino, Kind::Dir, 0, 0o555, 2, ms(newest)))
+        Ok(self.owner.attr(ino, Kind::Dir, 0, 0o555, 2, ms(newest)))
     }
 
     /// The job and Flink checkpoint linking to `cp-M`, and its time, if `cp-M` is retained
     /// with that label (a picture may be a moment old).
-    fn flink_link(&self, picture: &Picture, cp: u64) -> Option<(String, u64, u64)> {
+    fn link(&self, picture: &Picture, cp: u64) -> Option<(String, u64, u64)> {
         let (job, n) = picture.by_cp.get(&cp)?;
         let manifest = self.checkpoints.manifest(cp)?;
         let label = manifest.flink.as_ref()?;
@@ -250,35 +268,35 @@ impl CkptFs {
     }
 
     /// The entry `name` of directory `parent` of the subtree.
-    pub(super) fn flink_lookup(&self, parent: u64, name: &str) -> Result<Attr> {
+    pub(super) fn lookup(&self, generation: u64, parent: u64, name: &str) -> Result<Attr> {
         let missing = || Error::NotFound(name.to_string());
-        let picture = self.flink_picture();
+        let picture = self.picture(generation);
         if parent == FLINK {
             if !picture.jobs.contains_key(name) {
                 return Err(missing());
             }
-            let ino = lock(&self.flink).job_ino(name);
-            return self.flink_getattr(ino);
+            let ino = lock(&self.seen).job_ino(name);
+            return self.getattr(generation, ino);
         }
-        let job = lock(&self.flink).job_of(parent).ok_or_else(missing)?;
+        let job = lock(&self.seen).job_of(parent).ok_or_else(missing)?;
         let n = parse_chk(name).ok_or_else(missing)?;
         let (cp, _) = picture
             .jobs
             .get(&job)
             .and_then(|chks| chks.get(&n))
             .ok_or_else(missing)?;
-        self.flink_getattr(LINKS | cp)
+        self.getattr(generation, LINKS | cp)
     }
 
     /// The entries of a directory of the subtree: the jobs by name, a job's links by
     /// Flink's checkpoint id.
-    pub(super) fn flink_readdir(&self, ino: u64) -> Result<Vec<DirEntry>> {
-        let picture = self.flink_picture();
+    pub(super) fn readdir(&self, generation: u64, ino: u64) -> Result<Vec<DirEntry>> {
+        let picture = self.picture(generation);
         if ino == FLINK {
             let mut out = Vec::new();
             for job in picture.jobs.keys() {
-                let ino = lock(&self.flink).job_ino(job);
-                if let Ok(attr) = self.flink_getattr(ino) {
+                let ino = lock(&self.seen).job_ino(job);
+                if let Ok(attr) = self.getattr(generation, ino) {
                     out.push(DirEntry {
                         name: job.clone(),
                         attr,
@@ -287,7 +305,7 @@ impl CkptFs {
             }
             return Ok(out);
         }
-        let job = lock(&self.flink)
+        let job = lock(&self.seen)
             .job_of(ino)
             .ok_or_else(|| Error::NotFound(format!("inode {ino}")))?;
         let chks = picture
@@ -298,7 +316,7 @@ impl CkptFs {
             .iter()
             .map(|(n, (cp, completed))| DirEntry {
                 name: format!("chk-{n}"),
-                attr: self.attr(
+                attr: self.owner.attr(
                     LINKS | cp,
                     Kind::Symlink,
                     target(*cp).len() as u64,
@@ -311,7 +329,7 @@ impl CkptFs {
     }
 
     /// The parent of a directory of the subtree.
-    pub(super) fn flink_parent(&self, ino: u64) -> u64 {
+    pub(super) fn parent(ino: u64) -> u64 {
         if ino == FLINK {
             ROOT
         } else {
@@ -320,31 +338,31 @@ impl CkptFs {
     }
 
     /// The target of a link of the subtree: `../../cp-M`.
-    pub(super) fn flink_readlink(&self, ino: u64) -> Result<String> {
+    pub(super) fn readlink(&self, generation: u64, ino: u64) -> Result<String> {
         let cp = ino
             .checked_sub(LINKS)
             .ok_or_else(|| Error::Invalid("not a symbolic link".into()))?;
-        self.flink_link(&self.flink_picture(), cp)
+        self.link(&self.picture(generation), cp)
             .ok_or_else(|| Error::NotFound(format!("cp-{cp}")))?;
         Ok(target(cp))
     }
 
-    /// After the set of checkpoints changed (the generation was bumped): take the new
-    /// picture and have the kernel forget the links, jobs and `flink/` that went away
-    /// (told with no lock held: the kernel may wait for a lookup that needs one).
-    pub(super) fn flink_changed(&self, invalidator: Option<&Arc<dyn Invalidator>>) {
-        let now = self.flink_picture();
+    /// After the set of checkpoints changed (the generation was bumped to `generation`):
+    /// take the new picture and have the kernel forget the links, jobs and `flink/` that
+    /// went away (told with no lock held: the kernel may wait for a lookup that needs one).
+    pub(super) fn changed(&self, generation: u64, invalidator: Option<&Arc<dyn Invalidator>>) {
+        let now = self.picture(generation);
         let (mut entries, mut inodes) = (Vec::new(), Vec::new());
         {
-            let mut flink = lock(&self.flink);
-            let before = flink.told.replace(now.clone());
+            let mut seen = lock(&self.seen);
+            let before = seen.told.replace(now.clone());
             let Some(before) = before.filter(|b| **b != *now) else {
                 return;
             };
             for (job, n, cp) in before.pairs() {
                 let kept = now.jobs.get(job).and_then(|c| c.get(&n)).map(|(c, _)| *c);
                 if kept != Some(cp) {
-                    entries.push((flink.job_ino(job), format!("chk-{n}")));
+                    entries.push((seen.job_ino(job), format!("chk-{n}")));
                     inodes.push(LINKS | cp);
                 }
             }
@@ -352,7 +370,7 @@ impl CkptFs {
                 if !now.jobs.contains_key(job) {
                     entries.push((FLINK, job.clone()));
                 }
-                inodes.push(flink.job_ino(job));
+                inodes.push(seen.job_ino(job));
             }
         }
         if now.is_empty() {
@@ -472,7 +490,7 @@ mod tests {
     /// import shows up at the next change.
     #[test]
     fn links_come_and_go_with_their_checkpoints() {
-        use super::super::tests::Forgotten;
+        use super::super::ops::tests::Forgotten;
         let (a, b) = ("a".repeat(32), "b".repeat(32));
         let double = double();
         let fs = double.fs();

@@ -1,5 +1,6 @@
-//! The thin adapter between fuser and the core in `mod.rs`: type conversions, errno
-//! replies, passthrough of stored objects, cache invalidation.
+//! The thin adapter between fuser and the tree's operations (`ops.rs`): type conversions,
+//! errno replies, passthrough of stored objects, cache invalidation. It decides nothing
+//! about the tree: every rule is in the operation it calls.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -13,7 +14,9 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use super::{Attr, CkptFs, DirCache, Invalidator, Kind, OpenedAs};
+use super::attr::{Attr, Invalidator, Kind};
+use super::inode::DirCache;
+use super::ops::{CkptFs, OpenedAs};
 use ckptfs_core::error::Error;
 use ckptfs_core::fsutil::lock;
 use ckptfs_core::store::ObjectId;
@@ -105,14 +108,14 @@ impl Filesystem for FuseAdapter {
             Err(e) => return reply.error(e),
         };
         match self.fs.lookup(parent.0, name) {
-            Ok(a) => reply.entry(&CkptFs::ttl(&a), &file_attr(&a), Generation(0)),
+            Ok(a) => reply.entry(&a.ttl(), &file_attr(&a), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(ino.0) {
-            Ok(a) => reply.attr(&CkptFs::ttl(&a), &file_attr(&a)),
+            Ok(a) => reply.attr(&a.ttl(), &file_attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -135,15 +138,10 @@ impl Filesystem for FuseAdapter {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        // `echo cmd > ctl` truncates first: accept that, and nothing else.
-        let only_truncate = mode.is_none() && uid.is_none() && gid.is_none() && size == Some(0);
-        if ino.0 == super::CTL && only_truncate {
-            return match self.fs.getattr(ino.0) {
-                Ok(a) => reply.attr(&CkptFs::ttl(&a), &file_attr(&a)),
-                Err(e) => reply.error(errno(&e)),
-            };
+        match self.fs.setattr(ino.0, mode, uid, gid, size) {
+            Ok(a) => reply.attr(&a.ttl(), &file_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
         }
-        reply.error(errno(&self.fs.refuse_change(ino.0)))
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -433,7 +431,7 @@ impl Filesystem for FuseAdapter {
                 INodeNo(entry.attr.ino),
                 (i + 1) as u64,
                 &entry.name,
-                &CkptFs::ttl(&entry.attr),
+                &entry.attr.ttl(),
                 &file_attr(&entry.attr),
                 Generation(0),
             );
@@ -479,7 +477,7 @@ impl Filesystem for FuseAdapter {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         // Room in a local store, or in the state directory (cache) of one on object storage.
-        let room = self.fs.checkpoints.room();
+        let room = self.fs.room();
         match nix::sys::statvfs::statvfs(room) {
             Ok(s) => reply.statfs(
                 s.blocks(),

@@ -1,23 +1,23 @@
-//! Open files: the handle table, what each kind of handle reads (a stored object, a
-//! generated snapshot, a file stored as chunks, the control stream, the registry view), the
-//! prefetch of the next files of a directory, and the checksum check at first open.
+//! Open files and directories ([`Handles`]): the handle table, what each kind of handle
+//! reads (a stored object, a generated snapshot, a file stored as chunks, the control
+//! stream, the registry view, a directory's picture), which `cp-N` listings are open and by
+//! whom, and the objects whose checksum was checked at a first open. The operations that
+//! use them are in `ops.rs`.
 
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use super::control_stream::{ControlStream, ReadCallback};
+use super::attr::DirEntry;
+use super::control_stream::ControlStream;
 use super::registry_view::RegistryStream;
-use super::tree::{CheckpointTree, NodeKind};
-use super::{
-    CkptFs, DirEntry, OpenedAs, CHECKPOINTS, CTL, LATEST, META_DIR, METRICS, REGISTRY, ROOT, STATUS,
-};
 use ckptfs_core::error::{Error, Result};
 use ckptfs_core::fsutil::lock;
-use ckptfs_core::store::chunks::{Chunks, MAX_ASSEMBLED};
-use ckptfs_core::store::ObjectId;
-use ckptfs_core::views;
+use ckptfs_core::store::chunks::Chunks;
+use ckptfs_core::store::{ObjectId, ObjectStore};
 
 /// Which directory an open directory handle is (the root and `cp-N` are watched: see
 /// `CkptFs::opendir` and `CkptFs::rmdir`).
@@ -42,9 +42,6 @@ pub(super) enum Handle {
     Dir(Arc<Vec<DirEntry>>, DirOf),
 }
 
-/// Files fetched ahead of a sequential copy (object storage).
-pub(super) const PREFETCH_FILES: usize = 8;
-
 /// A handle's reader, cloned out of the table's lock so that a read runs without it.
 pub(super) enum HandleRef {
     Object(Arc<File>),
@@ -54,16 +51,102 @@ pub(super) enum HandleRef {
     Registry(Arc<Mutex<RegistryStream>>),
 }
 
-impl CkptFs {
-    pub(super) fn new_handle(&self, handle: Handle) -> u64 {
+/// The open handles of each checkpoint's top directory (`cp-N`), by the uid that opened
+/// them (see `CkptFs::rmdir`).
+#[derive(Default)]
+pub(super) struct Listings(HashMap<u64, BTreeMap<u32, usize>>);
+
+impl Listings {
+    /// User `uid` opened `cp-{cp}`.
+    pub(super) fn opened(&mut self, cp: u64, uid: u32) {
+        *self.0.entry(cp).or_default().entry(uid).or_default() += 1;
+    }
+
+    /// User `uid` closed a handle of `cp-{cp}`: a checkpoint no one lists is forgotten.
+    fn closed(&mut self, cp: u64, uid: u32) {
+        if let Some(uids) = self.0.get_mut(&cp) {
+            if let Some(n) = uids.get_mut(&uid) {
+                *n -= 1;
+                if *n == 0 {
+                    uids.remove(&uid);
+                }
+            }
+            if uids.is_empty() {
+                self.0.remove(&cp);
+            }
+        }
+    }
+
+    /// Whether `cp-{cp}` is open.
+    pub(super) fn is_listed(&self, cp: u64) -> bool {
+        self.0.contains_key(&cp)
+    }
+
+    /// The users with `cp-{cp}` open.
+    pub(super) fn listers(&self, cp: u64) -> Vec<u32> {
+        self.0
+            .get(&cp)
+            .map(|uids| uids.keys().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether no `cp-N` is open.
+    #[cfg(test)]
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// The open handles. A handle number is never reused while the daemon runs; a `cp-N`
+/// handle is counted in the [`Listings`] from its open to its release; an object is
+/// verified at most once.
+pub(super) struct Handles {
+    table: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+    /// Open `cp-N` handles by uid.
+    listings: Mutex<Listings>,
+    /// Signalled when a `cp-N` handle is released.
+    listing_released: Condvar,
+    /// Objects whose checksum this daemon has verified.
+    verified: Mutex<HashSet<ObjectId>>,
+    /// Verify each object at its first open (the default); off with `--no-verify`.
+    verify: bool,
+}
+
+impl Handles {
+    /// No handle open; objects verified at their first open if `verify`.
+    pub(super) fn new(verify: bool) -> Self {
+        Handles {
+            table: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            listings: Mutex::default(),
+            listing_released: Condvar::new(),
+            verified: Mutex::default(),
+            verify,
+        }
+    }
+
+    /// Open `handle`: its number.
+    pub(super) fn insert(&self, handle: Handle) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        lock(&self.handles).insert(fh, handle);
+        lock(&self.table).insert(fh, handle);
         fh
+    }
+
+    /// Close handle `fh`: what it was, if open. A `cp-N` handle leaves the listings (and
+    /// wakes an `rmdir` waiting for it).
+    pub(super) fn remove(&self, fh: u64) -> Option<Handle> {
+        let handle = lock(&self.table).remove(&fh);
+        if let Some(Handle::Dir(_, DirOf::Top(cp, uid))) = &handle {
+            lock(&self.listings).closed(*cp, *uid);
+            self.listing_released.notify_all();
+        }
+        handle
     }
 
     /// The control stream of handle `fh` (writes go only there).
     pub(super) fn control_stream(&self, fh: u64) -> Result<Arc<ControlStream>> {
-        match lock(&self.handles).get(&fh) {
+        match lock(&self.table).get(&fh) {
             Some(Handle::Control(stream)) => Ok(stream.clone()),
             Some(_) => Err(Error::ReadOnly("only .ckptfs/ctl is writable".into())),
             None => Err(Error::io(
@@ -73,179 +156,25 @@ impl CkptFs {
         }
     }
 
-    /// Open a file for reading (and writing, with `write`). Checkpoint files are
-    /// read-only; the control file accepts writes.
-    pub fn open(&self, ino: u64, write: bool) -> Result<OpenedAs> {
-        self.open_access(ino, true, write)
-    }
-
-    /// Open a file with an explicit access mode (`read` false: opened write-only).
-    pub fn open_access(&self, ino: u64, read: bool, write: bool) -> Result<OpenedAs> {
-        match ino {
-            CTL => Ok(OpenedAs::Stream {
-                fh: self.new_handle(Handle::Control(Arc::new(ControlStream {
-                    state: Mutex::default(),
-                    discard_answers: !read,
-                    imports: Mutex::default(),
-                }))),
-                seekable: false,
-            }),
-            REGISTRY if !write => Ok(OpenedAs::Stream {
-                fh: self.new_handle(Handle::Registry(Arc::new(Mutex::new(
-                    self.registry_stream(),
-                )))),
-                seekable: true,
-            }),
-            STATUS | CHECKPOINTS | METRICS if !write => {
-                let bytes = match ino {
-                    STATUS => self.checkpoints.status_text(),
-                    METRICS => self.checkpoints.metrics_text(),
-                    _ => {
-                        views::checkpoint_lines(self.checkpoints.checkpoints().iter().map(|m| &**m))
-                    }
-                };
-                ckptfs_core::fsutil::release_free_memory();
-                Ok(OpenedAs::Stream {
-                    fh: self.new_handle(Handle::Snapshot(bytes.into_bytes())),
-                    seekable: true,
-                })
-            }
-            META_DIR | ROOT | LATEST => Err(Error::Invalid("not a regular file".into())),
-            STATUS | REGISTRY | CHECKPOINTS | METRICS => {
-                Err(Error::ReadOnly(".ckptfs status files are read-only".into()))
-            }
-            _ => {
-                let (cp, index, tree) = self.resolve(ino)?;
-                let node = &tree.nodes[index];
-                if let NodeKind::Generated(bytes) = &node.kind {
-                    if write {
-                        return Err(Error::ReadOnly(format!("cp-{cp} is a checkpoint")));
-                    }
-                    // A Flink checkpoint's own `_metadata`, what a restore opens first.
-                    if index != 0 && node.parent == 0 && node.name == "_metadata" {
-                        self.checkpoints.restore_read(cp, true);
-                    }
-                    return Ok(OpenedAs::Stream {
-                        fh: self.new_handle(Handle::Snapshot(bytes.to_vec())),
-                        seekable: true,
-                    });
-                }
-                let NodeKind::File {
-                    object,
-                    size,
-                    chunks,
-                } = &node.kind
-                else {
-                    return Err(Error::io(
-                        "open",
-                        std::io::Error::from_raw_os_error(libc::EISDIR),
-                    ));
-                };
-                if write {
-                    return Err(Error::ReadOnly(format!("cp-{cp} is a checkpoint")));
-                }
-                self.checkpoints.restore_read(cp, false);
-                if let Some(chunks) = chunks {
-                    if *size > MAX_ASSEMBLED {
-                        // A large append-only file (a WAL): every read verifies the chunks
-                        // it spans against their ids.
-                        if let Err(e) = chunks.validate(*size) {
-                            return Err(self.cannot_serve(cp, &tree, index, object, e));
-                        }
-                        return Ok(OpenedAs::Stream {
-                            fh: self.new_handle(Handle::Chunked(Arc::new((chunks.clone(), *size)))),
-                            seekable: true,
-                        });
-                    }
-                    // An append-only file stored as chunks (a MANIFEST, a small WAL):
-                    // assembled and verified whole, then served from memory.
-                    let store = self.checkpoints.object_store();
-                    return match chunks.read(store, object, *size) {
-                        Ok(bytes) => Ok(OpenedAs::Stream {
-                            fh: self.new_handle(Handle::Snapshot(bytes)),
-                            seekable: true,
-                        }),
-                        Err(e) => Err(self.cannot_serve(cp, &tree, index, object, e)),
-                    };
-                }
-                self.prefetch_after(&tree, index);
-                let opened = self
-                    .verify_once(object, *size)
-                    .and_then(|_| self.checkpoints.object_store().open(object));
-                let file = match opened {
-                    Ok(file) => Arc::new(file),
-                    Err(e) => return Err(self.cannot_serve(cp, &tree, index, object, e)),
-                };
-                let fh = self.new_handle(Handle::Object(file.clone()));
-                Ok(OpenedAs::Object {
-                    fh,
-                    file,
-                    object: *object,
-                })
-            }
+    /// The entries of directory handle `fh`.
+    pub(super) fn dir_entries(&self, fh: u64) -> Result<Arc<Vec<DirEntry>>> {
+        match lock(&self.table).get(&fh) {
+            Some(Handle::Dir(entries, _)) => Ok(entries.clone()),
+            Some(_) => Err(Error::io(
+                "readdir",
+                std::io::Error::from_raw_os_error(libc::ENOTDIR),
+            )),
+            None => Err(Error::io(
+                "readdir",
+                std::io::Error::from_raw_os_error(libc::EBADF),
+            )),
         }
     }
 
-    /// A copy of a checkpoint directory opens its files in order: start fetching the next
-    /// few after `index` (object storage; nothing happens where objects are local).
-    pub(super) fn prefetch_after(&self, tree: &CheckpointTree, index: usize) {
-        let NodeKind::Dir(children) = &tree.nodes[tree.nodes[index].parent].kind else {
-            return;
-        };
-        let Some(at) = children.iter().position(|c| *c == index) else {
-            return;
-        };
-        let ids: Vec<ObjectId> = children[at + 1..]
-            .iter()
-            .filter_map(|c| match &tree.nodes[*c].kind {
-                NodeKind::File {
-                    object,
-                    chunks: None,
-                    ..
-                } => Some(*object),
-                _ => None,
-            })
-            .take(PREFETCH_FILES)
-            .collect();
-        self.checkpoints.object_store().prefetch(&ids);
-    }
-
-    /// The error for a file of cp-N that cannot be opened: gone if the checkpoint was
-    /// dropped meanwhile, else logged and recorded with the object and the path it has.
-    pub(super) fn cannot_serve(
-        &self,
-        cp: u64,
-        tree: &CheckpointTree,
-        index: usize,
-        object: &ObjectId,
-        e: Error,
-    ) -> Error {
-        if self.checkpoints.manifest(cp).is_none() {
-            return Error::NoSuchCheckpoint(cp);
-        }
-        let path = tree.path_of(index);
-        log::error!("cannot serve {path} (object {object}): {e}");
-        self.checkpoints.record_error(format!("{path}: {e}"));
-        e
-    }
-
-    /// Check an object's size and checksum the first time this daemon serves it, so a
-    /// corrupt object is an EIO at open, never silently wrong bytes in a copy. Objects are
-    /// immutable, so once is enough; the cost is one sequential read, which also warms the
-    /// page cache for the reads that follow.
-    pub(super) fn verify_once(&self, object: &ObjectId, size: u64) -> Result<()> {
-        if !self.verify || lock(&self.verified).contains(object) {
-            return Ok(());
-        }
-        self.checkpoints.object_store().verify(object, size)?;
-        lock(&self.verified).insert(*object);
-        Ok(())
-    }
-
-    /// Read from an open handle. `reply` is called now, or later for a control handle
-    /// whose next answer is still being worked on (a checkpoint uploading).
-    pub fn read(&self, fh: u64, offset: u64, size: u32, reply: ReadCallback) {
-        let handle = match lock(&self.handles).get(&fh) {
+    /// What a read of `size` bytes at `offset` of handle `fh` reads (a snapshot's bytes
+    /// already cut out).
+    pub(super) fn reader(&self, fh: u64, offset: u64, size: u32) -> Result<HandleRef> {
+        match lock(&self.table).get(&fh) {
             Some(Handle::Object(file)) => Ok(HandleRef::Object(file.clone())),
             Some(Handle::Snapshot(bytes)) => {
                 let start = (offset as usize).min(bytes.len());
@@ -263,75 +192,179 @@ impl CkptFs {
                 "read",
                 std::io::Error::from_raw_os_error(libc::EBADF),
             )),
-        };
-        match handle {
-            Err(e) => reply(Err(e)),
-            Ok(HandleRef::Bytes(b)) => reply(Ok(b)),
-            Ok(HandleRef::Registry(stream)) => reply(Ok(self.read_registry(
-                &mut lock(&stream),
-                offset,
-                size as u64,
-            ))),
-            Ok(HandleRef::Chunked(file)) => {
-                let (chunks, file_size) = &*file;
-                let store = self.checkpoints.object_store();
-                let result = chunks.read_range(store, *file_size, offset, size as u64);
-                if let Err(e) = &result {
-                    log::error!("cannot read a chunked file: {e}");
-                    self.checkpoints.record_error(format!("read: {e}"));
-                }
-                reply(result);
-            }
-            Ok(HandleRef::Object(file)) => {
-                let mut buf = vec![0u8; size as usize];
-                let mut filled = 0;
-                let result = loop {
-                    match file.read_at(&mut buf[filled..], offset + filled as u64) {
-                        Ok(0) => break Ok(()),
-                        Ok(n) => {
-                            filled += n;
-                            if filled == buf.len() {
-                                break Ok(());
-                            }
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => break Err(Error::io("read stored object", e)),
-                    }
-                };
-                buf.truncate(filled);
-                reply(result.map(|_| buf));
-            }
-            Ok(HandleRef::Control(stream)) => {
-                let mut st = lock(&stream.state);
-                match st.take(size) {
-                    Some(data) => {
-                        drop(st);
-                        reply(Ok(data));
-                    }
-                    None => st.waiting.push_back((size, reply)),
-                }
-            }
         }
     }
 
-    /// Close handle `fh`.
-    pub fn release(&self, fh: u64) {
-        let handle = lock(&self.handles).remove(&fh);
-        if let Some(Handle::Registry(stream)) = handle {
-            // Freed here, whoever still holds the stream (a read that just replied).
-            drop(std::mem::take(&mut *lock(&stream)));
-            ckptfs_core::fsutil::release_free_memory();
-        } else if let Some(Handle::Control(stream)) = handle {
-            // A last line without a newline (`echo -n checkpoint > ctl`) runs at close.
-            let rest = std::mem::take(&mut lock(&stream.state).unfinished);
-            if !rest.is_empty() {
-                let _ = self.run_lines(&stream, &rest);
+    /// The open `cp-N` listings, locked: held, no `cp-N` opens or closes.
+    pub(super) fn listings(&self) -> MutexGuard<'_, Listings> {
+        lock(&self.listings)
+    }
+
+    /// The listings, locked once `cp-{cp}` is not open or `within` has passed.
+    pub(super) fn listings_once_closed(
+        &self,
+        cp: u64,
+        within: Duration,
+    ) -> MutexGuard<'_, Listings> {
+        let mut listings = lock(&self.listings);
+        let deadline = Instant::now() + within;
+        while listings.is_listed(cp) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
             }
-            // Readers still parked (another thread of the process) get end-of-file.
-            let waiting: Vec<_> = lock(&stream.state).waiting.drain(..).collect();
-            for (_, callback) in waiting {
-                callback(Ok(Vec::new()));
-            }
+            listings = ckptfs_core::fsutil::wait_timeout(&self.listing_released, listings, left);
         }
+        listings
+    }
+
+    /// Check an object's size and checksum the first time this daemon serves it, so a
+    /// corrupt object is an EIO at open, never silently wrong bytes in a copy. Objects are
+    /// immutable, so once is enough; the cost is one sequential read, which also warms the
+    /// page cache for the reads that follow.
+    pub(super) fn verify_once(
+        &self,
+        store: &dyn ObjectStore,
+        object: &ObjectId,
+        size: u64,
+    ) -> Result<()> {
+        if !self.verify || lock(&self.verified).contains(object) {
+            return Ok(());
+        }
+        store.verify(object, size)?;
+        lock(&self.verified).insert(*object);
+        Ok(())
+    }
+}
+
+/// Up to `size` bytes of `file` at `offset`: fewer only at its end.
+pub(super) fn read_object(file: &File, offset: u64, size: u32) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; size as usize];
+    let mut filled = 0;
+    let result = loop {
+        match file.read_at(&mut buf[filled..], offset + filled as u64) {
+            Ok(0) => break Ok(()),
+            Ok(n) => {
+                filled += n;
+                if filled == buf.len() {
+                    break Ok(());
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => break Err(Error::io("read stored object", e)),
+        }
+    };
+    buf.truncate(filled);
+    result.map(|_| buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A checkpoint is listed while any of its handles is open, by each user that has
+    /// one open.
+    #[test]
+    fn a_checkpoint_is_listed_until_its_last_handle_closes() {
+        let mut listings = Listings::default();
+        listings.opened(1, 0);
+        listings.opened(1, 0);
+        listings.opened(1, 1000);
+        listings.opened(2, 1000);
+        assert_eq!(listings.listers(1), [0, 1000]);
+        listings.closed(1, 0);
+        assert_eq!(listings.listers(1), [0, 1000]);
+        listings.closed(1, 0);
+        assert_eq!(listings.listers(1), [1000]);
+        listings.closed(1, 1000);
+        assert!(!listings.is_listed(1));
+        assert!(listings.listers(1).is_empty());
+        // Closing what is not open changes nothing.
+        listings.closed(2, 0);
+        assert_eq!(listings.listers(2), [1000]);
+        listings.closed(2, 1000);
+        assert!(listings.is_empty());
+    }
+
+    /// Releasing a `cp-N` handle is what ends its listing; handle numbers are not reused.
+    #[test]
+    fn a_released_directory_handle_leaves_the_listings() {
+        let handles = Handles::new(true);
+        handles.listings().opened(4, 7);
+        let top = handles.insert(Handle::Dir(Arc::default(), DirOf::Top(4, 7)));
+        let other = handles.insert(Handle::Dir(Arc::default(), DirOf::Other));
+        assert_ne!(top, other);
+        assert!(handles.listings().is_listed(4));
+        assert!(handles.remove(other).is_some());
+        assert!(handles.listings().is_listed(4));
+        assert!(handles.remove(top).is_some());
+        assert!(handles.listings().is_empty());
+        assert!(handles.remove(top).is_none());
+        assert_eq!(
+            handles.dir_entries(top).unwrap_err().errno(),
+            libc::EBADF,
+            "a released handle"
+        );
+        let snapshot = handles.insert(Handle::Snapshot(b"0123456789".to_vec()));
+        assert!(snapshot > other);
+        match handles.reader(snapshot, 8, 100).unwrap() {
+            HandleRef::Bytes(bytes) => assert_eq!(bytes, b"89"),
+            _ => panic!("a snapshot reads its bytes"),
+        }
+        assert_eq!(
+            handles.dir_entries(snapshot).unwrap_err().errno(),
+            libc::ENOTDIR
+        );
+        let not_control = handles.control_stream(snapshot).err().unwrap();
+        assert_eq!(not_control.errno(), libc::EROFS);
+    }
+
+    /// An rmdir waiting for a listing to close wakes when it is released.
+    #[test]
+    fn a_wait_for_a_listing_ends_at_its_release() {
+        let handles = Arc::new(Handles::new(true));
+        handles.listings().opened(3, 0);
+        let fh = handles.insert(Handle::Dir(Arc::default(), DirOf::Top(3, 0)));
+        let closer = {
+            let handles = handles.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                handles.remove(fh);
+            })
+        };
+        let listings = handles.listings_once_closed(3, Duration::from_secs(600));
+        assert!(!listings.is_listed(3));
+        drop(listings);
+        closer.join().unwrap();
+        // Still open when the time is up: the listings as they are.
+        handles.listings().opened(3, 0);
+        assert!(handles
+            .listings_once_closed(3, Duration::from_millis(10))
+            .is_listed(3));
+    }
+
+    /// An object is verified at its first open only, and not at all without `verify`.
+    #[test]
+    fn objects_are_verified_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ckptfs_core::store::LocalStore::open(dir.path()).unwrap();
+        let staged = store.stage_bytes(b"bytes").unwrap();
+        let (object, size) = (staged.id, staged.size);
+        store.publish(staged).unwrap();
+        let handles = Handles::new(true);
+        assert_eq!(
+            handles
+                .verify_once(&store, &object, size + 1)
+                .unwrap_err()
+                .errno(),
+            libc::EIO,
+            "a wrong size fails the check"
+        );
+        handles.verify_once(&store, &object, size).unwrap();
+        // Once verified, not read again.
+        handles.verify_once(&store, &object, size + 1).unwrap();
+        Handles::new(false)
+            .verify_once(&store, &object, size + 1)
+            .unwrap();
     }
 }

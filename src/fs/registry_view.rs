@@ -1,7 +1,7 @@
 //! `.ckptfs/registry` as it is read: the objects' histories are worked out at open, their
 //! rows ([`ckptfs_core::views::RegistryRow`]) written as the reader gets to them.
 
-use super::CkptFs;
+use super::seam::Checkpoints;
 use ckptfs_core::catalog::history::{object_histories, ObjectHistory};
 use ckptfs_core::store::ObjectId;
 use ckptfs_core::views;
@@ -11,22 +11,23 @@ use ckptfs_core::views;
 /// histories, not for every row (122,883 rows take a release daemon 1 s to write).
 #[derive(Default)]
 pub(super) struct RegistryStream {
-    pub(super) rows: Vec<(ObjectId, ObjectHistory)>,
-    pub(super) counts: std::collections::BTreeMap<ObjectId, u32>,
+    rows: Vec<(ObjectId, ObjectHistory)>,
+    counts: std::collections::BTreeMap<ObjectId, u32>,
     /// The next row to write.
-    pub(super) next: usize,
+    next: usize,
     /// Text written and not yet read past, starting at byte `start` of the view.
-    pub(super) window: Vec<u8>,
-    pub(super) start: u64,
+    window: Vec<u8>,
+    start: u64,
 }
 
-impl CkptFs {
-    pub(super) fn registry_stream(&self) -> RegistryStream {
-        let counts = self.checkpoints.reference_counts();
+impl RegistryStream {
+    /// The view of the objects of `checkpoints`, opened now.
+    pub(super) fn open(checkpoints: &dyn Checkpoints) -> RegistryStream {
+        let counts = checkpoints.reference_counts();
         // Each object's referencing checkpoints as runs of consecutive retained ones: with
         // thousands of checkpoints, a list of every one would be millions of numbers.
-        let checkpoints = self.checkpoints.checkpoints();
-        let rows = object_histories(checkpoints.iter().map(|m| &**m))
+        let checkpoints_now = checkpoints.checkpoints();
+        let rows = object_histories(checkpoints_now.iter().map(|m| &**m))
             .into_iter()
             .collect();
         RegistryStream {
@@ -40,55 +41,55 @@ impl CkptFs {
 
     /// Bytes `offset..offset + size` of the registry view, writing rows as far as needed
     /// (from the first row again if the reader went back before the text still held).
-    pub(super) fn read_registry(
-        &self,
-        stream: &mut RegistryStream,
+    pub(super) fn read(
+        &mut self,
+        checkpoints: &dyn Checkpoints,
         offset: u64,
         size: u64,
     ) -> Vec<u8> {
-        if offset < stream.start {
-            stream.next = 0;
-            stream.window.clear();
-            stream.start = 0;
+        if offset < self.start {
+            self.next = 0;
+            self.window.clear();
+            self.start = 0;
         }
         loop {
-            let end = stream.start + stream.window.len() as u64;
-            let skip = (offset.min(end) - stream.start) as usize;
-            stream.window.drain(..skip);
-            stream.start += skip as u64;
-            if end >= offset + size || stream.next == stream.rows.len() {
+            let end = self.start + self.window.len() as u64;
+            let skip = (offset.min(end) - self.start) as usize;
+            self.window.drain(..skip);
+            self.start += skip as u64;
+            if end >= offset + size || self.next == self.rows.len() {
                 break;
             }
-            let (id, row) = &stream.rows[stream.next];
-            self.registry_row(&mut stream.window, id, row, &stream.counts);
-            stream.next += 1;
+            let (id, row) = &self.rows[self.next];
+            row_of(checkpoints, &mut self.window, id, row, &self.counts);
+            self.next += 1;
         }
-        let from = ((offset - stream.start) as usize).min(stream.window.len());
-        let to = (from + size as usize).min(stream.window.len());
-        stream.window[from..to].to_vec()
+        let from = ((offset - self.start) as usize).min(self.window.len());
+        let to = (from + size as usize).min(self.window.len());
+        self.window[from..to].to_vec()
     }
+}
 
-    /// One row of the registry view (one row per stored object: 100,000 and more, so
-    /// written as the reader gets to them).
-    pub(super) fn registry_row(
-        &self,
-        out: &mut Vec<u8>,
-        id: &ObjectId,
-        history: &ObjectHistory,
-        counts: &std::collections::BTreeMap<ObjectId, u32>,
-    ) {
-        // File lists are not sized in the manifests: the store knows.
-        let size = history.size.unwrap_or_else(|| {
-            self.checkpoints
-                .object_store()
-                .local_path(id)
-                .and_then(|p| std::fs::symlink_metadata(p).ok())
-                .map_or(0, |m| m.len())
-        });
-        let refcount = counts.get(id).copied().unwrap_or(0);
-        let row = views::RegistryRow::of(*id, history, size, refcount);
-        // Into a vector, a row of strings and numbers cannot fail to serialise.
-        let _ = serde_json::to_writer(&mut *out, &row);
-        out.push(b'\n');
-    }
+/// One row of the registry view (one row per stored object: 100,000 and more, so written
+/// as the reader gets to them).
+fn row_of(
+    checkpoints: &dyn Checkpoints,
+    out: &mut Vec<u8>,
+    id: &ObjectId,
+    history: &ObjectHistory,
+    counts: &std::collections::BTreeMap<ObjectId, u32>,
+) {
+    // File lists are not sized in the manifests: the store knows.
+    let size = history.size.unwrap_or_else(|| {
+        checkpoints
+            .object_store()
+            .local_path(id)
+            .and_then(|p| std::fs::symlink_metadata(p).ok())
+            .map_or(0, |m| m.len())
+    });
+    let refcount = counts.get(id).copied().unwrap_or(0);
+    let row = views::RegistryRow::of(*id, history, size, refcount);
+    // Into a vector, a row of strings and numbers cannot fail to serialise.
+    let _ = serde_json::to_writer(&mut *out, &row);
+    out.push(b'\n');
 }

@@ -188,6 +188,29 @@ impl CheckpointTree {
         }
     }
 
+    /// The objects of the next `n` files stored whole after node `index` in its directory:
+    /// what a copy of the directory, opening its files in order, reads next.
+    pub fn files_after(&self, index: usize, n: usize) -> Vec<ObjectId> {
+        let NodeKind::Dir(children) = &self.nodes[self.nodes[index].parent].kind else {
+            return Vec::new();
+        };
+        let Some(at) = children.iter().position(|c| *c == index) else {
+            return Vec::new();
+        };
+        children[at + 1..]
+            .iter()
+            .filter_map(|c| match &self.nodes[*c].kind {
+                NodeKind::File {
+                    object,
+                    chunks: None,
+                    ..
+                } => Some(*object),
+                _ => None,
+            })
+            .take(n)
+            .collect()
+    }
+
     /// Add file `name` with these bytes at the top of the checkpoint (after every node
     /// [`CheckpointTree::build`] made, so their inode numbers stay; unless a backend's
     /// directory has that name).
