@@ -417,6 +417,8 @@ mod tests {
             "{e}"
         );
         assert!(!e.contains("other"), "{e}");
+        let e = check_unpinned(&meta, 5, 1_000).unwrap_err().to_string();
+        assert!(e.contains("checkpoint 5 is pinned as other:"), "{e}");
         check_unpinned(&meta, 6, 1_000).unwrap();
     }
 
