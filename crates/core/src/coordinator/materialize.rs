@@ -59,7 +59,7 @@ impl Default for MaterializePolicy {
 
 /// The newest confirmed materialization of a backend's current lineage.
 #[derive(Debug, Clone)]
-pub(super) struct Materialization {
+struct Materialization {
     pub checkpoint: u64,
     pub lineage: String,
     /// Its files other than WAL files (SSTs, MANIFEST, CURRENT, OPTIONS).
@@ -73,7 +73,7 @@ pub(super) struct Materialization {
 
 /// A materialization prepared in the background: its files stored and pinned, waiting for
 /// the next checkpoint of the backend to adopt it.
-pub(super) struct Prepared {
+struct Prepared {
     mat: Materialization,
     pins: Vec<ObjectId>,
     /// Bytes it stored.
