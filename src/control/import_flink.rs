@@ -142,6 +142,7 @@ mod tests {
                 files_reused: 0,
                 bytes: 0,
                 bytes_uploaded: 0,
+                bytes_copied: 0,
                 sync_ms: 0.0,
                 async_ms: 0.0,
                 imports: Vec::new(),

@@ -9,7 +9,8 @@ use std::time::Instant;
 
 use super::ingest::{Ingest, PendingBackend};
 use super::materialize::StagedBackend;
-use super::{base_of, Base, CatalogWrites, Engine, State};
+use super::state::{base_of, check_not_hosted, Base};
+use super::{CatalogWrites, Engine, State};
 use crate::backend::StagedFile;
 use crate::catalog::{BackendSnapshot, CheckpointStats, Manifest, StoreMeta, FORMAT};
 use crate::error::{Error, ErrorKind, Result};
@@ -144,43 +145,10 @@ impl Engine {
         let writes = self.catalog_writes();
         let (id, meta, bases) = {
             let mut st = self.state();
-            if st.restoring {
-                return Err(Error::Busy("a restore is in progress".into()));
-            }
-            if let Some(n) = st.importing {
-                return Err(Error::Busy(format!(
-                    "checkpoint {n} imports backends; try again when it completes"
-                )));
-            }
-            if let Some(hosted) = imports
-                .iter()
-                .find(|i| st.meta.backends.contains(&i.backend))
-            {
-                return Err(Error::Invalid(format!(
-                    "backend {} is hosted (a daemon of this store runs its RocksDB): \
-                     import into another name",
-                    hosted.backend
-                )));
-            }
-            if !imports.is_empty() && !st.in_flight.is_empty() {
-                return Err(Error::Busy(format!(
-                    "an import waits for the checkpoints in flight ({}) to complete; \
-                     try again when they have",
-                    st.in_flight
-                        .iter()
-                        .map(|n| n.to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )));
-            }
-            if st.in_flight.len() >= self.inner.max_concurrent {
-                return Err(Error::Busy(format!(
-                    "{} checkpoint(s) already in flight (max_concurrent = {}); try \
-                     again when it completes",
-                    st.in_flight.len(),
-                    self.inner.max_concurrent
-                )));
-            }
+            st.flight.check_open()?;
+            check_not_hosted(&st.meta.backends, imports.iter().map(|i| &i.backend))?;
+            st.flight
+                .check_room(!imports.is_empty(), self.inner.max_concurrent)?;
             let id = st.meta.next_checkpoint;
             let mut meta = st.meta.clone();
             meta.next_checkpoint += 1;
@@ -189,11 +157,8 @@ impl Engine {
                 // later write of the metadata confirms it.
                 meta.pending.push(id);
             }
-            st.in_flight.insert(id);
-            if !imports.is_empty() {
-                st.importing = Some(id);
-            }
-            (id, meta, st.bases.clone())
+            st.flight.enter(id, !imports.is_empty());
+            (id, meta, st.lineages.bases().clone())
         };
         Ok(Slot {
             id,
@@ -216,10 +181,7 @@ impl Engine {
     /// A checkpoint leaves flight (committed, failed, or its id never reserved): its slot,
     /// and the import slot if it held it, are free again.
     pub(super) fn leave_flight(&self, st: &mut State, id: u64) {
-        st.in_flight.remove(&id);
-        if st.importing == Some(id) {
-            st.importing = None;
-        }
+        st.flight.leave(id);
         self.inner.slot_freed.notify_all();
     }
 
@@ -352,7 +314,7 @@ impl Engine {
     fn carry_over(&self, st: &State, imports: &[Scanned]) -> Vec<BackendSnapshot> {
         let mut carried: std::collections::BTreeMap<&BackendName, &BackendSnapshot> =
             Default::default();
-        for snapshot in st.manifests.values().flat_map(|m| &m.backends) {
+        for snapshot in st.held.manifests.values().flat_map(|m| &m.backends) {
             let name = &snapshot.name;
             if !self.inner.backends.contains_key(name)
                 && !imports.iter().any(|i| &i.backend == name)
@@ -385,7 +347,7 @@ fn pin_snapshot(
         )));
     }
     for id in objects {
-        st.registry.pin(id);
+        st.held.registry.pin(id);
         pins.push(id);
     }
     Ok(())
@@ -425,6 +387,7 @@ fn import_part(
     pins: &mut Vec<ObjectId>,
 ) -> (PendingBackend, Vec<ScannedFile>) {
     let base = st
+        .held
         .manifests
         .iter()
         .rev()
@@ -449,7 +412,7 @@ fn import_part(
             let objects: Vec<ObjectId> = known.stored().map(|(id, _)| id).collect();
             if objects.iter().all(|id| st.can_share(id)) {
                 for id in objects {
-                    st.registry.pin(id);
+                    st.held.registry.pin(id);
                     pins.push(id);
                 }
                 part.kept.push(known);
@@ -715,36 +678,32 @@ impl PendingCheckpoint {
         let id = manifest.id;
         crate::failpoint!("checkpoint::after-commit");
         let mut st = engine.state();
-        st.registry.register_checkpoint(id, manifest.object_refs());
-        st.registry.set_sizes(manifest.stored_sizes());
+        st.held
+            .registry
+            .register_checkpoint(id, manifest.object_refs());
+        st.held.registry.set_sizes(manifest.stored_sizes());
         crate::failpoint!("checkpoint::after-register");
         engine.release_pins(&mut st, self.pins.drain(..));
         engine.leave_flight(&mut st, id);
         let mut prune = Vec::new();
+        let state = &mut *st;
         for (part, snapshot) in self
             .parts
             .iter()
             .filter_map(|p| manifest.backend(&p.name).map(|s| (p, s)))
         {
-            if let Some(below) =
-                Engine::note_materialization(&mut st, id, self.started, part, snapshot)
-            {
+            let below = state
+                .wal
+                .committed(&state.lineages, id, self.started, part, snapshot);
+            if let Some(below) = below {
                 prune.push((part.name.clone(), below));
             }
         }
         for snapshot in &manifest.backends {
-            let current = st.lineages.get(&snapshot.name) == Some(&snapshot.lineage);
-            let newer = st
-                .bases
-                .get(&snapshot.name)
-                .is_none_or(|b| b.checkpoint < id);
-            if current && newer {
-                st.bases
-                    .insert(snapshot.name.clone(), base_of(id, snapshot));
-            }
+            state.lineages.committed(id, snapshot);
         }
         let manifest = Arc::new(manifest);
-        st.manifests.insert(id, manifest.clone());
+        st.held.manifests.insert(id, manifest.clone());
         inner
             .counters
             .checkpoint_completed(&manifest.stats, self.list_bytes);
@@ -805,7 +764,7 @@ impl PendingCheckpoint {
                 self.id,
                 self.pins.len()
             );
-            st.kept.extend(self.pins.iter().copied());
+            st.held.kept.extend(self.pins.iter().copied());
         }
         engine.release_pins(&mut st, self.pins.drain(..));
         if engine.inner.catalog.commits_in_meta() && self.reserved {

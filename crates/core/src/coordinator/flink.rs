@@ -329,7 +329,7 @@ impl Engine {
     ) -> bool {
         let st = self.state();
         let (mut this, mut newest, mut latest) = (false, None, None);
-        for label in st.manifests.values().filter_map(|m| m.flink.as_ref()) {
+        for label in st.held.manifests.values().filter_map(|m| m.flink.as_ref()) {
             if label.job == job {
                 this |= label.checkpoint == checkpoint;
                 newest = newest.max(Some(label.checkpoint));
@@ -355,7 +355,12 @@ impl Engine {
     /// of `import_part`, asked before the file is opened or fetched).
     fn holds_source(&self, backend: &BackendName, name: &str, source: &str, size: u64) -> bool {
         let st = self.state();
-        let newest = st.manifests.values().rev().find_map(|m| m.backend(backend));
+        let newest = st
+            .held
+            .manifests
+            .values()
+            .rev()
+            .find_map(|m| m.backend(backend));
         newest.is_some_and(|snapshot| {
             snapshot.files.iter().any(|f| {
                 f.name == name && super::checkpoint::reusable_by_source(f, name, Some(source), size)

@@ -139,7 +139,7 @@ impl Engine {
         let (lag_checkpoints, lag_ms) = match &newest {
             Some((n, caught_up)) => {
                 let retained: Vec<Arc<Manifest>> =
-                    self.state().manifests.values().cloned().collect();
+                    self.state().held.manifests.values().cloned().collect();
                 lag(n, &retained, *caught_up, looked_ms)
             }
             None => (0, 0),

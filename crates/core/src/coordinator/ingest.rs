@@ -165,7 +165,7 @@ impl<'a> Ingest<'a> {
         if !st.can_share(id) {
             return false;
         }
-        st.registry.pin(*id);
+        st.held.registry.pin(*id);
         self.pins.push(*id);
         true
     }
@@ -194,11 +194,11 @@ impl<'a> Ingest<'a> {
                 Piece::List => self.list_bytes += size,
                 Piece::File => {}
             }
-            if st.missing.remove(&id) {
+            if st.held.missing.remove(&id) {
                 log::info!("object {id} was missing and is stored again");
             }
         }
-        st.registry.pin(id);
+        st.held.registry.pin(id);
         self.pins.push(id);
         Ok(published)
     }
@@ -272,7 +272,8 @@ impl<'a> Ingest<'a> {
                 // resume where that one stopped cutting it.
                 let resume = wal_number(&file.name).and_then(|_| {
                     let st = self.engine.state();
-                    st.wal_prefixes
+                    st.wal
+                        .prefixes
                         .get(&part.name)
                         .filter(|(lineage, _)| *lineage == part.lineage)
                         .and_then(|(_, files)| files.get(&file.name).cloned())
@@ -289,7 +290,8 @@ impl<'a> Ingest<'a> {
         // Only the WAL files of this checkpoint can grow further.
         self.engine
             .state()
-            .wal_prefixes
+            .wal
+            .prefixes
             .insert(part.name.clone(), (part.lineage.clone(), prefixes));
         Ok(entries)
     }
@@ -550,7 +552,7 @@ fn stage_file(
     }
     // With nothing alive in the store (the first checkpoint of a new store, a first
     // import), no content can be shared: copy while hashing, reading the file once.
-    if copy_at_once || engine.state().registry.is_empty() {
+    if copy_at_once || engine.state().held.registry.is_empty() {
         return Ok(StageOutcome::Staged(store.stage(&file.path)?, None));
     }
     let (id, size) = hash_file(&file.path)?;

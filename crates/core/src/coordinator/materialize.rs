@@ -17,12 +17,14 @@
 //! newer materialization is confirmed; a checkpoint hard-links the ones it needs during its
 //! synchronous phase, so pruning the archive never takes a file from under it.
 
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::ingest::{Ingest, PendingBackend};
+use super::ingest::{ChunkedPrefix, Ingest, PendingBackend};
+use super::state::Lineages;
 use super::Engine;
 use crate::backend::{wal_number, CheckpointMode, StagedFile};
 use crate::catalog::{BackendSnapshot, CheckpointStats, FileEntry};
@@ -57,7 +59,7 @@ impl Default for MaterializePolicy {
 
 /// The newest confirmed materialization of a backend's current lineage.
 #[derive(Debug, Clone)]
-pub(super) struct Materialization {
+struct Materialization {
     pub checkpoint: u64,
     pub lineage: String,
     /// Its files other than WAL files (SSTs, MANIFEST, CURRENT, OPTIONS).
@@ -71,11 +73,95 @@ pub(super) struct Materialization {
 
 /// A materialization prepared in the background: its files stored and pinned, waiting for
 /// the next checkpoint of the backend to adopt it.
-pub(super) struct Prepared {
+struct Prepared {
     mat: Materialization,
     pins: Vec<ObjectId>,
     /// Bytes it stored.
     uploaded: u64,
+}
+
+/// `wal` mode's part of the engine's state (under its lock): each backend's newest confirmed
+/// materialization, the ones being prepared in the background or waiting to be adopted,
+/// and how far each WAL file was cut into chunks.
+#[derive(Default)]
+pub(super) struct WalState {
+    /// The newest confirmed materialization of each backend.
+    materializations: HashMap<BackendName, Materialization>,
+    /// Backends whose materialization is being prepared in the background.
+    preparing: BTreeSet<BackendName>,
+    /// The prepared ones, waiting for a checkpoint to adopt them.
+    prepared: HashMap<BackendName, Prepared>,
+    /// Per backend (and its lineage): how far each of its WAL files was cut into chunks by
+    /// the newest checkpoint that stored it.
+    pub prefixes: HashMap<BackendName, (String, HashMap<String, Arc<ChunkedPrefix>>)>,
+}
+
+impl WalState {
+    /// A materialization is being prepared in the background.
+    pub fn is_preparing(&self) -> bool {
+        !self.preparing.is_empty()
+    }
+
+    /// The checkpoint each backend's newest confirmed materialization is.
+    pub fn confirmed(&self) -> Vec<(BackendName, u64)> {
+        self.materializations
+            .iter()
+            .map(|(name, m)| (name.clone(), m.checkpoint))
+            .collect()
+    }
+
+    /// After checkpoint `id` was committed, for one of its backends: remember what it
+    /// materialized (or how much WAL it carried on top of a materialization). Returns the
+    /// WAL number below which the backend's archive can be pruned.
+    pub fn committed(
+        &mut self,
+        lineages: &Lineages,
+        id: u64,
+        started: Instant,
+        part: &PendingBackend,
+        snapshot: &BackendSnapshot,
+    ) -> Option<u64> {
+        let wal_bytes: u64 = part
+            .files
+            .iter()
+            .filter(|f| wal_number(&f.name).is_some())
+            .map(|f| f.size)
+            .sum();
+        let current = lineages.is_current(&part.name, &part.lineage);
+        let Some(wal_from) = part.materializes else {
+            if let Some(m) = self.materializations.get_mut(&part.name) {
+                if m.lineage == part.lineage {
+                    m.wal_bytes = m.wal_bytes.max(wal_bytes);
+                }
+            }
+            return None;
+        };
+        let newer = self
+            .materializations
+            .get(&part.name)
+            .is_none_or(|m| m.lineage != part.lineage || m.checkpoint < id);
+        if !(newer && current) {
+            return None;
+        }
+        let files = snapshot
+            .files
+            .iter()
+            .filter(|f| wal_number(&f.name).is_none())
+            .cloned()
+            .collect();
+        self.materializations.insert(
+            part.name.clone(),
+            Materialization {
+                checkpoint: id,
+                lineage: part.lineage.clone(),
+                files,
+                wal_from,
+                at: started,
+                wal_bytes,
+            },
+        );
+        Some(wal_from)
+    }
 }
 
 /// What a checkpoint builds on (see [`Engine::choose_base`]).
@@ -140,6 +226,7 @@ impl Engine {
                     // yet, every link above was made first.)
                     let pruned = self
                         .state()
+                        .wal
                         .materializations
                         .get(name)
                         .is_some_and(|m| m.lineage == lineage && m.wal_from > mat.wal_from);
@@ -192,7 +279,7 @@ impl Engine {
         pins: &mut Vec<ObjectId>,
     ) -> BaseChoice {
         let mut st = self.state();
-        if let Some(prepared) = st.prepared.remove(name) {
+        if let Some(prepared) = st.wal.prepared.remove(name) {
             if prepared.mat.lineage == lineage {
                 pins.extend(prepared.pins);
                 return BaseChoice {
@@ -204,6 +291,7 @@ impl Engine {
             self.release_pins(&mut st, prepared.pins);
         }
         let Some(mat) = st
+            .wal
             .materializations
             .get(name)
             .filter(|m| m.lineage == lineage)
@@ -235,10 +323,10 @@ impl Engine {
             };
         }
         for id in objects {
-            st.registry.pin(id);
+            st.held.registry.pin(id);
             pins.push(id);
         }
-        let prepare = due && st.preparing.insert(name.clone());
+        let prepare = due && st.wal.preparing.insert(name.clone());
         BaseChoice {
             on_top_of: Some((mat, None)),
             prepare,
@@ -253,15 +341,15 @@ impl Engine {
         let mut pins = Vec::new();
         let result = self.prepare(&name, started, &mut pins);
         let mut st = self.state();
-        st.preparing.remove(&name);
+        st.wal.preparing.remove(&name);
         match result {
-            Ok(prepared) if st.lineages.get(&name) == Some(&prepared.mat.lineage) => {
+            Ok(prepared) if st.lineages.is_current(&name, &prepared.mat.lineage) => {
                 log::info!(
                     "backend {name}: materialization prepared in {} ms ({} bytes stored)",
                     started.elapsed().as_millis(),
                     prepared.uploaded
                 );
-                if let Some(old) = st.prepared.insert(name, prepared) {
+                if let Some(old) = st.wal.prepared.insert(name, prepared) {
                     self.release_pins(&mut st, old.pins);
                 }
             }
@@ -297,7 +385,7 @@ impl Engine {
                 Ok((b.lineage().to_string(), b.checkpoint_into(&dir, u64::MAX)?))
             })?;
             let wal_from = first_wal(&files);
-            let base = self.state().bases.get(name).cloned();
+            let base = self.state().lineages.base(name).cloned();
             let files = files
                 .into_iter()
                 .filter(|f| wal_number(&f.name).is_none())
@@ -328,62 +416,11 @@ impl Engine {
     /// Objects stored by prepared materializations no checkpoint adopted yet (pinned).
     pub fn prepared_objects(&self) -> std::collections::BTreeSet<ObjectId> {
         self.state()
+            .wal
             .prepared
             .values()
             .flat_map(|p| p.pins.iter().copied())
             .collect()
-    }
-
-    /// After checkpoint `id` was committed, for one of its backends: remember what it
-    /// materialized (or how much WAL it carried on top of a materialization). Returns the
-    /// WAL number below which the backend's archive can be pruned.
-    pub(super) fn note_materialization(
-        st: &mut super::State,
-        id: u64,
-        started: Instant,
-        part: &PendingBackend,
-        snapshot: &BackendSnapshot,
-    ) -> Option<u64> {
-        let wal_bytes: u64 = part
-            .files
-            .iter()
-            .filter(|f| wal_number(&f.name).is_some())
-            .map(|f| f.size)
-            .sum();
-        let current = st.lineages.get(&part.name) == Some(&part.lineage);
-        let Some(wal_from) = part.materializes else {
-            if let Some(m) = st.materializations.get_mut(&part.name) {
-                if m.lineage == part.lineage {
-                    m.wal_bytes = m.wal_bytes.max(wal_bytes);
-                }
-            }
-            return None;
-        };
-        let newer = st
-            .materializations
-            .get(&part.name)
-            .is_none_or(|m| m.lineage != part.lineage || m.checkpoint < id);
-        if !(newer && current) {
-            return None;
-        }
-        let files = snapshot
-            .files
-            .iter()
-            .filter(|f| wal_number(&f.name).is_none())
-            .cloned()
-            .collect();
-        st.materializations.insert(
-            part.name.clone(),
-            Materialization {
-                checkpoint: id,
-                lineage: part.lineage.clone(),
-                files,
-                wal_from,
-                at: started,
-                wal_bytes,
-            },
-        );
-        Some(wal_from)
     }
 
     /// Delete archived WAL files no checkpoint to come needs (outside the state lock).

@@ -12,9 +12,12 @@
 //! synchronous phase and `wal` mode's materializations), [`ingest`] (the one way bytes come
 //! into the store: re-referenced, or staged and published, and pinned), [`flink`]
 //! (importing a Flink job's checkpoints), [`follower`] (a follower's lag and last look),
-//! [`restore`] (rolling back, materializing) and
-//! [`counters`] (what the engine counted since it opened, for metrics); this file holds the
-//! engine's state and what the parts share (retention, drops, deleting garbage).
+//! [`restore`] (rolling back, materializing), [`retention`] (the policy, pins and leases,
+//! drops, deleting garbage) and [`counters`] (what the engine counted since it opened, for
+//! metrics). The state behind the one lock is made of typed parts, each with its rules:
+//! [`state`] (what the store holds, the checkpoints in flight, the lineages, the health)
+//! and `wal` mode's [`materialize::WalState`]. This file holds the engine's face: its
+//! configuration, its state and the requests that need no more than a few lines.
 
 mod checkpoint;
 pub mod counters;
@@ -24,21 +27,25 @@ mod ingest;
 mod materialize;
 mod open;
 mod restore;
+mod retention;
+mod state;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 
 use crate::backend::{Backend, BackendOptions, WriteOp};
-use crate::catalog::{BackendSnapshot, Catalog, FileEntry, FileList, Manifest, StoreMeta};
+use crate::catalog::{Catalog, Manifest, StoreMeta};
 use crate::error::{Error, ErrorKind, Result};
 use crate::fsutil::{lock, wait};
 use crate::lock::DirLock;
 use crate::names::BackendName;
-use crate::policy::{Candidate, Decision, Policy};
+use crate::policy::Policy;
 use crate::registry::Registry;
 use crate::store::s3::S3Options;
 use crate::store::{Location, ObjectId, ObjectStore, DEFAULT_ORPHAN_GRACE};
+
+use state::{Base, Flight, Health, Held, Lineages};
 
 pub use crate::repo::ensure_store_dir;
 pub use checkpoint::{CheckpointPlan, ImportReport, PendingCheckpoint};
@@ -111,49 +118,16 @@ impl EngineConfig {
     }
 }
 
-/// The files of the newest confirmed checkpoint of one backend's lineage: the only files a
-/// new checkpoint may re-reference by name.
-#[derive(Debug, Clone)]
-struct Base {
-    checkpoint: u64,
-    by_name: Arc<HashMap<String, Arc<FileEntry>>>,
-    /// The checkpoint's file list of this backend: the base of the next one's.
-    list: FileList,
-}
-
+/// The engine's state, behind its one lock: the store's metadata beside the parts, each
+/// with its rules ([`state`], and [`materialize::WalState`]).
 struct State {
-    registry: Registry,
-    manifests: BTreeMap<u64, Arc<Manifest>>,
+    /// The store's metadata as last saved: changed only under `Inner::catalog_writes`.
     meta: StoreMeta,
-    in_flight: BTreeSet<u64>,
-    restoring: bool,
-    lineages: HashMap<BackendName, String>,
-    bases: HashMap<BackendName, Base>,
-    last_error: Option<String>,
-    /// Small SSTs merged by small-file compaction since start: files, bytes.
-    small_file_compactions: (u64, u64),
-    /// Objects of a manifest that may exist on disk after a failed commit: never deleted
-    /// by this process (the next start decides from what is durable).
-    kept: BTreeSet<ObjectId>,
-    /// Referenced objects found missing at start: never shared, stored again when a
-    /// checkpoint has their bytes (which repairs them).
-    missing: BTreeSet<ObjectId>,
-    /// A read-only view: listed checkpoints whose manifest cannot be read (reported once,
-    /// not read again while listed).
-    unreadable: BTreeSet<u64>,
-    /// `wal` mode: the newest confirmed materialization of each backend.
-    materializations: HashMap<BackendName, materialize::Materialization>,
-    /// `wal` mode: backends whose materialization is being prepared in the background, and
-    /// the prepared ones waiting for a checkpoint to adopt them.
-    preparing: BTreeSet<BackendName>,
-    prepared: HashMap<BackendName, materialize::Prepared>,
-    /// Per backend (and its lineage): how far each of its WAL files was cut into chunks by
-    /// the newest checkpoint that stored it.
-    wal_prefixes: HashMap<BackendName, (String, HashMap<String, Arc<ingest::ChunkedPrefix>>)>,
-    /// The checkpoint in flight that imports backends: while it is, no other checkpoint
-    /// begins (each carries every backend it does not stage over from the newest committed
-    /// checkpoint, which must not miss an import committing meanwhile).
-    importing: Option<u64>,
+    held: Held,
+    flight: Flight,
+    lineages: Lineages,
+    wal: materialize::WalState,
+    health: Health,
 }
 
 impl State {
@@ -165,29 +139,21 @@ impl State {
         last_error: Option<String>,
     ) -> State {
         State {
-            registry,
-            manifests,
             meta,
-            in_flight: BTreeSet::new(),
-            restoring: false,
-            lineages: HashMap::new(),
-            bases: HashMap::new(),
-            last_error,
-            small_file_compactions: (0, 0),
-            kept: BTreeSet::new(),
-            missing: BTreeSet::new(),
-            unreadable: BTreeSet::new(),
-            materializations: HashMap::new(),
-            preparing: BTreeSet::new(),
-            prepared: HashMap::new(),
-            wal_prefixes: HashMap::new(),
-            importing: None,
+            held: Held::new(registry, manifests),
+            flight: Flight::default(),
+            lineages: Lineages::default(),
+            wal: materialize::WalState::default(),
+            health: Health {
+                last_error,
+                ..Health::default()
+            },
         }
     }
 
     /// May a checkpoint reference this object without storing its bytes?
     fn can_share(&self, id: &ObjectId) -> bool {
-        self.registry.is_live(id) && !self.missing.contains(id)
+        self.held.can_share(id)
     }
 }
 
@@ -423,9 +389,7 @@ impl Engine {
                 "backend {name}: merged {files} small SSTs ({bytes} bytes) in {} ranges",
                 plans.len()
             );
-            let mut st = self.state();
-            st.small_file_compactions.0 += files as u64;
-            st.small_file_compactions.1 += bytes;
+            self.state().health.compacted(files as u64, bytes);
         }
         Ok((files, bytes))
     }
@@ -466,7 +430,7 @@ impl Engine {
     /// Block until no materialization is being prepared in the background.
     pub fn wait_background(&self) {
         let mut st = self.state();
-        while !st.preparing.is_empty() {
+        while st.wal.is_preparing() {
             st = wait(&self.inner.slot_freed, st);
         }
     }
@@ -475,52 +439,9 @@ impl Engine {
     /// (used at shutdown).
     pub fn wait_idle(&self) {
         let mut st = self.state();
-        while !st.in_flight.is_empty() || !st.preparing.is_empty() {
+        while !st.flight.is_empty() || st.wal.is_preparing() {
             st = wait(&self.inner.slot_freed, st);
         }
-    }
-
-    /// Drop a retained checkpoint: its manifest goes, then every object no other retained
-    /// checkpoint references.
-    pub fn delete_checkpoint(&self, id: u64) -> Result<()> {
-        self.check_writable()?;
-        let writes = self.catalog_writes();
-        let st = self.state();
-        if st.restoring {
-            return Err(Error::Busy("a restore is in progress".into()));
-        }
-        if st.in_flight.contains(&id) {
-            return Err(Error::Busy(format!("checkpoint {id} is still in flight")));
-        }
-        if !st.manifests.contains_key(&id) {
-            return Err(Error::NoSuchCheckpoint(id));
-        }
-        if self.restore_pending() == Some(id) {
-            return Err(Error::Busy(format!(
-                "checkpoint {id} is the target of an unfinished restore; it is kept until \
-                 a restart finishes the restore"
-            )));
-        }
-        let pins = st.meta.pins_of(id);
-        if !pins.is_empty() {
-            let now = crate::fsutil::now_unix_ms();
-            let named: Vec<String> = pins
-                .iter()
-                .map(|name| match st.meta.pin_expires.get(name) {
-                    Some(at) => format!(
-                        "{name} (a lease that expires in {}s)",
-                        at.saturating_sub(now).div_ceil(1000)
-                    ),
-                    None => name.clone(),
-                })
-                .collect();
-            return Err(Error::Busy(format!(
-                "checkpoint {id} is pinned as {}: unpin it first (ckptfs unpin)",
-                named.join(", ")
-            )));
-        }
-        drop(st);
-        self.drop_checkpoint(&writes, id)
     }
 
     /// Fails on a read-only view of a store.
@@ -565,10 +486,10 @@ impl Engine {
         let (known, unreadable): (BTreeSet<u64>, BTreeSet<u64>) = {
             let mut st = self.state();
             // A manifest found unreadable is not read again while it is listed.
-            st.unreadable.retain(|id| ids.contains(id));
+            st.held.unreadable.retain(|id| ids.contains(id));
             (
-                st.manifests.keys().copied().collect(),
-                st.unreadable.clone(),
+                st.held.manifests.keys().copied().collect(),
+                st.held.unreadable.clone(),
             )
         };
         let mut added = Vec::new();
@@ -594,49 +515,22 @@ impl Engine {
             let msg = format!("checkpoint {id} cannot be read and is not shown: {e}");
             log::error!("{msg}");
             self.note_error(&mut st, msg);
-            st.unreadable.insert(id);
+            st.held.unreadable.insert(id);
         }
         if added.is_empty() && gone.is_empty() {
             return Ok(pins_changed);
         }
         for id in gone {
-            if let Some(m) = st.manifests.remove(&id) {
-                let _ = st.registry.drop_checkpoint(id, m.object_refs());
+            if let Some(m) = st.held.manifests.remove(&id) {
+                let _ = st.held.registry.drop_checkpoint(id, m.object_refs());
             }
         }
         for m in added {
-            st.registry.register_checkpoint(m.id, m.object_refs());
-            st.registry.set_sizes(m.stored_sizes());
-            st.manifests.insert(m.id, m);
+            st.held.registry.register_checkpoint(m.id, m.object_refs());
+            st.held.registry.set_sizes(m.stored_sizes());
+            st.held.manifests.insert(m.id, m);
         }
         Ok(true)
-    }
-
-    /// The checkpoint an unfinished restore (a failed swap) still needs, if any.
-    fn restore_pending(&self) -> Option<u64> {
-        restore::read_restore_intent(&self.inner.state_dir)
-            .ok()
-            .flatten()
-    }
-
-    /// Keep the newest `retain` checkpoints (at least 1) and nothing by time: the policy
-    /// `--keep-last N` ([`Engine::set_policy`]); applied at once.
-    pub fn set_retain(&self, retain: u32) -> Result<()> {
-        self.set_policy(Policy::last(retain)).map(|_| ())
-    }
-
-    /// Replace the store's retention policy (every rule: one not given is off) and apply
-    /// it at once; returns what it decided for each checkpoint, newest first.
-    pub fn set_policy(&self, policy: Policy) -> Result<Vec<Decision>> {
-        self.check_writable()?;
-        let policy = policy.validate()?;
-        let writes = self.catalog_writes();
-        self.change_meta(|meta| {
-            meta.retain = policy.last;
-            meta.keep = policy.by_time.clone();
-            Ok(())
-        })?;
-        self.apply_policy(&writes)
     }
 
     /// Change the store metadata under the catalog's write serialization (held by the
@@ -645,9 +539,7 @@ impl Engine {
     fn change_meta(&self, change: impl FnOnce(&mut StoreMeta) -> Result<()>) -> Result<()> {
         let mut meta = {
             let st = self.state();
-            if st.restoring {
-                return Err(Error::Busy("a restore is in progress".into()));
-            }
+            st.flight.check_not_restoring()?;
             st.meta.clone()
         };
         change(&mut meta)?;
@@ -666,172 +558,19 @@ impl Engine {
         self.state().meta.policy()
     }
 
-    /// What `policy` (the store's own when `None`) decides for each retained checkpoint,
-    /// newest first: which rules keep it, or that it would be dropped. Changes nothing.
-    pub fn forget_plan(&self, policy: Option<&Policy>) -> Vec<Decision> {
-        let pending = self.restore_pending();
-        let st = self.state();
-        let own = st.meta.policy();
-        let mut pins: HashMap<u64, Vec<String>> = HashMap::new();
-        for (name, id) in &st.meta.pins {
-            pins.entry(*id).or_default().push(name.clone());
-        }
-        let candidates: Vec<Candidate> = st
-            .manifests
-            .values()
-            .map(|m| Candidate {
-                id: m.id,
-                time_ms: m.time_ms(),
-                pins: pins.remove(&m.id).unwrap_or_default(),
-                restore: pending == Some(m.id),
-            })
-            .collect();
-        crate::policy::apply(policy.unwrap_or(&own), &candidates)
-    }
-
-    /// Pin checkpoint `id` as `name`: no policy drops it and `delete` refuses it until it
-    /// is unpinned. A name already pinned moves to `id`.
-    pub fn pin(&self, id: u64, name: &str) -> Result<()> {
-        self.check_writable()?;
-        crate::catalog::meta::valid_pin_name(name)?;
-        let writes = self.catalog_writes();
-        if !self.state().manifests.contains_key(&id) {
-            return Err(Error::NoSuchCheckpoint(id));
-        }
-        self.change_meta(|meta| {
-            let max = crate::catalog::meta::MAX_PINS;
-            if meta.pins.len() >= max && !meta.pins.contains_key(name) {
-                return Err(Error::Invalid(format!(
-                    "the store holds {max} pins, the most it keeps: unpin one first"
-                )));
-            }
-            meta.pins.insert(name.to_string(), id);
-            // A pin made by hand does not expire, even under a lease's name.
-            meta.pin_expires.remove(name);
-            Ok(())
-        })?;
-        // A pin that moved leaves its old checkpoint to the policy.
-        self.apply_retention(&writes)
-    }
-
-    /// Hold checkpoint `id` with a lease named `name` until `expires_unix_ms` (a pin that
-    /// expires, see [`StoreMeta::pin_expires`]): taken, or moved later, but only where
-    /// that moves it by more than `slack_ms` (a refresh writes the metadata at most that
-    /// often). A pin of that name that does not expire (made by hand) is left as it is,
-    /// and so is a lease on another checkpoint. Returns whether the metadata changed.
-    pub fn lease(&self, id: u64, name: &str, expires_unix_ms: u64, slack_ms: u64) -> Result<bool> {
-        let due = |meta: &StoreMeta| match meta.pins.get(name) {
-            None => true,
-            Some(on) => {
-                *on == id
-                    && meta
-                        .pin_expires
-                        .get(name)
-                        .is_some_and(|at| at.saturating_add(slack_ms) < expires_unix_ms)
-            }
-        };
-        if !due(&self.state().meta) {
-            return Ok(false);
-        }
-        self.check_writable()?;
-        crate::catalog::meta::valid_pin_name(name)?;
-        let _writes = self.catalog_writes();
-        if !self.state().manifests.contains_key(&id) {
-            return Err(Error::NoSuchCheckpoint(id));
-        }
-        let mut changed = false;
-        self.change_meta(|meta| {
-            if !due(meta) {
-                return Ok(());
-            }
-            let max = crate::catalog::meta::MAX_PINS;
-            if meta.pins.len() >= max && !meta.pins.contains_key(name) {
-                return Err(Error::Invalid(format!(
-                    "the store holds {max} pins, the most it keeps: unpin one first"
-                )));
-            }
-            meta.pins.insert(name.to_string(), id);
-            meta.pin_expires.insert(name.to_string(), expires_unix_ms);
-            changed = true;
-            Ok(())
-        })?;
-        Ok(changed)
-    }
-
-    /// Remove the pins whose expiry ([`StoreMeta::pin_expires`]) is at or before
-    /// `now_unix_ms`, and apply the policy to what they held; returns their names and
-    /// checkpoints.
-    pub fn expire_pins(&self, now_unix_ms: u64) -> Result<Vec<(String, u64)>> {
-        let expired = |meta: &StoreMeta| -> Vec<(String, u64)> {
-            meta.pin_expires
-                .iter()
-                .filter(|(_, at)| **at <= now_unix_ms)
-                .filter_map(|(name, _)| meta.pins.get(name).map(|id| (name.clone(), *id)))
-                .collect()
-        };
-        if expired(&self.state().meta).is_empty() || self.is_read_only() {
-            return Ok(Vec::new());
-        }
-        let writes = self.catalog_writes();
-        let mut gone = Vec::new();
-        self.change_meta(|meta| {
-            gone = expired(meta);
-            for (name, _) in &gone {
-                meta.pins.remove(name);
-                meta.pin_expires.remove(name);
-            }
-            Ok(())
-        })?;
-        self.apply_retention(&writes)?;
-        Ok(gone)
-    }
-
-    /// When each pin that expires does, in milliseconds since the Unix epoch.
-    pub fn pin_expires(&self) -> BTreeMap<String, u64> {
-        self.state().meta.pin_expires.clone()
-    }
-
-    /// Remove the pin `name`; returns the checkpoint it was on. The checkpoint is then
-    /// left to the policy, which applies at once.
-    pub fn unpin(&self, name: &str) -> Result<u64> {
-        self.check_writable()?;
-        let writes = self.catalog_writes();
-        let mut was = 0;
-        self.change_meta(|meta| {
-            was = meta
-                .pins
-                .remove(name)
-                .ok_or_else(|| Error::NotFound(format!("no pin named {name:?}")))?;
-            meta.pin_expires.remove(name);
-            Ok(())
-        })?;
-        self.apply_retention(&writes)?;
-        Ok(was)
-    }
-
-    /// The pins: name -> checkpoint.
-    pub fn pins(&self) -> BTreeMap<String, u64> {
-        self.state().meta.pins.clone()
-    }
-
-    /// The checkpoint pinned as `name`, if any.
-    pub fn pinned(&self, name: &str) -> Option<u64> {
-        self.state().meta.pins.get(name).copied()
-    }
-
     /// The retained checkpoints, oldest first.
     pub fn checkpoints(&self) -> Vec<Arc<Manifest>> {
-        self.state().manifests.values().cloned().collect()
+        self.state().held.manifests.values().cloned().collect()
     }
 
     /// The manifest of retained checkpoint `id`, `None` if it is not retained.
     pub fn manifest(&self, id: u64) -> Option<Arc<Manifest>> {
-        self.state().manifests.get(&id).cloned()
+        self.state().held.manifests.get(&id).cloned()
     }
 
     /// Reference count of every object referenced by a retained checkpoint.
     pub fn reference_counts(&self) -> BTreeMap<ObjectId, u32> {
-        self.state().registry.counts()
+        self.state().held.registry.counts()
     }
 
     /// A picture of the engine now, for status displays.
@@ -840,20 +579,16 @@ impl Engine {
         EngineStatus {
             backends: self.backend_names(),
             external: st.meta.external.clone(),
-            checkpoints: st.manifests.values().cloned().collect(),
-            in_flight: st.in_flight.iter().copied().collect(),
+            checkpoints: st.held.manifests.values().cloned().collect(),
+            in_flight: st.flight.ids().collect(),
             retain: st.meta.retain,
             max_concurrent: self.inner.max_concurrent,
-            last_error: st.last_error.clone(),
-            small_file_compactions: st.small_file_compactions,
-            objects: st.registry.referenced_objects(),
-            referenced_bytes: st.registry.referenced_bytes(),
+            last_error: st.health.last_error.clone(),
+            small_file_compactions: st.health.small_file_compactions,
+            objects: st.held.registry.referenced_objects(),
+            referenced_bytes: st.held.registry.referenced_bytes(),
             checkpoint_mode: self.inner.backend_options.checkpoint_mode,
-            materializations: st
-                .materializations
-                .iter()
-                .map(|(name, m)| (name.clone(), m.checkpoint))
-                .collect(),
+            materializations: st.wal.confirmed(),
         }
     }
 
@@ -864,7 +599,7 @@ impl Engine {
 
     /// [`Engine::record_error`] with the state lock held.
     fn note_error(&self, st: &mut State, message: String) {
-        st.last_error = Some(message);
+        st.health.last_error = Some(message);
         self.inner.counters.error_recorded();
     }
 
@@ -872,169 +607,6 @@ impl Engine {
     /// durations, errors).
     pub fn counters(&self) -> &counters::Counters {
         &self.inner.counters
-    }
-
-    /// Drop the checkpoints the store's policy does not keep (never a pinned one, nor the
-    /// target of an unfinished restore).
-    fn apply_retention(&self, writes: &CatalogWrites<'_>) -> Result<()> {
-        // No more checkpoints than the newest `last`: every one is kept, whatever the
-        // other rules and the times say (the check after most commits, with no plan made).
-        {
-            let st = self.state();
-            if st.manifests.len() <= st.meta.retain as usize {
-                return Ok(());
-            }
-        }
-        self.apply_policy(writes).map(|_| ())
-    }
-
-    /// [`Engine::apply_retention`], returning the decisions it carried out.
-    fn apply_policy(&self, writes: &CatalogWrites<'_>) -> Result<Vec<Decision>> {
-        let plan = self.forget_plan(None);
-        if self.inner.read_only {
-            return Ok(plan);
-        }
-        let mut victims: Vec<u64> = plan.iter().filter(|d| !d.kept()).map(|d| d.id).collect();
-        victims.sort_unstable();
-        for victim in victims {
-            self.drop_checkpoint(writes, victim)?;
-            crate::failpoint!("retention::between-drops");
-        }
-        Ok(plan)
-    }
-
-    /// Drop a checkpoint: commit the drop in the catalog, then forget its references and
-    /// delete what nothing else references.
-    fn drop_checkpoint(&self, _writes: &CatalogWrites<'_>, id: u64) -> Result<()> {
-        // A checkpoint imported from Flink is remembered as dropped: never imported again.
-        let flink = self
-            .state()
-            .manifests
-            .get(&id)
-            .and_then(|m| m.flink.clone());
-        if self.inner.catalog.commits_in_meta() {
-            // Object storage: the drop commits as a conditional write of the metadata that
-            // voids the id (a writer that lost the store cannot make it); the manifest goes
-            // after, and is void even if that fails.
-            let mut meta = {
-                let st = self.state();
-                let mut meta = st.meta.clone();
-                meta.make_void(id);
-                meta.compact_void(
-                    st.manifests
-                        .keys()
-                        .chain(st.in_flight.iter())
-                        .copied()
-                        .filter(|m| *m != id),
-                );
-                meta
-            };
-            if let Some(label) = &flink {
-                meta.record_flink_drop(label);
-            }
-            self.inner.catalog.save_meta(&meta)?;
-            self.state().meta = meta;
-            if let Err(e) = self.inner.catalog.remove(id) {
-                log::warn!("checkpoint {id} is dropped; its void manifest remains: {e}");
-            }
-        } else {
-            if let Some(label) = &flink {
-                // Recorded first: a crash before the manifest goes leaves the checkpoint
-                // held, and held wins.
-                let mut meta = self.state().meta.clone();
-                meta.record_flink_drop(label);
-                self.inner.catalog.save_meta(&meta)?;
-                self.state().meta = meta;
-            }
-            self.inner.catalog.remove(id)?;
-        }
-        crate::failpoint!("drop::after-manifest-removed");
-        let mut st = self.state();
-        let manifest = st.manifests.remove(&id);
-        let garbage = st
-            .registry
-            .drop_checkpoint(id, manifest.iter().flat_map(|m| m.object_refs()))
-            .unwrap_or_default();
-        self.delete_objects(&st, &garbage);
-        log::info!("dropped checkpoint {id}; deleted {} objects", garbage.len());
-        Ok(())
-    }
-
-    /// Release pins (of a checkpoint, a restore, a prepared materialization); delete what
-    /// nothing keeps alive any more.
-    fn release_pins(&self, st: &mut State, pins: impl IntoIterator<Item = ObjectId>) {
-        let mut garbage = Vec::new();
-        for pin in pins {
-            garbage.extend(st.registry.unpin(&pin));
-        }
-        self.delete_objects(st, &garbage);
-    }
-
-    /// Delete unreferenced objects older than the grace period (on object storage, where
-    /// an upload can land for a checkpoint that then fails); returns how many. Objects
-    /// that are live, pinned by an in-flight checkpoint, kept for recovery, or still being
-    /// uploaded are never touched.
-    pub fn sweep_orphans(&self) -> Result<usize> {
-        if self.inner.deletes_frozen {
-            return Ok(0);
-        }
-        self.inner.catalog.check_writer()?;
-        let grace = self.inner.orphan_grace;
-        // Listed without the lock (a long listing must not stall checkpoints); each
-        // candidate is judged under it.
-        let old: Vec<ObjectId> = self
-            .inner
-            .store
-            .list_modified()?
-            .into_iter()
-            // Objects without a time were published under the writer's lock (a local
-            // store): never orphans of an upload in flight, left to the start's sweep.
-            .filter(|(_, modified)| modified.is_some() && !crate::store::is_young(*modified, grace))
-            .map(|(id, _)| id)
-            .collect();
-        let mut deleted = 0;
-        for id in old {
-            let st = self.state();
-            if st.registry.is_live(&id) || st.kept.contains(&id) {
-                continue;
-            }
-            self.inner.store.delete(&id)?;
-            deleted += 1;
-        }
-        Ok(deleted)
-    }
-
-    /// Delete objects the registry declared garbage. Called with the state lock held, so no
-    /// checkpoint can match or publish the same object meanwhile. A failed delete leaves an
-    /// orphan that the next start (or `fsck --repair`) removes.
-    fn delete_objects(&self, st: &State, garbage: &[ObjectId]) {
-        if self.inner.read_only || garbage.is_empty() {
-            return;
-        }
-        // A daemon that lost the store to another writer deletes nothing: that writer may
-        // reference the same content (objects are shared by content) in its checkpoints.
-        if let Err(e) = self.inner.catalog.check_writer() {
-            log::warn!("keeping {} unreferenced objects: {e}", garbage.len());
-            return;
-        }
-        if self.inner.deletes_frozen && !garbage.is_empty() {
-            log::warn!(
-                "keeping {} unreferenced objects: deletions are frozen while a manifest is \
-                 unreadable or quarantined",
-                garbage.len()
-            );
-            return;
-        }
-        let ids: Vec<ObjectId> = garbage
-            .iter()
-            .filter(|id| !st.kept.contains(id))
-            .copied()
-            .collect();
-        let failed = self.inner.store.delete_many(&ids);
-        for (id, e) in &failed {
-            log::warn!("could not delete object {id}: {e}");
-        }
-        log::info!("deleted {} objects", ids.len() - failed.len());
     }
 }
 
@@ -1049,20 +621,6 @@ fn backend_dir(state_dir: &Path, name: &BackendName) -> PathBuf {
     state_dir
         .join(crate::store::layout::BACKENDS)
         .join(name.rel_path())
-}
-
-fn base_of(checkpoint: u64, snapshot: &BackendSnapshot) -> Base {
-    Base {
-        checkpoint,
-        by_name: Arc::new(
-            snapshot
-                .files
-                .iter()
-                .map(|f| (f.name.clone(), f.clone()))
-                .collect(),
-        ),
-        list: snapshot.file_list(),
-    }
 }
 
 #[cfg(test)]
@@ -1238,7 +796,7 @@ mod tests {
         let err = engine.begin_checkpoint().err().expect("must fail");
         assert!(matches!(err, Error::BackendClosed(_)), "{err}");
         assert_eq!(engine.state().meta.next_checkpoint, before + 1);
-        assert!(engine.state().in_flight.is_empty());
+        assert!(engine.state().flight.is_empty());
     }
 
     /// A restore that cannot read its checkpoint leaves the live database open and as it was.

@@ -9,7 +9,8 @@ use std::sync::{Arc, Condvar, Mutex, RwLock};
 use super::restore::{
     clear_restore_intent, prepare_all, read_restore_intent, swap_in_snapshot, write_restore_intent,
 };
-use super::{backend_dir, base_of, validate_retain, Base, Engine, EngineConfig, Inner, State};
+use super::state::{base_of, Base, Lineages};
+use super::{backend_dir, validate_retain, Engine, EngineConfig, Inner, State};
 use crate::backend::Backend;
 use crate::catalog::{BackendSnapshot, Catalog, FileList, Manifest, StoreMeta, Unreadable, FORMAT};
 use crate::error::{Error, Result};
@@ -68,12 +69,11 @@ impl Engine {
             &unreadable_ids,
             restore_from,
         )?;
-        let state = State {
-            lineages: started.lineages,
-            bases: started.bases,
-            missing: swept.missing.into_iter().collect(),
+        let mut state = State {
+            lineages: Lineages::new(started.lineages, started.bases),
             ..State::new(swept.registry, swept.manifests, meta, swept.last_error)
         };
+        state.held.missing = swept.missing.into_iter().collect();
         let engine = Engine::assemble(
             &config,
             Parts {
@@ -150,7 +150,7 @@ impl Engine {
                 backend_options: config.backend_options.clone(),
                 materialize: config.materialize,
                 last_trim: Mutex::new(std::time::Instant::now()),
-                counters: super::counters::Counters::new(parts.state.last_error.is_some()),
+                counters: super::counters::Counters::new(parts.state.health.last_error.is_some()),
                 flink_refused: Mutex::new(Vec::new()),
                 follower: Mutex::new(None),
                 max_concurrent: if read_only {

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{backend_dir, base_of, Engine};
+use super::{backend_dir, Engine};
 use crate::backend::{Backend, BackendOptions};
 use crate::catalog::BackendSnapshot;
 use crate::error::{Error, IoContext, Result};
@@ -19,19 +19,11 @@ impl Engine {
         self.check_writable()?;
         let manifest = {
             let mut st = self.state();
-            if !st.in_flight.is_empty() || st.restoring {
-                return Err(Error::Busy(
-                    "cannot restore while a checkpoint or restore is in flight".into(),
-                ));
-            }
-            let manifest = st
-                .manifests
-                .get(&id)
-                .cloned()
-                .ok_or(Error::NoSuchCheckpoint(id))?;
-            st.restoring = true;
+            st.flight.check_restore()?;
+            let manifest = st.held.retained(id)?.clone();
+            st.flight.set_restoring(true);
             for object in manifest.objects() {
-                st.registry.pin(object);
+                st.held.registry.pin(object);
             }
             manifest
         };
@@ -83,10 +75,12 @@ impl Engine {
                     let backend =
                         Backend::open_restored(dir, &snapshot.name, &self.inner.backend_options)?;
                     let mut st = self.state();
-                    st.lineages
-                        .insert(snapshot.name.clone(), backend.lineage().to_string());
-                    st.bases
-                        .insert(snapshot.name.clone(), base_of(id, snapshot));
+                    st.lineages.restored(
+                        &snapshot.name,
+                        backend.lineage().to_string(),
+                        id,
+                        snapshot,
+                    );
                     **guard = Some(backend);
                     log::info!("backend {} restored from checkpoint {id}", snapshot.name);
                 }
@@ -101,7 +95,7 @@ impl Engine {
             swapped
         })();
         let mut st = self.state();
-        st.restoring = false;
+        st.flight.set_restoring(false);
         self.inner.slot_freed.notify_all();
         self.release_pins(&mut st, manifest.objects());
         if let Err(e) = &result {
