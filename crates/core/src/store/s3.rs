@@ -618,6 +618,9 @@ pub struct S3Objects {
     /// The writer's lease, checked before every delete request: a writer that lost the
     /// store deletes nothing (the next writer may have stored the same content again).
     fence: Option<Arc<dyn WriteFence>>,
+    /// False once a copy came back without a SHA-256 (an endpoint that computes none):
+    /// files are read and uploaded from then on ([`ObjectStore::copies_from`]).
+    copies_named: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -644,6 +647,7 @@ impl S3Objects {
             uploads: Mutex::new(Uploads::default()),
             delete_done: Condvar::new(),
             fence: None,
+            copies_named: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -1210,7 +1214,8 @@ impl ObjectStore for S3Objects {
     }
 
     fn copies_from(&self, remote: &Remote) -> bool {
-        self.remote.can_copy_from(remote)
+        self.copies_named.load(std::sync::atomic::Ordering::Relaxed)
+            && self.remote.can_copy_from(remote)
     }
 
     fn stage_copy(&self, file: &RemoteFile) -> Result<Staged> {
@@ -1533,7 +1538,13 @@ impl S3Objects {
             .remote
             .copy_from(&file.remote, &file.key, &staging, file.etag.as_deref());
         let result = first.and_then(|copied| {
-            let id = ObjectId::from_sha256(copied.whole_sha256(&file.uri())?);
+            let sha256 = copied.whole_sha256(&file.uri()).inspect_err(|e| {
+                // Such an endpoint never will: the next try reads the files instead.
+                self.copies_named
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                log::warn!("{e}; files are read and uploaded from now on");
+            })?;
+            let id = ObjectId::from_sha256(sha256);
             let key = self.remote.full_key(&Self::object_name(&id));
             self.begin_stage(id);
             let second = self
