@@ -21,7 +21,7 @@ use crate::fs::flink_names::{parse_chk, Picture};
 use crate::fs::seam::Checkpoints;
 use crate::fs::tree::{CheckpointTree, NodeKind};
 use ckptfs_core::catalog::Manifest;
-use ckptfs_core::error::{Error, Result};
+use ckptfs_core::error::{Error, ErrorKind, Result};
 use ckptfs_core::fsutil::lock;
 use ckptfs_core::store::chunks::Chunks;
 use ckptfs_core::store::ObjectId;
@@ -233,7 +233,7 @@ impl Bucket {
         };
         let list = match self.file_list(cp) {
             Ok(list) => list,
-            Err(Error::NoSuchCheckpoint(_)) => return Ok(None),
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
         let Ok(at) = list.files.binary_search_by(|(p, _)| p.as_str().cmp(path)) else {
@@ -346,7 +346,7 @@ impl Bucket {
             let list = match self.file_list(cp) {
                 Ok(list) => list,
                 // Dropped since the roots were taken.
-                Err(Error::NoSuchCheckpoint(_)) => continue,
+                Err(e) if e.kind() == ErrorKind::NotFound => continue,
                 Err(e) => return Err(e),
             };
             // The files below the prefix, from the first one after `after`.

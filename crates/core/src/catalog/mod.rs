@@ -608,7 +608,7 @@ impl Catalog {
                     // Dropped by a live daemon between the listing and the read: the
                     // manifest is gone, or (a daemon deletes a dropped checkpoint's objects
                     // after its manifest) one of its file lists is.
-                    Err(Error::NoSuchCheckpoint(_)) => {}
+                    Err(e) if e.kind() == crate::error::ErrorKind::NotFound => {}
                     Err(_) if matches!(self.records.get(&Self::manifest_key(id)), Ok(None)) => {}
                     Err(e) => unreadable.push((layout::manifest_name(id), e)),
                 }

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use crate::error::{Error, Result};
+use crate::error::{ErrorKind, Result};
 use crate::source::{join, EntryKind, FileStamp, Tree};
 
 /// The name of a Flink checkpoint's metadata file, in its `chk-N/` directory.
@@ -102,7 +102,7 @@ impl Listing {
             match tree.stamp(&join(job_dir, &format!("chk-{id}/{METADATA}"))) {
                 Ok(None) => empty.push(id),
                 Ok(Some(stamp)) => out.push((id, Some(stamp))),
-                Err(Error::Refused { .. }) => out.push((id, None)),
+                Err(e) if e.kind() == ErrorKind::Refused => out.push((id, None)),
                 Err(e) => return Err(e),
             }
         }
