@@ -23,12 +23,17 @@ use crate::error::Error;
 
 mod copy;
 mod foreign;
+#[cfg(test)]
+pub(crate) mod moto;
 mod objects;
 mod records;
 mod remote;
 mod staging;
 mod transfer;
 mod upload;
+
+#[cfg(test)]
+mod tests;
 
 pub use copy::Copied;
 pub use foreign::RemoteFile;

@@ -399,7 +399,7 @@ impl ObjectStore for S3Objects {
     }
 
     fn clear_staging(&self) -> Result<usize> {
-        self.sweep_copy_staging()
+        self.sweep_copy_staging(crate::store::DEFAULT_ORPHAN_GRACE)
     }
 
     fn copies_from(&self, remote: &Remote) -> bool {

@@ -2,7 +2,7 @@
 //! staging key under `tmp/`, and the sweep of staging keys left behind.
 
 use std::path::PathBuf;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use super::{RemoteFile, S3Objects, MAX_COPY_OBJECT};
 use crate::error::{Error, Result};
@@ -90,12 +90,12 @@ impl S3Objects {
         result
     }
 
-    /// Delete staging copies (`tmp/`) older than the orphan grace: a copy in flight is
-    /// younger, and an interrupted one is an orphan once older.
-    pub(super) fn sweep_copy_staging(&self) -> Result<usize> {
+    /// Delete staging copies (`tmp/`) older than `grace` (the store's: the orphan grace):
+    /// a copy in flight is younger, and an interrupted one is an orphan once older.
+    pub(super) fn sweep_copy_staging(&self, grace: Duration) -> Result<usize> {
         let mut swept = 0;
         for (name, modified) in self.remote.list_under(layout::TMP)? {
-            if crate::store::is_young(Some(modified), crate::store::DEFAULT_ORPHAN_GRACE) {
+            if crate::store::is_young(Some(modified), grace) {
                 continue;
             }
             self.check_fence()?;
