@@ -12,7 +12,7 @@ use futures::StreamExt;
 use object_store::path::Path as Key;
 use object_store::{ObjectStore as _, ObjectStoreExt as _};
 
-use super::{remote_error, Remote, DELETE_BATCH};
+use super::remote::{remote_error, Remote, DELETE_BATCH};
 use crate::error::{Error, IoContext, Result};
 use crate::fsutil::create_new_private;
 
@@ -38,7 +38,7 @@ impl Remote {
 
     /// Copy object `from` to `to` (keys below the bucket) inside the object store: one
     /// CopyObject request, which no byte of the object passes through this host for. S3
-    /// copies objects up to [`MAX_COPY_OBJECT`](super::MAX_COPY_OBJECT) bytes this way.
+    /// copies objects up to [`MAX_COPY_OBJECT`](super::copy::MAX_COPY_OBJECT) bytes this way.
     pub fn copy_within(&self, from: &str, to: &str) -> Result<()> {
         self.block_on(self.client.copy(&Key::from(from), &Key::from(to)))
             .map_err(|e| {

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::Remote;
+use super::remote::Remote;
 
 static PORT: OnceLock<u16> = OnceLock::new();
 static BUCKETS: AtomicU64 = AtomicU64::new(0);

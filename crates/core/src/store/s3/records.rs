@@ -8,7 +8,7 @@ use object_store::{
     ObjectStore as _, ObjectStoreExt as _, PutMode, PutOptions, PutPayload, UpdateVersion,
 };
 
-use super::{remote_error, Remote, GET_CONCURRENCY};
+use super::remote::{remote_error, Remote, GET_CONCURRENCY};
 use crate::error::{Error, ErrorKind, Result};
 use crate::store::conditional::{read_back, ReadBack};
 use crate::store::layout;

@@ -9,9 +9,49 @@ use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as Key;
 use object_store::ObjectStore as _;
 
-use super::{copy, remote_error, s3_error_code, DELETE_TIMEOUT};
+use super::copier::Copier;
 use crate::error::{Error, Result};
 use crate::store::layout;
+
+/// Keys deleted by one request (S3's DeleteObjects takes at most 1,000).
+pub(super) const DELETE_BATCH: usize = 1000;
+
+/// How long one delete request may take before it is abandoned without a fence (and the
+/// deleting client's own timeout): with one, its request budget
+/// ([`WriteFence::request_budget`](crate::store::WriteFence::request_budget): a fifth of the lease
+/// time), so that a request sent just after the fence was checked is answered, or
+/// abandoned, before another writer can take over.
+pub const DELETE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Small reads (records, prefetched file lists) in flight at once.
+pub(super) const GET_CONCURRENCY: usize = 16;
+
+/// An `object_store` error as ours: the operation and the key in the message, the client's
+/// error kept as the source; its kind (a missing object, a create-only or conditional write
+/// refused) is [`Error::kind`]'s to tell.
+pub(super) fn remote_error(what: &str, source: object_store::Error) -> Error {
+    Error::ObjectStore {
+        what: what.to_string(),
+        source,
+    }
+}
+
+/// The S3 error code (`NoSuchBucket`, `AccessDenied`, ...) of a failed request: S3 names the
+/// kind of every error in the `<Code>` of its XML error response, which `object_store`
+/// keeps in the error's text but exposes no other way (no HTTP status for a LIST).
+fn s3_error_code(e: &object_store::Error) -> Option<String> {
+    let mut cause: Option<&dyn std::error::Error> = Some(e);
+    while let Some(error) = cause {
+        let text = error.to_string();
+        if let Some((_, rest)) = text.split_once("<Code>") {
+            if let Some((code, _)) = rest.split_once("</Code>") {
+                return Some(code.to_string());
+            }
+        }
+        cause = error.source();
+    }
+    None
+}
 
 /// The connection to one bucket and prefix, shared by the objects and the records.
 pub struct Remote {
@@ -27,7 +67,7 @@ pub struct Remote {
     /// The endpoint it talks to (`None`: AWS's, from the region).
     pub(super) endpoint: Option<String>,
     /// Server-side copies from other buckets ([`Remote::copy_from`]).
-    pub(super) copier: copy::Copier,
+    pub(super) copier: Copier,
 }
 
 impl Remote {
@@ -83,7 +123,7 @@ impl Remote {
                     .with_timeout(Duration::from_secs(120))
                     .with_allow_http(allow_http),
             );
-        let copier = copy::Copier::new(&builder, allow_http)?;
+        let copier = Copier::new(&builder, allow_http)?;
         let client = builder
             .build()
             .map_err(|e| Error::Invalid(format!("s3://{bucket}: {e}")))?;

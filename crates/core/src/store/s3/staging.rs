@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-use super::{RemoteFile, S3Objects, MAX_COPY_OBJECT};
+use super::copy::MAX_COPY_OBJECT;
+use super::foreign::RemoteFile;
+use super::objects::S3Objects;
 use crate::error::{Error, Result};
 use crate::store::{layout, ObjectId, ObjectStore, Staged};
 

@@ -88,34 +88,6 @@ fn an_upload_above_part_size_round_trips_and_is_refused_when_it_does_not_hash_to
 }
 
 #[test]
-fn upload_from_sends_parts_and_leaves_nothing_when_its_writer_fails() {
-    let remote = moto::remote();
-    let bytes = pattern(PART_SIZE + PART_SIZE / 2, 3);
-    let key = remote.full_key("export/big");
-    remote
-        .upload_from(&key, |w| {
-            // In pieces that do not line up with the parts.
-            for piece in bytes.chunks(999_983) {
-                w.write_all(piece).map_err(|e| Error::io("write", e))?;
-            }
-            Ok(())
-        })
-        .unwrap();
-    assert!(remote.get_bytes(&key).unwrap() == bytes, "differs");
-
-    // A writer that fails after more than a part: the multipart upload is aborted.
-    let failed = remote.full_key("export/failed");
-    let e = remote
-        .upload_from(&failed, |w| {
-            w.write_all(&bytes).map_err(|e| Error::io("write", e))?;
-            Err(Error::Corrupt("the source changed".into()))
-        })
-        .unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
-    assert_eq!(remote.size_of(&failed).unwrap(), None);
-}
-
-#[test]
 fn a_fetch_into_the_cache_verifies_and_refuses_a_changed_or_missing_object() {
     let remote = moto::remote();
     let (objects, _cache) = new_objects(&remote);

@@ -1,5 +1,6 @@
-//! The bytes of [`S3Objects`]: an upload checked against its id on the way out, and a fetch
-//! into the cache checked against it on the way in.
+//! The bytes that [`S3Objects`](super::S3Objects) moves: what an upload reads
+//! ([`UploadBody`]), and a fetch into the cache checked against the object's id on the
+//! way in ([`fetch_into`]).
 
 use std::fs;
 use std::io::Write;
@@ -7,124 +8,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use object_store::{ObjectStore as _, ObjectStoreExt as _, PutPayload};
+use object_store::{ObjectStore as _, ObjectStoreExt as _};
 
-use super::{remote_error, Remote, S3Objects, PART_SIZE};
+use super::remote::{remote_error, Remote};
 use crate::error::{Error, IoContext, Result};
 use crate::fsutil::create_new_private;
 use crate::store::cache::Cache;
-use crate::store::ObjectId;
-
-impl S3Objects {
-    /// Upload `src` to the key of `id`: one PUT when small, a multipart upload with several
-    /// parts in flight when large. Fails (uploading nothing) if `src` does not hash to `id`.
-    /// Every part in memory holds one of the store's [`S3Objects::part_buffers`] permits
-    /// from its read until its upload ends: all uploads together hold at most
-    /// `upload_concurrency` parts of [`PART_SIZE`], however many files are staged at once.
-    pub(super) fn upload(&self, id: &ObjectId, src: UploadBody<'_>) -> Result<()> {
-        let name = Self::object_name(id);
-        let key = self.remote.key(&name);
-        let what = format!("upload {}", self.remote.url(&name));
-        let size = src.len();
-        let changed = || {
-            Error::Corrupt(format!(
-                "the content uploaded as object {id} does not hash to it (the file changed)"
-            ))
-        };
-        let buffer = || async {
-            self.part_buffers
-                .clone()
-                .acquire_owned()
-                .await
-                .expect("the semaphore is never closed")
-        };
-        if size <= PART_SIZE as u64 {
-            let _buffer = self.remote.block_on(buffer());
-            let bytes = src.read_all()?;
-            if ObjectId::from_hash(blake3::hash(&bytes)) != *id {
-                return Err(changed());
-            }
-            return self
-                .remote
-                .block_on(self.remote.client.put(&key, PutPayload::from(bytes)))
-                .map(|_| ())
-                .map_err(|e| remote_error(&what, e));
-        }
-        self.remote.block_on(async {
-            let mut upload = self
-                .remote
-                .client
-                .put_multipart(&key)
-                .await
-                .map_err(|e| remote_error(&what, e))?;
-            let mut parts = Vec::new();
-            let result: Result<()> = async {
-                // What is uploaded is hashed on the way: it must be the object it claims.
-                let mut hasher = blake3::Hasher::new();
-                let mut offset = 0u64;
-                while offset < size {
-                    let permit = buffer().await;
-                    let len = (size - offset).min(PART_SIZE as u64) as usize;
-                    let part = src.read_range(offset, len)?;
-                    hasher.update(&part);
-                    let sent = upload.put_part(PutPayload::from(part));
-                    parts.push(tokio::spawn(async move {
-                        let result = sent.await;
-                        drop(permit);
-                        result
-                    }));
-                    offset += len as u64;
-                }
-                if ObjectId::from_hash(hasher.finalize()) != *id {
-                    return Err(changed());
-                }
-                for part in parts.drain(..) {
-                    part.await
-                        .map_err(|e| Error::io(what.clone(), std::io::Error::other(e)))?
-                        .map_err(|e| remote_error(&what, e))?;
-                }
-                Ok(())
-            }
-            .await;
-            match result {
-                Ok(()) => upload
-                    .complete()
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| remote_error(&what, e)),
-                Err(e) => {
-                    for part in parts {
-                        let _ = part.await;
-                    }
-                    let _ = upload.abort().await;
-                    Err(e)
-                }
-            }
-        })
-    }
-
-    /// Fetch an object into the cache (once), checked against its id; its cached path.
-    /// Waits for a prefetch of the same object instead of fetching it twice.
-    pub(super) fn fetch(&self, id: &ObjectId) -> Result<PathBuf> {
-        loop {
-            if let Some(path) = self.cache.get(id) {
-                return Ok(path);
-            }
-            if self.cache.begin_fetch(*id) {
-                break;
-            }
-            self.cache.wait_fetch(id);
-        }
-        let fetched = self.remote.block_on(fetch_into(
-            self.remote.clone(),
-            self.cache.clone(),
-            *id,
-            self.options.upload_concurrency,
-        ));
-        self.cache.end_fetch(id);
-        fetched
-    }
-}
+use crate::store::{layout, ObjectId};
 
 /// Objects up to this size (SSTs of RocksDB's default 64 MiB target size) are fetched with
 /// one GET each (a copy of a checkpoint fetches several files at once, see
@@ -142,7 +32,7 @@ pub(super) async fn fetch_into(
     id: ObjectId,
     concurrency: usize,
 ) -> Result<PathBuf> {
-    let name = S3Objects::object_name(&id);
+    let name = layout::object_key(&id.to_hex());
     let key = remote.key(&name);
     let what = format!("fetch {}", remote.url(&name));
     let missing = |e: object_store::Error| match e {

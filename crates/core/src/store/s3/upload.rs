@@ -4,8 +4,11 @@
 use object_store::path::Path as Key;
 use object_store::{ObjectStoreExt as _, PutPayload};
 
-use super::{remote_error, Remote, PART_SIZE};
+use super::remote::{remote_error, Remote};
 use crate::error::{Error, Result};
+
+/// Objects above this size are uploaded in parts of this size, several at once.
+pub const PART_SIZE: usize = 8 << 20;
 
 impl Remote {
     /// What `fill` writes, uploaded as object `key` (a key below the bucket, not the
