@@ -62,10 +62,11 @@ pub(crate) fn assert_relocatable(job_dir: &Path, chk: &str) {
 /// (StateJob checks each key's count itself). With `also_s3`, the job's directory is also
 /// copied to moto_server as it is (its `_metadata` naming the local paths: a moved job),
 /// imported from there into a store in another bucket ([`through_object_storage`]), read
-/// back the same, exported inside the object store, and the job restores from that export
-/// (downloaded: Flink's S3 plugin cannot be installed here) instead of the moved one. With
-/// `on_btrfs`, everything is on a loop-mounted btrfs, and the job restores from an export
-/// of the store itself, whose files are clones of the store's objects. Returns the source
+/// back the same, exported inside the object store, and (unless `on_btrfs`) the job
+/// restores from that export (downloaded: Flink's S3 plugin cannot be installed here)
+/// instead of the moved one. With `on_btrfs`, everything is on a loop-mounted btrfs, and
+/// the job restores from an export of the store itself, whose files are clones of the
+/// store's objects. Returns the source
 /// `_metadata` imported.
 fn import_export_restore(extra: &[&str], also_s3: bool, on_btrfs: bool) -> Vec<u8> {
     let btrfs = on_btrfs.then(|| crate::common::btrfs::Btrfs::new(1 << 30));
@@ -156,7 +157,12 @@ fn import_export_restore(extra: &[&str], also_s3: bool, on_btrfs: bool) -> Vec<u
     let moved = dir.path().join("elsewhere/copy");
     std::fs::create_dir_all(moved.parent().unwrap()).unwrap();
     std::fs::rename(&dest, &moved).unwrap();
-    let chk = from_s3.unwrap_or_else(|| moved.join(&job_id).join(&chk_name));
+    // On btrfs the job restores from the clones; else from the export the object store
+    // made, when there is one.
+    let chk = match from_s3.filter(|_| btrfs.is_none()) {
+        Some(chk) => chk,
+        None => moved.join(&job_id).join(&chk_name),
+    };
     let mut args = vec!["--restore", chk.to_str().unwrap()];
     args.extend_from_slice(extra);
     let mut job = Job::start(&classpath, &dir.path().join("ck2"), 900, &args);

@@ -839,17 +839,17 @@ fn copied(
     let Some(store) = to.copies_into else {
         return Ok(None);
     };
-    if !crate::backend::is_shared_file(name) || size > MAX_COPY_OBJECT {
+    let copies = tree
+        .remote()
+        .is_some_and(|remote| store.copies_from(remote));
+    if !copies || !crate::backend::is_shared_file(name) || size > MAX_COPY_OBJECT {
         return Ok(None);
     }
     let key = Fetches::key(tree, rel);
     if let Some(first) = to.fetched.borrow().copied.get(&key) {
         return Ok(Some(renamed(first, name)));
     }
-    let Some(file) = tree
-        .remote_file(rel)?
-        .filter(|f| store.copies_from(&f.remote))
-    else {
+    let Some(file) = tree.remote_file(rel)? else {
         return Ok(None);
     };
     let column_family = if name.ends_with(".sst") {

@@ -188,6 +188,11 @@ pub trait Tree: Send + Sync {
     fn remote_file(&self, _rel: &str) -> Result<Option<crate::store::s3::RemoteFile>> {
         Ok(None)
     }
+    /// The bucket connection of a tree on object storage (`None` on a local disk): whether
+    /// a store can copy its files is known without a request.
+    fn remote(&self) -> Option<&std::sync::Arc<crate::store::s3::Remote>> {
+        None
+    }
     /// An immutable name of `rel` for the store to remember (an object's URI), `None` for a
     /// local file (its identity is read from the file itself).
     fn immutable_name(&self, rel: &str) -> Option<String>;

@@ -313,6 +313,10 @@ impl Tree for S3Tree {
         }
     }
 
+    fn remote(&self) -> Option<&Arc<Remote>> {
+        Some(&self.remote)
+    }
+
     fn immutable_name(&self, rel: &str) -> Option<String> {
         Some(format!(
             "s3://{}/{}",

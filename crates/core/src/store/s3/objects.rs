@@ -55,6 +55,9 @@ pub struct S3Objects {
     /// The writer's lease, checked before every delete request: a writer that lost the
     /// store deletes nothing (the next writer may have stored the same content again).
     pub(super) fence: Option<Arc<dyn WriteFence>>,
+    /// False once a copy came back without a SHA-256 (an endpoint that computes none):
+    /// files are read and uploaded from then on ([`ObjectStore::copies_from`]).
+    pub(super) copies_named: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -81,6 +84,7 @@ impl S3Objects {
             uploads: Mutex::new(Uploads::default()),
             delete_done: Condvar::new(),
             fence: None,
+            copies_named: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -532,7 +536,8 @@ impl ObjectStore for S3Objects {
     }
 
     fn copies_from(&self, remote: &Remote) -> bool {
-        self.remote.can_copy_from(remote)
+        self.copies_named.load(std::sync::atomic::Ordering::Relaxed)
+            && self.remote.can_copy_from(remote)
     }
 
     fn stage_copy(&self, file: &RemoteFile) -> Result<Staged> {

@@ -52,7 +52,13 @@ impl S3Objects {
             .remote
             .copy_from(&file.remote, &file.key, &staging, file.etag.as_deref());
         let result = first.and_then(|copied| {
-            let id = ObjectId::from_sha256(copied.whole_sha256(&file.uri())?);
+            let sha256 = copied.whole_sha256(&file.uri()).inspect_err(|e| {
+                // Such an endpoint never will: the next try reads the files instead.
+                self.copies_named
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                log::warn!("{e}; files are read and uploaded from now on");
+            })?;
+            let id = ObjectId::from_sha256(sha256);
             let key = self.remote.full_key(&Self::object_name(&id));
             self.begin_stage(id);
             let second = self
