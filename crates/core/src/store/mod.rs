@@ -171,7 +171,7 @@ pub enum Digest {
     /// BLAKE3, computed by ckptfs as it read the bytes (every object it wrote itself).
     Blake3,
     /// SHA-256, computed by the object store as it copied the bytes from a source that
-    /// ckptfs never read (format 9: `CopyObject` with a checksum, see `s3.rs`).
+    /// ckptfs never read (format 9: `CopyObject` with a checksum, see `s3/staging.rs`).
     Sha256,
 }
 

@@ -15,15 +15,16 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use futures::StreamExt;
-use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey, AwsAuthorizer};
-use object_store::client::{
-    HttpClient, HttpConnector, HttpRequest, HttpRequestBody, ReqwestConnector,
-};
-use object_store::ClientOptions;
+use object_store::aws::AwsAuthorizer;
+use object_store::client::{HttpRequest, HttpRequestBody};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
-use super::Remote;
+use super::remote::{remote_error, Remote};
 use crate::error::{Error, Result};
+
+/// The largest object one CopyObject request copies (5 GiB); larger ones need a multipart
+/// upload of UploadPartCopy parts.
+pub const MAX_COPY_OBJECT: u64 = 5 << 30;
 
 /// How keys are encoded in a URL path and in `x-amz-copy-source`: everything but RFC 3986's
 /// unreserved characters and `/` (object_store's `STRICT_PATH_ENCODE_SET`, which is also
@@ -71,62 +72,11 @@ impl Copied {
     }
 }
 
-/// What a CopyObject request needs that `object_store` keeps inside its client.
-pub(super) struct Copier {
-    http: HttpClient,
-    region: String,
-    /// The URL of the bucket: keys follow it after a `/`.
-    bucket_url: String,
-    sign: bool,
-    request_payer: bool,
-}
-
-impl Copier {
-    /// The copier of the bucket `builder` names, configured as the client built from it
-    /// (its timeouts: [`Remote::connect_to`]'s; plain http if `allow_http`).
-    pub(super) fn new(builder: &AmazonS3Builder, allow_http: bool) -> Result<Copier> {
-        let config = |key: AmazonS3ConfigKey| builder.get_config_value(&key);
-        // As object_store reads a boolean (and `AWS_REQUEST_PAYER=requester`).
-        let yes = |key: AmazonS3ConfigKey| {
-            config(key).is_some_and(|v| {
-                let v = v.to_ascii_lowercase();
-                ["1", "true", "on", "yes", "y", "requester"].contains(&v.as_str())
-            })
-        };
-        let bucket = config(AmazonS3ConfigKey::Bucket).unwrap_or_default();
-        let region = config(AmazonS3ConfigKey::Region).unwrap_or_else(|| "us-east-1".into());
-        // As AmazonS3Builder::build: the S3 endpoint before the generic one; an endpoint
-        // for virtual-hosted requests names the bucket already.
-        let endpoint =
-            config(AmazonS3ConfigKey::S3Endpoint).or_else(|| config(AmazonS3ConfigKey::Endpoint));
-        let bucket_url = match (endpoint, yes(AmazonS3ConfigKey::VirtualHostedStyleRequest)) {
-            (Some(endpoint), true) => endpoint,
-            (Some(endpoint), false) => format!("{}/{bucket}", endpoint.trim_end_matches('/')),
-            (None, true) => format!("https://{bucket}.s3.{region}.amazonaws.com"),
-            (None, false) => format!("https://s3.{region}.amazonaws.com/{bucket}"),
-        };
-        let options = ClientOptions::new()
-            .with_connect_timeout(Duration::from_secs(5))
-            .with_timeout(Duration::from_secs(120))
-            .with_allow_http(allow_http);
-        let http = ReqwestConnector::default()
-            .connect(&options)
-            .map_err(|e| Error::Invalid(format!("s3://{bucket}: {e}")))?;
-        Ok(Copier {
-            http,
-            region,
-            bucket_url: bucket_url.trim_end_matches('/').to_string(),
-            sign: !yes(AmazonS3ConfigKey::SkipSignature),
-            request_payer: yes(AmazonS3ConfigKey::RequestPayer),
-        })
-    }
-}
-
 /// Server-side copies from another bucket (or this one) of the same endpoint.
 impl Remote {
     /// Copy object `from_key` of `source`'s bucket to `to_key` of this bucket (whole keys,
     /// as [`Remote::full_key`] gives them) inside the object store: one CopyObject request
-    /// (up to [`super::MAX_COPY_OBJECT`] bytes), signed with this remote's credentials,
+    /// (up to [`MAX_COPY_OBJECT`] bytes), signed with this remote's credentials,
     /// which must read the source and write here. No byte of the object passes through
     /// this host. The object store computes the copy's SHA-256, returned in [`Copied`].
     ///
@@ -150,7 +100,7 @@ impl Remote {
             "copy s3://{}/{from_key} to s3://{}/{to_key}",
             source.bucket, self.bucket
         );
-        let fail = |e: object_store::Error| super::remote_error(&what, e);
+        let fail = |e: object_store::Error| remote_error(&what, e);
         let (status, body) = self
             .block_on(self.send_copy(&source.bucket, from_key, to_key, if_match))
             .map_err(fail)?;

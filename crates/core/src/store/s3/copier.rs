@@ -1,0 +1,62 @@
+//! What a server-side copy (`copy.rs`) needs that `object_store` keeps inside its client:
+//! the HTTP client, the region and the bucket's URL, built as `AmazonS3Builder::build` builds
+//! them.
+
+use std::time::Duration;
+
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::client::{HttpClient, HttpConnector, ReqwestConnector};
+use object_store::ClientOptions;
+
+use crate::error::{Error, Result};
+
+/// What a CopyObject request needs that `object_store` keeps inside its client.
+pub(super) struct Copier {
+    pub(super) http: HttpClient,
+    pub(super) region: String,
+    /// The URL of the bucket: keys follow it after a `/`.
+    pub(super) bucket_url: String,
+    pub(super) sign: bool,
+    pub(super) request_payer: bool,
+}
+
+impl Copier {
+    /// The copier of the bucket `builder` names, configured as the client built from it
+    /// (its timeouts: [`Remote::connect_to`](super::Remote::connect_to)'s; plain http if `allow_http`).
+    pub(super) fn new(builder: &AmazonS3Builder, allow_http: bool) -> Result<Copier> {
+        let config = |key: AmazonS3ConfigKey| builder.get_config_value(&key);
+        // As object_store reads a boolean (and `AWS_REQUEST_PAYER=requester`).
+        let yes = |key: AmazonS3ConfigKey| {
+            config(key).is_some_and(|v| {
+                let v = v.to_ascii_lowercase();
+                ["1", "true", "on", "yes", "y", "requester"].contains(&v.as_str())
+            })
+        };
+        let bucket = config(AmazonS3ConfigKey::Bucket).unwrap_or_default();
+        let region = config(AmazonS3ConfigKey::Region).unwrap_or_else(|| "us-east-1".into());
+        // As AmazonS3Builder::build: the S3 endpoint before the generic one; an endpoint
+        // for virtual-hosted requests names the bucket already.
+        let endpoint =
+            config(AmazonS3ConfigKey::S3Endpoint).or_else(|| config(AmazonS3ConfigKey::Endpoint));
+        let bucket_url = match (endpoint, yes(AmazonS3ConfigKey::VirtualHostedStyleRequest)) {
+            (Some(endpoint), true) => endpoint,
+            (Some(endpoint), false) => format!("{}/{bucket}", endpoint.trim_end_matches('/')),
+            (None, true) => format!("https://{bucket}.s3.{region}.amazonaws.com"),
+            (None, false) => format!("https://s3.{region}.amazonaws.com/{bucket}"),
+        };
+        let options = ClientOptions::new()
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_timeout(Duration::from_secs(120))
+            .with_allow_http(allow_http);
+        let http = ReqwestConnector::default()
+            .connect(&options)
+            .map_err(|e| Error::Invalid(format!("s3://{bucket}: {e}")))?;
+        Ok(Copier {
+            http,
+            region,
+            bucket_url: bucket_url.trim_end_matches('/').to_string(),
+            sign: !yes(AmazonS3ConfigKey::SkipSignature),
+            request_payer: yes(AmazonS3ConfigKey::RequestPayer),
+        })
+    }
+}

@@ -1,0 +1,116 @@
+//! Copies into the store inside the object store ([`ObjectStore::stage_copy`]), through a
+//! staging key under `tmp/`, and the sweep of staging keys left behind.
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use super::copy::MAX_COPY_OBJECT;
+use super::foreign::RemoteFile;
+use super::objects::S3Objects;
+use crate::error::{Error, Result};
+use crate::store::{layout, ObjectId, ObjectStore, Staged};
+
+/// Staging keys of copies: `tmp/<unique>` below the store's prefix, never under
+/// `objects/` (whose keys are all ids).
+static COPY_SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl S3Objects {
+    /// A key below the store's prefix that no other stage uses: `tmp/<pid>-<nanos>-<n>`.
+    fn copy_staging_key(&self) -> String {
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let n = COPY_SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.remote.full_key(&format!(
+            "{}/{}-{nanos}-{n}",
+            layout::TMP,
+            std::process::id()
+        ))
+    }
+
+    /// Copy `file` into the store inside the object store, named by the SHA-256 the object
+    /// store computes: first to a staging key (which gives the hash), then from there to
+    /// the object's key, then the staging key is deleted. No byte passes through this host.
+    pub(super) fn copy_in(&self, file: &RemoteFile) -> Result<Staged> {
+        if !self.remote.can_copy_from(&file.remote) {
+            return Err(Error::Invalid(format!(
+                "{} is on another endpoint than {}: the object store cannot copy it",
+                file.uri(),
+                self.describe()
+            )));
+        }
+        if file.size > MAX_COPY_OBJECT {
+            return Err(Error::Invalid(format!(
+                "{} has {} bytes, more than one copy request copies ({MAX_COPY_OBJECT})",
+                file.uri(),
+                file.size
+            )));
+        }
+        let staging = self.copy_staging_key();
+        let first = self
+            .remote
+            .copy_from(&file.remote, &file.key, &staging, file.etag.as_deref());
+        let result = first.and_then(|copied| {
+            let sha256 = copied.whole_sha256(&file.uri()).inspect_err(|e| {
+                // Such an endpoint never will: the next try reads the files instead.
+                self.copies_named
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                log::warn!("{e}; files are read and uploaded from now on");
+            })?;
+            let id = ObjectId::from_sha256(sha256);
+            let key = self.remote.full_key(&Self::object_name(&id));
+            self.begin_stage(id);
+            let second = self
+                .remote
+                .copy_from(&self.remote, &staging, &key, Some(&copied.etag))
+                .and_then(|again| {
+                    if again.sha256 == Some(*id.as_bytes()) {
+                        Ok(())
+                    } else {
+                        Err(Error::Corrupt(format!(
+                            "the object store copied {} as {} and then as {:?}",
+                            file.uri(),
+                            id,
+                            again.sha256.map(ObjectId::from_sha256)
+                        )))
+                    }
+                });
+            match second {
+                Ok(()) => Ok(Staged {
+                    id,
+                    size: file.size,
+                    tmp: PathBuf::new(),
+                }),
+                Err(e) => {
+                    self.end_stage(&id);
+                    Err(e)
+                }
+            }
+        });
+        // Best effort: a staging key left behind is swept with the orphans.
+        if let Err(e) = self.remote.delete_key(&staging) {
+            log::warn!(
+                "staging copy s3://{}/{staging} not deleted: {e}",
+                self.remote.bucket
+            );
+        }
+        result
+    }
+
+    /// Delete staging copies (`tmp/`) older than `grace` (the store's: the orphan grace):
+    /// a copy in flight is younger, and an interrupted one is an orphan once older.
+    pub(super) fn sweep_copy_staging(&self, grace: Duration) -> Result<usize> {
+        let mut swept = 0;
+        for (name, modified) in self.remote.list_under(layout::TMP)? {
+            if crate::store::is_young(Some(modified), grace) {
+                continue;
+            }
+            self.check_fence()?;
+            self.remote
+                .delete_key(&self.remote.full_key(&format!("{}/{name}", layout::TMP)))?;
+            swept += 1;
+        }
+        Ok(swept)
+    }
+}
