@@ -15,7 +15,7 @@
 //! Either way each [`Completed`] keeps the stamp (size, mtime) the listing saw before its
 //! file was read: what tells a follower that Flink wrote the file again.
 
-use std::sync::Arc;
+use std::borrow::Cow;
 
 use super::import::{completed, layout, Completed, FlinkSource};
 use super::metadata;
@@ -43,7 +43,7 @@ enum Read {
     /// Not read yet (a follower's look): read when imported.
     Unread,
     /// Read and checked: the bytes imported.
-    Held(Arc<[u8]>),
+    Held(Vec<u8>),
     /// Read and checked, then let go (past [`MAX_HELD_BYTES`]): the hash of the bytes
     /// checked, which the bytes read again at the import must have.
     Hashed(blake3::Hash),
@@ -67,7 +67,7 @@ impl Plan {
             let size = bytes.len() as u64;
             let read = if held.saturating_add(size) <= limit {
                 held += size;
-                Read::Held(bytes.into())
+                Read::Held(bytes)
             } else {
                 Read::Hashed(blake3::hash(&bytes))
             };
@@ -100,10 +100,10 @@ impl Planned {
 
     /// The `_metadata` to import: the bytes checked, or read now (a follower's, or one let
     /// go past [`MAX_HELD_BYTES`]: refused unless the bytes checked).
-    pub fn metadata(&self) -> Result<Arc<[u8]>> {
+    pub fn metadata(&self) -> Result<Cow<'_, [u8]>> {
         match &self.read {
-            Read::Held(bytes) => Ok(bytes.clone()),
-            Read::Unread => Ok(self.completed.read_metadata()?.into()),
+            Read::Held(bytes) => Ok(Cow::Borrowed(bytes)),
+            Read::Unread => Ok(Cow::Owned(self.completed.read_metadata()?)),
             Read::Hashed(checked) => {
                 let bytes = self.completed.read_metadata()?;
                 if blake3::hash(&bytes) != *checked {
@@ -115,7 +115,7 @@ impl Planned {
                             .show(&self.completed.metadata_path())
                     )));
                 }
-                Ok(bytes.into())
+                Ok(Cow::Owned(bytes))
             }
         }
     }
@@ -142,6 +142,7 @@ mod tests {
     use crate::source::counting::CountingTree;
     use crate::store::ObjectId;
     use crate::{Engine, EngineConfig};
+    use std::sync::Arc;
 
     const JOB: &str = "a312c9034e3e0d2016dae60431b4c9dc";
 
