@@ -118,10 +118,10 @@ pub fn import_flink(
         answer?.into_imported()?
     } else {
         // Every checkpoint's metadata is read before the store is touched.
-        let src = import_flink::checked_source(src, roots)?;
+        let plan = import_flink::checked_plan(src, roots)?;
         let engine = open_for_import(target, state)?;
         // No daemon holds the store: no other checkpoint can take the slot.
-        match import_flink::import(&engine, &src, || false) {
+        match import_flink::import(&engine, &plan, || false) {
             Ok(done) => done.into_iter().map(|d| d.done).collect(),
             Err(failed) => return Err(said_partly(*failed, json)),
         }
@@ -139,12 +139,12 @@ fn said_partly(failed: NotImported, json: bool) -> Error {
     for d in &failed.done {
         print_done(&d.done, json);
     }
-    if let (true, Some(flink)) = (json, &failed.failed) {
+    if json {
         let line = Line {
             ok: false,
             body: FlinkFailure {
                 failure: Failure::of(&failed.error),
-                flink,
+                flink: &failed.failed,
             },
         };
         match serde_json::to_string(&line) {

@@ -1,16 +1,18 @@
 //! `import-flink` once (not a follower): the one rule that both callers run, the command
 //! line against a store no daemon holds (`commands/import.rs`) and a control line of a
-//! daemon ([`super::Controller`]). The source is opened and every `_metadata` read and
-//! checked before the store is touched ([`checked_source`]); then each checkpoint is
-//! imported in turn ([`import`]), and a failure part way is described the same way on both
-//! paths: which Flink checkpoint was not imported, and what was imported before it.
+//! daemon ([`super::Controller`]). The source is opened, its checkpoints listed and every
+//! `_metadata` read and checked before the store is touched ([`checked_plan`]); then each
+//! checkpoint of that plan is imported in turn ([`import`]) from the `_metadata` it read,
+//! and a failure part way is described the same way on both paths: which Flink checkpoint
+//! was not imported, and what was imported before it.
 
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
 use ckptfs_core::error::{Error, Result};
-use ckptfs_core::flink::import::{self as flink, FlinkSource};
+use ckptfs_core::flink::import::FlinkSource;
+use ckptfs_core::flink::plan::Plan;
 use ckptfs_core::Engine;
 
 use super::protocol::CheckpointDone;
@@ -39,44 +41,33 @@ pub struct FlinkDone {
 pub struct NotImported {
     /// The checkpoints imported before the failure, in order.
     pub done: Vec<FlinkDone>,
-    /// The Flink checkpoint that failed (none when the source itself could not be listed).
-    pub failed: Option<FlinkCheckpoint>,
+    /// The Flink checkpoint that failed.
+    pub failed: FlinkCheckpoint,
     /// Why, with the failed checkpoint and what was imported before it said in front
     /// ([`describe`]); its errno is the cause's.
     pub error: Error,
 }
 
-/// The source of `import-flink SRC [--root ROOT]...`, checked: every completed
-/// checkpoint's `_metadata` read and its layout checked, so that a bad one is refused
-/// before the store is touched, with nothing imported.
-pub fn checked_source(src: &Path, roots: &[PathBuf]) -> Result<FlinkSource> {
-    let src = FlinkSource::open(src, roots)?;
-    flink::check_all(&flink::completed(&src)?)?;
-    Ok(src)
+/// The plan of `import-flink SRC [--root ROOT]...` ([`Plan::checked`]): every completed
+/// checkpoint listed, its `_metadata` read and its layout checked, so that a bad one is
+/// refused before the store is touched, with nothing imported.
+pub fn checked_plan(src: &Path, roots: &[PathBuf]) -> Result<Plan> {
+    Plan::checked(&FlinkSource::open(src, roots)?)
 }
 
-/// Import every completed checkpoint of `src` the store does not hold yet
+/// Import every checkpoint of `plan` the store does not hold yet
 /// ([`Engine::import_flink`]), oldest first, until the first failure. When a checkpoint
 /// finds the engine's checkpoint slot taken (another checkpoint in flight), `wait` is
-/// asked: it pauses and says whether to try again (true) or to fail with that answer.
+/// asked: it pauses and says whether to try again (true: the same plan, neither listed
+/// nor read again) or to fail with that answer.
 pub fn import(
     engine: &Engine,
-    src: &FlinkSource,
+    plan: &Plan,
     mut wait: impl FnMut() -> bool,
 ) -> std::result::Result<Vec<FlinkDone>, Box<NotImported>> {
     let mut done: Vec<FlinkDone> = Vec::new();
     'again: loop {
-        let imports = match engine.import_flink(src, false) {
-            Ok(imports) => imports,
-            Err(error) => {
-                return Err(Box::new(NotImported {
-                    done,
-                    failed: None,
-                    error,
-                }))
-            }
-        };
-        for imported in imports {
+        for imported in engine.import_flink(plan) {
             let flink = FlinkCheckpoint {
                 job: imported.job,
                 checkpoint: imported.checkpoint,
@@ -92,7 +83,7 @@ pub fn import(
                     let error = e.context(describe(&flink, &done));
                     return Err(Box::new(NotImported {
                         done,
-                        failed: Some(flink),
+                        failed: flink,
                         error,
                     }));
                 }

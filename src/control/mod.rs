@@ -425,13 +425,13 @@ impl Controller {
         }
     }
 
-    /// [`import_flink::import`] of a checked source, a checkpoint slot taken waited for
+    /// [`import_flink::import`] of a checked plan, a checkpoint slot taken waited for
     /// until [`FLINK_IMPORT_WAIT`] has passed or the daemon stops: what each imported
     /// checkpoint answers.
     fn import_flink_waiting(&self, src: &Path, roots: &[PathBuf]) -> Result<Vec<CheckpointDone>> {
-        let src = import_flink::checked_source(src, roots)?;
+        let plan = import_flink::checked_plan(src, roots)?;
         let mut backoff = Backoff::new(FLINK_IMPORT_WAIT);
-        import_flink::import(&self.engine, &src, || !self.stopping() && backoff.pause())
+        import_flink::import(&self.engine, &plan, || !self.stopping() && backoff.pause())
             .map(|done| done.into_iter().map(|d| d.done).collect())
             .map_err(|failed| failed.error)
     }

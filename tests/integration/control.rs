@@ -59,6 +59,13 @@ fn the_control_protocol_answers_in_order_and_refuses_bad_writes_whole() {
             libc::ENOENT,
         ),
         ("put ../0 k v\n", "invalid backend name", libc::EINVAL),
+        // The engine's one rule for an import into a hosted backend, with its line.
+        (
+            "put A/0 k v\nimport B/0 /tmp\n",
+            "command 2: backend B/0 is hosted (a daemon of this store runs its RocksDB): \
+             import into another name",
+            libc::EINVAL,
+        ),
         ("checkpoint now\n", "takes 0", libc::EINVAL),
     ] {
         let err = ctl.send(bad).unwrap_err();

@@ -845,8 +845,9 @@ fn walk_files(dir: &Path) -> usize {
 /// A Flink job that checkpoints to object storage (`execution.checkpointing.dir:
 /// s3://...`): the fixture job's files put into a bucket of a real S3 server, each
 /// `_metadata` naming its files by `s3://` URI as Flink on S3 writes them. `import-flink
-/// s3://BUCKET/PREFIX` imports every checkpoint; a file the store holds from the previous
-/// checkpoint (same key and size) is not fetched again; the state reads back in ldb.
+/// s3://BUCKET/PREFIX` imports every checkpoint, reading each `_metadata` once; a file the
+/// store holds from the previous checkpoint (same key and size) is not fetched again; the
+/// state reads back in ldb.
 #[test]
 fn a_flink_job_on_object_storage_is_imported_fetching_each_file_once() {
     use ckptfs_core::flink::metadata;
@@ -921,6 +922,8 @@ fn a_flink_job_on_object_storage_is_imported_fetching_each_file_once() {
         "later checkpoints reuse files"
     );
     assert_eq!(proxy.seen("GET", "/shared/"), distinct.len());
+    // Each `_metadata` is read once: checked, then imported from the bytes read.
+    assert_eq!(proxy.seen("GET", "/_metadata"), 3);
     assert_eq!(
         ok(ckptfs(&["import-flink", &src, store.to_str().unwrap()])),
         ""

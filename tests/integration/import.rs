@@ -79,6 +79,10 @@ fn import(target: &Path, imports: &[(&str, &Path)]) -> serde_json::Value {
     serde_json::from_str(&ok(import_output(target, imports, &[]))).unwrap()
 }
 
+/// The engine's one refusal of an import into backend A/0, which the store hosts.
+const HOSTED_A: &str =
+    "backend A/0 is hosted (a daemon of this store runs its RocksDB): import into another name";
+
 /// `ckptfs import` that must fail: its stderr.
 fn refused(target: &Path, imports: &[(&str, &Path)]) -> String {
     let out = import_output(target, imports, &["--wait", "0"]);
@@ -321,7 +325,7 @@ fn imports_through_the_control_file_join_hosted_backends_and_are_carried_over() 
         .contains("is external"));
     // An import into a hosted backend's name is refused, and so is a relative directory.
     let hosted = refused(&m.mnt, &[("A/0", &cp)]);
-    assert!(hosted.contains("hosted by this daemon"), "{hosted}");
+    assert!(hosted.contains(HOSTED_A), "{hosted}");
     assert_eq!(
         errno_of(ctl.send("import app/0 relative/dir\n")),
         libc::EINVAL
@@ -373,9 +377,10 @@ fn imports_through_the_control_file_join_hosted_backends_and_are_carried_over() 
     // After a restart the backend is still external and still carried over.
     drop(ctl);
     m.umount();
-    // Offline, a hosted backend's name is refused too.
+    // Offline, a hosted backend's name is refused too, in the same words.
     let hosted = refused(&m.store, &[("A/0", &cp)]);
     assert!(hosted.contains("is hosted"), "{hosted}");
+    assert!(hosted.contains(HOSTED_A), "{hosted}");
     m.mount(&[]);
     assert_eq!(m.status()["external"], serde_json::json!(["app/0"]));
     let after = m.checkpoint();

@@ -8,6 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use ckptfs_core::flink::import::FlinkSource;
+use ckptfs_core::flink::plan::Plan;
 use ckptfs_core::policy::{ByTime, Policy};
 use ckptfs_core::store::ObjectId;
 use ckptfs_core::{Engine, EngineConfig, Error};
@@ -144,8 +145,7 @@ fn a_lost_store_metadata_file_keeps_the_dropped_flink_checkpoints() {
     {
         let engine = Engine::open(cfg.clone()).unwrap();
         let imported: Vec<(u64, u64)> = engine
-            .import_flink(&src, false)
-            .unwrap()
+            .import_flink(&Plan::checked(&src).unwrap())
             .into_iter()
             .map(|i| (i.checkpoint, i.result.unwrap().0.id))
             .collect();
@@ -161,8 +161,7 @@ fn a_lost_store_metadata_file_keeps_the_dropped_flink_checkpoints() {
         "the dropped checkpoints were lost"
     );
     let again: Vec<(u64, u64)> = engine
-        .import_flink(&src, false)
-        .unwrap()
+        .import_flink(&Plan::checked(&src).unwrap())
         .into_iter()
         .map(|i| (i.checkpoint, i.result.unwrap().0.id))
         .collect();

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use super::ingest::{Ingest, PendingBackend};
 use super::materialize::StagedBackend;
-use super::state::{base_of, check_not_hosted, Base};
+use super::state::{base_of, Base};
 use super::{CatalogWrites, Engine, State};
 use crate::backend::StagedFile;
 use crate::catalog::{BackendSnapshot, CheckpointStats, Manifest, StoreMeta, FORMAT};
@@ -121,7 +121,8 @@ impl Engine {
         }
     }
 
-    /// Refuse imports this engine cannot take: a backend it hosts, or one imported twice.
+    /// Refuse imports this engine cannot take: a backend the store hosts, or one imported
+    /// twice.
     fn check_imports(&self, imports: &[Scanned]) -> Result<()> {
         let mut seen = BTreeSet::new();
         for import in imports {
@@ -146,7 +147,6 @@ impl Engine {
         let (id, meta, bases) = {
             let mut st = self.state();
             st.flight.check_open()?;
-            check_not_hosted(&st.meta.backends, imports.iter().map(|i| &i.backend))?;
             st.flight
                 .check_room(!imports.is_empty(), self.inner.max_concurrent)?;
             let id = st.meta.next_checkpoint;

@@ -18,8 +18,9 @@ use serde::{Deserialize, Serialize};
 use super::{CheckpointPlan, Engine, ImportReport};
 use crate::catalog::{FlinkLabel, Manifest};
 use crate::error::{Error, ErrorKind, IoContext, Result};
-use crate::flink::import::{self as flink, Completed, FlinkSource};
+use crate::flink::import::{self as flink, FlinkSource};
 use crate::flink::listing::Listing;
+use crate::flink::plan::{Plan, Planned};
 use crate::names::BackendName;
 use crate::source::FileStamp;
 
@@ -151,13 +152,14 @@ pub struct FlinkImport {
 }
 
 impl Engine {
-    /// Import every completed checkpoint of the Flink jobs under `src` (one job's directory,
-    /// or a root of any number of jobs) that is newer than the newest the store holds from
-    /// its job and that the store did not hold and drop: job by job in the order they began,
-    /// each job's oldest first ([`flink::completed`]). Without `keep_going`, the first failure ends the import; with it
-    /// ([`Engine::follow_flink`]), a source no job has written to yet holds nothing.
-    pub fn import_flink(&self, src: &FlinkSource, keep_going: bool) -> Result<Vec<FlinkImport>> {
-        self.import_flink_with(src, keep_going, &mut Retries::default(), Instant::now())
+    /// Import each checkpoint of `plan` (the completed checkpoints of the Flink jobs under
+    /// a source, one job's directory or a root of any number of jobs, [`Plan::checked`])
+    /// that is newer than the newest the store holds from its job and that the store did
+    /// not hold and drop: job by job in the order they began, each job's oldest first
+    /// ([`flink::completed`]), the `_metadata` the plan read. The first failure ends the
+    /// import.
+    pub fn import_flink(&self, plan: &Plan) -> Vec<FlinkImport> {
+        self.import_flink_with(plan, false, &mut Retries::default(), Instant::now())
     }
 
     /// One look of a follower (`mount --flink`): [`Engine::import_flink`], each failure
@@ -181,7 +183,11 @@ impl Engine {
         retries: &mut Retries,
         now: Instant,
     ) -> Result<Vec<FlinkImport>> {
-        let imports = self.import_flink_with(src, true, retries, now);
+        // A follower may look before the job has written anything.
+        let imports = flink::completed_listed(src, &mut retries.listing).map(|completed| {
+            let plan = Plan::listed(completed.unwrap_or_default());
+            self.import_flink_with(&plan, true, retries, now)
+        });
         *crate::fsutil::lock(&self.inner.flink_refused) = retries.refused();
         if imports.is_ok() {
             let newest = retries.newest_look().map(|(job, checkpoint, time)| {
@@ -205,23 +211,19 @@ impl Engine {
         crate::fsutil::lock(&self.inner.flink_refused).clone()
     }
 
+    /// The checkpoints of `plan`, in order; without `keep_going`, until the first failure.
     fn import_flink_with(
         &self,
-        src: &FlinkSource,
+        plan: &Plan,
         keep_going: bool,
         retries: &mut Retries,
         now: Instant,
-    ) -> Result<Vec<FlinkImport>> {
+    ) -> Vec<FlinkImport> {
         // A checkpoint's files to read are held open while it is imported: a large job's
         // first checkpoint has thousands.
         crate::fsutil::raise_open_files_limit();
-        // A follower may look before the job has written anything.
-        let completed = if keep_going {
-            flink::completed_listed(src, &mut retries.listing)?.unwrap_or_default()
-        } else {
-            flink::completed(src)?
-        };
-        if let Some(c) = completed.last() {
+        let completed = plan.checkpoints();
+        if let Some(c) = completed.last().map(|p| &p.completed) {
             retries.newest = Some((c.job.clone(), c.checkpoint));
             retries.newest_time = c.seen.and_then(|s| s.modified);
         }
@@ -229,12 +231,13 @@ impl Engine {
         let listed = |key: &(String, u64)| {
             completed
                 .iter()
-                .any(|c| (&c.job, c.checkpoint) == (&key.0, key.1))
+                .any(|p| (&p.completed.job, p.completed.checkpoint) == (&key.0, key.1))
         };
         retries.failed.retain(|key, _| listed(key));
         retries.jobs.retain(|key, _| listed(key));
         let mut out = Vec::new();
-        for checkpoint in completed {
+        for planned in completed {
+            let checkpoint = &planned.completed;
             let key = (checkpoint.job.clone(), checkpoint.checkpoint);
             let attempts = match retries.failed.get(&key) {
                 // Not read again: the same file says the same.
@@ -251,7 +254,7 @@ impl Engine {
                 .map(|(_, job)| job.clone());
             let started = Instant::now();
             let imported =
-                self.import_flink_checkpoint(&checkpoint, attempts.is_some(), known.as_deref());
+                self.import_flink_checkpoint(planned, attempts.is_some(), known.as_deref());
             if let (Ok(Imported::Held(job) | Imported::Done(job, _)), Some(seen)) =
                 (&imported, checkpoint.seen)
             {
@@ -313,7 +316,7 @@ impl Engine {
                 break;
             }
         }
-        Ok(out)
+        out
     }
 
     /// Whether checkpoint `checkpoint` of `job`, whose `_metadata` was written at
@@ -372,10 +375,11 @@ impl Engine {
     /// earlier look read it from the same `_metadata`.
     fn import_flink_checkpoint(
         &self,
-        checkpoint: &Completed,
+        planned: &Planned,
         retry: bool,
         job: Option<&str>,
     ) -> Result<Imported> {
+        let checkpoint = &planned.completed;
         let written_ms = checkpoint
             .seen
             .and_then(|s| s.modified)
@@ -395,8 +399,11 @@ impl Engine {
             self.holds_source(backend, name, source, size)
         };
         // The files to read are held open in `backends` until the checkpoint is stored.
+        // The bytes checked: a `_metadata` written again since is not what is imported.
+        let metadata = planned.metadata()?;
         let listed = flink::subtasks(
             checkpoint,
+            &metadata,
             staging.path(),
             &known,
             Some(self.object_store()),

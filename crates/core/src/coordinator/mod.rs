@@ -302,22 +302,18 @@ impl Engine {
         }
     }
 
-    /// Refuse an import into a backend this engine hosts (EINVAL).
+    /// Refuse an import into a backend the store hosts (EINVAL): its RocksDB runs in this
+    /// engine, or in the store's daemon when this engine hosts nothing (an import without
+    /// a daemon). The one rule, asked by [`Engine::begin`] of every checkpoint that
+    /// imports and by a daemon's control line before it runs.
     pub fn check_import_into(&self, name: &BackendName) -> Result<()> {
-        if self.inner.backends.contains_key(name) {
-            return Err(Error::Invalid(format!(
-                "backend {name} is hosted by this daemon: import into another name"
-            )));
-        }
-        Ok(())
+        state::check_not_hosted(&self.state().meta.backends, [name])
     }
 
-    /// Refuse a request naming a checkpoint the store does not retain (ENOENT).
+    /// Refuse a request naming a checkpoint the store does not retain (ENOENT), as the
+    /// request itself would be refused.
     pub fn check_checkpoint(&self, id: u64) -> Result<()> {
-        match self.manifest(id) {
-            Some(_) => Ok(()),
-            None => Err(Error::NoSuchCheckpoint(id)),
-        }
+        self.state().held.retained(id).map(drop)
     }
 
     fn with_backend<T>(

@@ -184,7 +184,7 @@ impl Flight {
 }
 
 /// Refuse an import into a backend a daemon of this store hosts (`hosted`, the store's
-/// metadata): its RocksDB runs there (EINVAL).
+/// metadata): its RocksDB runs there (EINVAL). The rule of [`Engine::check_import_into`](super::Engine::check_import_into).
 pub(super) fn check_not_hosted<'a>(
     hosted: &[BackendName],
     imports: impl IntoIterator<Item = &'a BackendName>,

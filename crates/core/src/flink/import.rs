@@ -334,25 +334,6 @@ fn job_listings(tree: &dyn Tree) -> Result<Vec<(String, Vec<(String, EntryKind)>
     Ok(jobs)
 }
 
-/// Read and parse every checkpoint's `_metadata`, and check that ckptfs can import it
-/// ([`layout`]): a command that imports several refuses a bad one before the store is
-/// touched.
-pub fn check_all(completed: &[Completed]) -> Result<()> {
-    for checkpoint in completed {
-        let bytes = checkpoint.read_metadata()?;
-        metadata::parse(&bytes)
-            .and_then(|parsed| layout(&parsed).map(drop))
-            .map_err(|e| {
-                Error::Invalid(format!(
-                    "Flink checkpoint {} of {}: {e}; nothing was imported",
-                    checkpoint.checkpoint,
-                    checkpoint.location()
-                ))
-            })?;
-    }
-    Ok(())
-}
-
 /// An operator's directory name: its uid, with every byte outside `[A-Za-z0-9.-]` written
 /// `_XX` (hex; so `_` itself is `_5f`), a leading `.` too, and a uid of 32 hex digits (which
 /// would read as an operator id) with its first byte escaped; without a uid, the 32-hex id.
@@ -618,27 +599,29 @@ pub fn relative_in(chk_dir: &str, path: &str) -> Result<String> {
     Ok(rel)
 }
 
-/// The backends of one completed checkpoint, each listed like an imported directory (the
-/// subtasks, then [`job_backend`]), and the job's id (from the directory's name, or else
-/// from the paths the metadata names: a copy of a job directory may have another name).
-/// Inline files, and files on object storage, are written under `staging` (which must be
-/// empty or missing); a file on object storage that `known` says the store holds (its
-/// backend's newest snapshot lists it under its name, source and size) is not fetched. The
-/// local files to read are held open in the listing: Flink may delete them meanwhile.
+/// The backends of one completed checkpoint whose `_metadata` is `bytes` (as its import's
+/// plan read it: [`super::plan::Planned::metadata`]), each listed like an imported
+/// directory (the subtasks, then [`job_backend`]), and the job's id (from the directory's
+/// name, or else from the paths the metadata names: a copy of a job directory may have
+/// another name). Inline files, and files on object storage, are written under `staging`
+/// (which must be empty or missing); a file on object storage that `known` says the store
+/// holds (its backend's newest snapshot lists it under its name, source and size) is not
+/// fetched. The local files to read are held open in the listing: Flink may delete them
+/// meanwhile.
 pub fn subtasks(
     completed: &Completed,
+    bytes: &[u8],
     staging: &Path,
     known: &dyn Fn(&BackendName, &str, &str, u64) -> bool,
     copies_into: Option<&dyn ObjectStore>,
 ) -> Result<Listed> {
-    let bytes = completed.read_metadata()?;
     let in_checkpoint = |e: Error| {
         Error::Invalid(format!(
             "Flink checkpoint {} of job {}: {e}",
             completed.checkpoint, completed.job
         ))
     };
-    let metadata = metadata::parse(&bytes).map_err(in_checkpoint)?;
+    let metadata = metadata::parse(bytes).map_err(in_checkpoint)?;
     let layout = layout(&metadata).map_err(in_checkpoint)?;
     let mut job = is_job_id(&completed.job).then(|| completed.job.clone());
     let fetched = RefCell::new(Fetches::default());
@@ -678,7 +661,7 @@ pub fn subtasks(
     // As read and parsed (Flink may delete it meanwhile).
     crate::fsutil::create_private_dir_all(&to.dir)?;
     let path = to.dir.join(METADATA);
-    std::fs::write(&path, &bytes).ctx("write", &path)?;
+    std::fs::write(&path, bytes).ctx("write", &path)?;
     let mut files = vec![ScannedFile::staged(METADATA, path, None)?];
     // Sorted by name: a file several handles name (each a subtask of a union list state)
     // comes in a row, and is listed once.
@@ -1191,7 +1174,7 @@ mod tests {
         std::fs::write(&metadata_path, &rewritten).unwrap();
         let found = completed(&FlinkSource::parse(&job).unwrap()).unwrap();
         let staging = tempfile::tempdir().unwrap();
-        let listed = subtasks(&found[2], staging.path(), &|_, _, _, _| false, None).unwrap();
+        let listed = subtasks_of(&found[2], staging.path()).unwrap();
         let held: std::collections::BTreeSet<PathBuf> = listed
             .backends
             .iter()
@@ -1200,6 +1183,12 @@ mod tests {
             .map(|f| f.path.clone())
             .collect();
         assert_eq!(held.len(), 1, "{held:?}");
+    }
+
+    /// [`subtasks`] of a checkpoint, its `_metadata` read now, the store holding nothing.
+    fn subtasks_of(completed: &Completed, staging: &Path) -> Result<Listed> {
+        let bytes = completed.read_metadata()?;
+        subtasks(completed, &bytes, staging, &|_, _, _, _| false, None)
     }
 
     /// `from` copied to `to` with `cp -a`.
@@ -1275,7 +1264,7 @@ mod tests {
         // B's checkpoint names A's files: inside the root, read.
         let found = completed(&FlinkSource::parse(&root).unwrap()).unwrap();
         let staging = tempfile::tempdir().unwrap();
-        let listed_b = subtasks(&found[1], staging.path(), &|_, _, _, _| false, None).unwrap();
+        let listed_b = subtasks_of(&found[1], staging.path()).unwrap();
         assert_eq!(listed_b.job, b);
         assert!(listed_b
             .backends
@@ -1285,7 +1274,7 @@ mod tests {
         // One job's directory alone: the other job's files are outside it.
         let alone = completed(&FlinkSource::parse(&root.join(b)).unwrap()).unwrap();
         let staging = tempfile::tempdir().unwrap();
-        let e = subtasks(&alone[0], staging.path(), &|_, _, _, _| false, None)
+        let e = subtasks_of(&alone[0], staging.path())
             .err()
             .expect("outside the job's directory");
         assert_eq!(e.errno(), libc::EACCES, "{e}");
@@ -1296,7 +1285,7 @@ mod tests {
         std::fs::write(root.join(b).join(format!("chk-7/{METADATA}")), &escaping).unwrap();
         let found = completed(&FlinkSource::parse(&root).unwrap()).unwrap();
         let staging = tempfile::tempdir().unwrap();
-        let e = subtasks(&found[1], staging.path(), &|_, _, _, _| false, None)
+        let e = subtasks_of(&found[1], staging.path())
             .err()
             .expect("outside the root");
         assert_eq!(e.errno(), libc::EACCES, "{e}");
@@ -1316,7 +1305,7 @@ mod tests {
             [4, 5, 6]
         );
         let staging = tempfile::tempdir().unwrap();
-        let listed = subtasks(&found[2], staging.path(), &|_, _, _, _| false, None).unwrap();
+        let listed = subtasks_of(&found[2], staging.path()).unwrap();
         let (backends, job) = (listed.backends, listed.job);
         assert_eq!(job, "a312c9034e3e0d2016dae60431b4c9dc");
         let names: Vec<String> = backends.iter().map(|b| b.backend.to_string()).collect();

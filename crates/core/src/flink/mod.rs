@@ -1,7 +1,8 @@
 //! Apache Flink's own checkpoints: [`metadata`] reads a `_metadata` file (and writes it
 //! with its files elsewhere), [`import`] turns a completed checkpoint into backends to
 //! import (the engine's side, labels and following a job, is `coordinator/flink.rs`;
-//! [`listing`] is what a follower keeps of Flink's directories between its looks),
+//! [`plan`] lists the checkpoints of an import and reads each `_metadata` once; [`listing`]
+//! is what a follower keeps of Flink's directories between its looks),
 //! [`export`] gives an imported checkpoint back to Flink as a checkpoint directory, [`gc`]
 //! finds what Flink left behind in its own checkpoint directory.
 
@@ -10,6 +11,7 @@ pub mod gc;
 pub mod import;
 pub mod listing;
 pub mod metadata;
+pub mod plan;
 
 /// A copy of the Flink fixture's job directory (`tests/fixtures/flink/job1`, a real Flink
 /// 2.3 job's) at `to`, for tests that change it.
