@@ -299,8 +299,8 @@ pub struct ImportReport {
     pub files: u64,
     /// The bytes of those files.
     pub bytes: u64,
-    /// Files read (hashed or copied): those not re-referenced by their source, and their
-    /// bytes.
+    /// Files read (hashed or copied here): those neither re-referenced by their source nor
+    /// copied by the object store itself (see `CheckpointStats::bytes_copied`).
     pub files_read: u64,
     /// The bytes of the files read.
     pub bytes_read: u64,
@@ -584,8 +584,13 @@ impl PendingCheckpoint {
                     backend: part.name.clone(),
                     files: scanned.len() as u64,
                     bytes: scanned.iter().map(|f| f.size).sum(),
-                    files_read: part.files.len() as u64,
-                    bytes_read: part.files.iter().map(|f| f.size).sum(),
+                    files_read: part.files.iter().filter(|f| f.remote.is_none()).count() as u64,
+                    bytes_read: part
+                        .files
+                        .iter()
+                        .filter(|f| f.remote.is_none())
+                        .map(|f| f.size)
+                        .sum(),
                     bytes_stored: ingest.uploaded() - before,
                 });
             }
