@@ -922,6 +922,8 @@ fn a_flink_job_on_object_storage_is_imported_fetching_each_file_once() {
         "later checkpoints reuse files"
     );
     assert_eq!(proxy.seen("GET", "/shared/"), distinct.len());
+    // A file named where the store holds it is not looked at again; a new one once.
+    assert_eq!(proxy.seen("HEAD", "/shared/"), distinct.len());
     // Each `_metadata` is read once: checked, then imported from the bytes read.
     assert_eq!(proxy.seen("GET", "/_metadata"), 3);
     assert_eq!(

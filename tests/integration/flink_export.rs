@@ -220,14 +220,17 @@ fn through_object_storage(
             copied, sst_bytes,
             "every SST copied by the object store: {ssts:?}"
         );
-        // The GETs of SSTs (other files under shared/ are read whole, as they must be).
-        let gets: Vec<_> = gets
-            .into_iter()
-            .filter(|(target, _)| {
-                ssts.keys()
-                    .any(|p| p.ends_with(target.rsplit('/').next().unwrap()))
-            })
-            .collect();
+        // The requests for SSTs (other files under shared/ are read whole, as they must be).
+        let of_ssts = |requests: Vec<(String, Vec<(String, String)>)>| -> Vec<_> {
+            requests
+                .into_iter()
+                .filter(|(target, _)| {
+                    ssts.keys()
+                        .any(|p| p.ends_with(target.rsplit('/').next().unwrap()))
+                })
+                .collect()
+        };
+        let gets = of_ssts(gets);
         assert!(!gets.is_empty(), "each SST's properties are read");
         for (target, headers) in &gets {
             let range = headers

@@ -751,7 +751,12 @@ fn file(
             to.fetched.borrow_mut().inline.insert(source, found.clone());
             return Ok(found);
         }
-        StreamHandle::File { path, size, .. } => (resolve(completed, path)?, *size),
+        StreamHandle::File { path, size, .. } => {
+            if let Some(found) = at_its_uri(completed, to, name, path, *size)? {
+                return Ok(found);
+            }
+            (resolve(completed, path)?, *size)
+        }
         StreamHandle::Relative { path, size, .. } => {
             let chk = join(&completed.job_dir, &format!("chk-{}", completed.checkpoint));
             let rel = relative_in(&chk, path)?;
@@ -805,6 +810,36 @@ fn of_size(found: ScannedFile, size: u64) -> Result<ScannedFile> {
         )));
     }
     Ok(found)
+}
+
+/// The file a handle names by `uri` on object storage, where the URI says (below a root),
+/// when that takes no look at the source or one: re-referenced unread if the store holds
+/// it under that immutable name, else copied by the object store (one HEAD, which also
+/// tells it is there). `None`: [`resolve`] it (a local file, a moved job's, one the store
+/// cannot copy, or one not where its URI says).
+fn at_its_uri(
+    completed: &Completed,
+    to: &Staging<'_>,
+    name: &str,
+    uri: &str,
+    size: u64,
+) -> Result<Option<ScannedFile>> {
+    let src = &completed.source;
+    let Some((tree, rel)) = std::iter::once(&src.tree)
+        .chain(&src.also)
+        .find_map(|tree| tree.locate(uri).map(|rel| (tree, rel)))
+    else {
+        return Ok(None);
+    };
+    let Some(immutable) = tree.immutable_name(&rel) else {
+        return Ok(None);
+    };
+    if (to.known)(to.backend, name, &immutable, size) {
+        return Ok(Some(ScannedFile::stored(name, immutable, size)));
+    }
+    copied(to, name, tree, &rel, size, &Some(immutable))?
+        .map(|found| of_size(found, size))
+        .transpose()
 }
 
 /// File `rel` of `tree` as an object the store copies without reading it (an SST or blob

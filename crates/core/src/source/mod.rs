@@ -184,7 +184,7 @@ pub trait Tree: Send + Sync {
     fn locate(&self, uri: &str) -> Option<String>;
     /// File `rel` as an object a store on the same object storage can copy without
     /// reading it (see [`crate::store::ObjectStore::stage_copy`]), looked up now; `None`
-    /// for a tree on a local disk. A missing file is NotFound.
+    /// for a tree on a local disk, or if there is nothing at `rel`.
     fn remote_file(&self, _rel: &str) -> Result<Option<crate::store::s3::RemoteFile>> {
         Ok(None)
     }

@@ -303,14 +303,7 @@ impl Tree for S3Tree {
     }
 
     fn remote_file(&self, rel: &str) -> Result<Option<crate::store::s3::RemoteFile>> {
-        let key = self.key(rel)?;
-        match self.remote.remote_file(&key)? {
-            Some(file) => Ok(Some(file)),
-            None => Err(Error::NotFound(format!(
-                "s3://{}/{key} is missing",
-                self.remote.bucket()
-            ))),
-        }
+        self.remote.remote_file(&self.key(rel)?)
     }
 
     fn remote(&self) -> Option<&Arc<Remote>> {
