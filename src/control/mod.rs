@@ -31,8 +31,10 @@ use protocol::{
 /// What `import` lines staged on one control handle for its next `checkpoint`.
 #[derive(Debug, Default)]
 pub struct StagedImports {
-    /// The directories, at most one per backend (a later line replaces an earlier one).
-    pub dirs: Vec<ImportDir>,
+    /// The directories as their `import` lines listed and checked them (their files held
+    /// open since), at most one per backend (a later line replaces an earlier one): the
+    /// next `checkpoint` imports these, not a new listing.
+    pub dirs: Vec<ckptfs_core::import::Scanned>,
     /// An `import` line was refused: the next `checkpoint` is refused too (and the staged
     /// set dropped), so that a script never gets a checkpoint without what it staged.
     pub refused: Option<String>,
@@ -249,19 +251,21 @@ impl Controller {
         }
     }
 
-    /// An `import` line: checked now (a bad directory is refused at its line), listed
-    /// again by the checkpoint that stores it.
+    /// An `import` line: listed and checked now (a bad directory is refused at its line);
+    /// the checkpoint that stores it imports this listing, each file held open since (one
+    /// written meanwhile fails it), without listing the directory again.
     fn stage_import(&self, import: &ImportDir, imports: &Mutex<StagedImports>) -> Answer {
         match ckptfs_core::import::scan(&import.backend, &import.dir) {
             Ok(scanned) => {
-                let mut staged = lock(imports);
-                staged.dirs.retain(|s| s.backend != import.backend);
-                staged.dirs.push(import.clone());
-                Ok(Reply::StagedImport(StagedImport {
+                let reply = StagedImport {
                     staged: import.backend.clone(),
                     files: scanned.files.len() as u64,
                     bytes: scanned.bytes(),
-                }))
+                };
+                let mut staged = lock(imports);
+                staged.dirs.retain(|s| s.backend != import.backend);
+                staged.dirs.push(scanned);
+                Ok(Reply::StagedImport(reply))
             }
             Err(e) => {
                 self.engine.record_error(e.to_string());
@@ -320,17 +324,12 @@ impl Controller {
         self: &Arc<Self>,
         index: usize,
         answer: AnswerSink,
-        dirs: Vec<ImportDir>,
+        dirs: Vec<ckptfs_core::import::Scanned>,
         staging: &Mutex<StagedImports>,
     ) {
-        let began = dirs
-            .iter()
-            .map(|i| ckptfs_core::import::scan(&i.backend, &i.dir))
-            .collect::<Result<Vec<_>>>()
-            .and_then(|scanned| {
-                self.engine
-                    .begin(ckptfs_core::CheckpointPlan::Import(scanned))
-            });
+        let began = self
+            .engine
+            .begin(ckptfs_core::CheckpointPlan::Import(dirs.clone()));
         let pending = match began {
             Ok(p) => p,
             Err(e) => {

@@ -241,6 +241,37 @@ fn ldb_checkpoints_are_imported_incrementally_and_come_back_file_for_file() {
     assert_eq!(files_of(&restored.join("app/0")), files_of(&cp(2)));
 }
 
+/// An `import` line lists and checks its directory once: the checkpoint line after it stores
+/// that listing (the files held open since), without listing the directory again, so a
+/// file that appears in between is not in it.
+#[test]
+fn an_import_line_is_listed_once_and_its_checkpoint_stores_that_listing() {
+    let m = Mounted::new(&[]);
+    let (db, cp) = (m.root.join("db"), m.root.join("cp"));
+    ldb_write(&db, 0..500, "a");
+    ldb_checkpoint(&db, &cp);
+    let listed = files_of(&cp);
+    let mut ctl = Ctl::open(&m);
+    let encoded = ckptfs_core::percent::encode(cp.to_str().unwrap().as_bytes());
+    ctl.send(&format!("import app/0 {encoded}\n")).unwrap();
+    let staged = ctl.answer();
+    assert_eq!(staged["files"], listed.len(), "{staged}");
+    let sst = listed
+        .keys()
+        .find(|n| n.ends_with(".sst"))
+        .expect("an SST")
+        .clone();
+    std::fs::copy(cp.join(&sst), cp.join("999999.sst")).unwrap();
+    ctl.send("checkpoint\n").unwrap();
+    let done = ctl.answer();
+    assert_eq!(done["ok"], true, "{done}");
+    assert_eq!(done["imports"][0]["files"], listed.len(), "{done}");
+    let id = done["id"].as_u64().unwrap();
+    drop(ctl);
+    assert_eq!(files_of(&m.mnt.join(format!("cp-{id}/app/0"))), listed);
+    m.umount();
+}
+
 #[test]
 fn imports_through_the_control_file_join_hosted_backends_and_are_carried_over() {
     let m = Mounted::new(&["--backend", "A/0"]);
