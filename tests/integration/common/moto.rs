@@ -8,10 +8,12 @@ use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
+
+#[path = "../../../crates/core/src/store/s3/moto_server.rs"]
+mod moto_server;
 
 pub struct Moto {
     pub port: u16,
@@ -33,38 +35,7 @@ pub fn free_port() -> u16 {
 pub fn moto() -> &'static Moto {
     MOTO.get_or_init(|| {
         let port = free_port();
-        // Started from a thread that lives as long as the process: the server is killed
-        // (PR_SET_PDEATHSIG) when that thread, i.e. the test binary, ends.
-        let (started, wait) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            use std::os::unix::process::CommandExt;
-            let mut command = Command::new("moto_server");
-            command
-                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
-            // SAFETY: prctl is async-signal-safe.
-            unsafe {
-                command.pre_exec(|| {
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    Ok(())
-                });
-            }
-            let child = command
-                .spawn()
-                .expect("moto_server (pip install 'moto[server]')");
-            started.send(()).unwrap();
-            let _child = child;
-            loop {
-                std::thread::park();
-            }
-        });
-        wait.recv().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "moto_server did not start");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        moto_server::start(port);
         // SAFETY (edition 2021): set once, before any client of this binary reads them.
         for (key, value) in env_for(port) {
             std::env::set_var(key, value);
@@ -99,22 +70,7 @@ impl Moto {
     }
 }
 
-/// Create a bucket with a plain (unsigned) request, which moto accepts.
-pub fn create_bucket(port: u16, bucket: &str) {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        stream,
-        "PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\n\
-         Connection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
-    assert!(
-        answer.starts_with("HTTP/1.1 200"),
-        "create bucket: {answer}"
-    );
-}
+pub use moto_server::create_bucket;
 
 /// Put an object with a plain (unsigned) request, as another application would have
 /// written it (a Flink job's checkpoint files).

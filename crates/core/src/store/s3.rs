@@ -22,6 +22,8 @@ mod copy;
 mod foreign;
 #[cfg(test)]
 pub(crate) mod moto;
+#[cfg(test)]
+mod moto_server;
 mod objects;
 mod records;
 mod remote;
