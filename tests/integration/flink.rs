@@ -464,6 +464,31 @@ fn job_expected(classpath: &str, records: u64) -> BTreeMap<(String, String, u32)
         .collect()
 }
 
+/// The Flink fixture copied to `dir/<name>`, imported into `dir/store`, its copy removed
+/// (only the store has the checkpoints then), and the store mounted at `dir/mnt` with
+/// `args`; with StateJob compiled: the classpath, the mountpoint and the mount.
+pub(crate) fn fixture_only_in_a_mount(
+    dir: &Path,
+    name: &str,
+    args: &[&str],
+) -> (String, PathBuf, Mounted) {
+    let classpath =
+        crate::common::java::compile_java("tests/flink/StateJob.java", &dir.join("classes"));
+    let src = dir.join(name);
+    cp_a(&fixture(), &src);
+    let store = dir.join("store");
+    ok(ckptfs(&[
+        "import-flink",
+        src.to_str().unwrap(),
+        store.to_str().unwrap(),
+    ]));
+    std::fs::remove_dir_all(&src).unwrap();
+    let mnt = dir.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let m = Mounted::at(&store, &mnt, args);
+    (classpath, mnt, m)
+}
+
 /// A StateJob (tests/flink/StateJob.java) running on a Flink 2.3 mini cluster, its
 /// stdout read line by line.
 pub(crate) struct Job {
@@ -644,21 +669,9 @@ fn a_running_flink_job_is_followed_and_its_state_reads_back() {
 #[test]
 fn an_exported_checkpoint_restores_a_flink_job_with_its_state() {
     let dir = tempfile::tempdir().unwrap();
-    let classpath =
-        crate::common::java::compile_java("tests/flink/StateJob.java", &dir.path().join("classes"));
-    let src = dir.path().join("copied-job");
-    cp_a(&fixture(), &src);
-    let store = dir.path().join("store");
-    ok(ckptfs(&[
-        "import-flink",
-        src.to_str().unwrap(),
-        store.to_str().unwrap(),
-    ]));
     // Flink's files are gone: only ckptfs has them.
-    std::fs::remove_dir_all(&src).unwrap();
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let m = Mounted::at(&store, &mnt, &[]);
+    let (classpath, mnt, m) = fixture_only_in_a_mount(dir.path(), "copied-job", &[]);
+    let store = dir.path().join("store");
     let dest = dir.path().join("restore-from");
     let printed = ok(ckptfs(&[
         "export-flink",

@@ -5,8 +5,8 @@
 
 use std::path::Path;
 
-use crate::common::mounted::{ckptfs, ok, Mounted};
-use crate::flink::{cp_a, fixture, Job};
+use crate::common::mounted::{ckptfs, ok};
+use crate::flink::{cp_a, fixture, fixture_only_in_a_mount, Job};
 use crate::flink_gc::named_paths;
 
 /// The fixture's job and its checkpoint 4, which holds 933 records.
@@ -54,21 +54,9 @@ pub(crate) fn restores_from(classpath: &str, chk: &Path, scratch: &Path) {
 #[test]
 fn a_flink_job_restores_from_the_mount_with_nothing_copied() {
     let dir = tempfile::tempdir().unwrap();
-    let classpath =
-        crate::common::java::compile_java("tests/flink/StateJob.java", &dir.path().join("classes"));
-    let src = dir.path().join(JOB);
-    cp_a(&fixture(), &src);
-    let store = dir.path().join("store");
-    ok(ckptfs(&[
-        "import-flink",
-        src.to_str().unwrap(),
-        store.to_str().unwrap(),
-    ]));
     // Flink's directory is gone: only the store has the checkpoints.
-    std::fs::remove_dir_all(&src).unwrap();
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let m = Mounted::at(&store, &mnt, &[]);
+    let (classpath, mnt, m) = fixture_only_in_a_mount(dir.path(), JOB, &[]);
+    let store = dir.path().join("store");
     let cp = mnt.join("cp-1");
     names_only_the_mount(&cp);
     // By Flink's own name: flink/<job>/chk-4 -> ../../cp-1.
@@ -182,20 +170,8 @@ fn a_flink_job_restores_from_a_read_only_mount_of_an_s3_store() {
 #[test]
 fn a_no_claim_restore_from_the_mount_holds_its_checkpoint_with_a_lease() {
     let dir = tempfile::tempdir().unwrap();
-    let classpath =
-        crate::common::java::compile_java("tests/flink/StateJob.java", &dir.path().join("classes"));
-    let src = dir.path().join(JOB);
-    cp_a(&fixture(), &src);
+    let (classpath, mnt, m) = fixture_only_in_a_mount(dir.path(), JOB, &["--restore-lease", "20s"]);
     let store = dir.path().join("store");
-    ok(ckptfs(&[
-        "import-flink",
-        src.to_str().unwrap(),
-        store.to_str().unwrap(),
-    ]));
-    std::fs::remove_dir_all(&src).unwrap();
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let m = Mounted::at(&store, &mnt, &["--restore-lease", "20s"]);
     assert_eq!(m.checkpoint_ids(), [1, 2, 3]);
     let cp = mnt.join("cp-1");
     // A listing and a stat are no restore.
