@@ -855,21 +855,12 @@ fn walk_files(dir: &Path) -> usize {
         .sum()
 }
 
-/// A Flink job that checkpoints to object storage (`execution.checkpointing.dir:
-/// s3://...`): the fixture job's files put into a bucket of a real S3 server, each
-/// `_metadata` naming its files by `s3://` URI as Flink on S3 writes them. `import-flink
-/// s3://BUCKET/PREFIX` imports every checkpoint, reading each `_metadata` once; a file the
-/// store holds from the previous checkpoint (same key and size) is not fetched again; the
-/// state reads back in ldb.
-#[test]
-fn a_flink_job_on_object_storage_is_imported_fetching_each_file_once() {
+/// The Flink fixture's job put into `bucket` under `prefix` (`flink/ck/<job>`) as Flink on
+/// S3 writes it: `shared/<uuid>`, and each `chk-N/_metadata` naming its files by `s3://` URI.
+pub(crate) fn put_fixture_job(port: u16, bucket: &str, prefix: &str) {
     use ckptfs_core::flink::metadata;
-    let moto = crate::common::moto::moto();
-    let bucket = &moto.bucket();
-    let job = "a312c9034e3e0d2016dae60431b4c9dc";
-    let prefix = format!("flink/ck/{job}");
     let put = |key: &str, bytes: &[u8]| {
-        crate::common::moto::put_object(moto.port, bucket, &format!("{prefix}/{key}"), bytes)
+        crate::common::moto::put_object(port, bucket, &format!("{prefix}/{key}"), bytes)
     };
     for entry in std::fs::read_dir(fixture().join("shared")).unwrap() {
         let entry = entry.unwrap();
@@ -905,6 +896,24 @@ fn a_flink_job_on_object_storage_is_imported_fetching_each_file_once() {
             }
         }
     }
+}
+
+/// A Flink job that checkpoints to object storage (`execution.checkpointing.dir:
+/// s3://...`): the fixture job's files put into a bucket of a real S3 server, each
+/// `_metadata` naming its files by `s3://` URI as Flink on S3 writes them. `import-flink
+/// s3://BUCKET/PREFIX` imports every checkpoint, reading each `_metadata` once; a file the
+/// store holds from the previous checkpoint (same key and size) is not fetched again; the
+/// state reads back in ldb.
+#[test]
+fn a_flink_job_on_object_storage_is_imported_fetching_each_file_once() {
+    let moto = crate::common::moto::moto();
+    let bucket = &moto.bucket();
+    let job = "a312c9034e3e0d2016dae60431b4c9dc";
+    let prefix = format!("flink/ck/{job}");
+    let put = |key: &str, bytes: &[u8]| {
+        crate::common::moto::put_object(moto.port, bucket, &format!("{prefix}/{key}"), bytes)
+    };
+    put_fixture_job(moto.port, bucket, &prefix);
     // In flight: a chk-7 without _metadata.
     put("chk-7/0b8e3c52-2f1e-4c1a-9d7e-000000000000", b"partial");
 
@@ -959,6 +968,185 @@ fn a_flink_job_on_object_storage_is_imported_fetching_each_file_once() {
     }
     assert!(checked >= 2);
     m.umount();
+}
+
+/// A Flink job's SSTs larger than one CopyObject copies (5 GiB on S3; 3,000 bytes here,
+/// with parts of 1 KiB on a server that takes them) are copied by the object store in parts
+/// (UploadPartCopy), into the store and again to their object's key: none is downloaded,
+/// each is named by the SHA-256 of its parts' SHA-256s (`sha256p10-`), the smaller ones by
+/// their SHA-256. The checkpoints restore with the source's bytes, fsck checks every object
+/// by its own hash function, and names one changed byte.
+#[test]
+fn a_flink_jobs_files_above_one_copy_are_copied_in_parts() {
+    use ckptfs_core::store::s3::Remote;
+    use ckptfs_core::store::ObjectId;
+    let moto = crate::common::moto::moto_small_parts();
+    let (from, to) = (moto.bucket(), moto.bucket());
+    let job = "a312c9034e3e0d2016dae60431b4c9dc";
+    put_fixture_job(moto.port, &from, &format!("flink/ck/{job}"));
+    let proxy = crate::common::moto::HttpProxy::start(moto.port);
+    let endpoint = format!("http://127.0.0.1:{}", proxy.port);
+    let store = format!("s3://{to}/store");
+    let ckptfs = |args: &[&str]| {
+        Command::new(crate::common::mounted::BIN)
+            .args(args)
+            .env("AWS_ENDPOINT_URL", &endpoint)
+            .env("CKPTFS_TEST_COPY_PARTS", "3000,10")
+            .output()
+            .unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    ok(ckptfs(&[
+        "import-flink",
+        &format!("s3://{from}/flink/ck"),
+        &store,
+        "--state",
+        state.to_str().unwrap(),
+    ]));
+
+    // The source's SSTs (by the block-based table's magic number at their end) above
+    // 3,000 bytes.
+    let sources: Vec<Vec<u8>> = std::fs::read_dir(fixture().join("shared"))
+        .unwrap()
+        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+        .collect();
+    let large: Vec<&Vec<u8>> = sources
+        .iter()
+        .filter(|b| b.ends_with(&0x88e2_41b7_85f4_cff7u64.to_le_bytes()) && b.len() > 3000)
+        .collect();
+    assert!(large.len() >= 3, "the fixture has SSTs above 3,000 bytes");
+    let parts: usize = large.iter().map(|b| b.len().div_ceil(1024)).sum();
+    // Each large file: a multipart upload of its parts into staging, and again to its key.
+    assert_eq!(proxy.seen("PUT", "partNumber="), 2 * parts);
+    for (target, headers) in proxy.requests("PUT", "partNumber=") {
+        assert!(
+            headers
+                .iter()
+                .any(|(n, v)| n == "x-amz-copy-source-range" && v.starts_with("bytes=")),
+            "{target}: not a copy of a range"
+        );
+    }
+    // No SST was read whole: only ranged reads of footers and properties (OPTIONS and
+    // MANIFEST files are read).
+    let is_sst = |target: &str| {
+        let uuid = target.rsplit('/').next().unwrap();
+        std::fs::read(fixture().join("shared").join(uuid))
+            .unwrap()
+            .ends_with(&0x88e2_41b7_85f4_cff7u64.to_le_bytes())
+    };
+    for (target, headers) in proxy.requests("GET", "/shared/") {
+        if !is_sst(&target) {
+            continue;
+        }
+        let range = headers.iter().find(|(n, _)| n == "range").map(|(_, v)| v);
+        assert!(
+            range.is_some_and(|r| !r.starts_with("bytes=0-")),
+            "{target} read whole ({range:?})"
+        );
+    }
+    let remote = Remote::connect_to(&to, "", Some(&endpoint)).unwrap();
+    let objects: Vec<(String, u64)> = remote
+        .list_keys("store/objects/", false)
+        .unwrap()
+        .into_iter()
+        .map(|(key, size, _)| (key.rsplit('/').next().unwrap().to_string(), size))
+        .collect();
+    let in_parts: Vec<&(String, u64)> = objects
+        .iter()
+        .filter(|(name, _)| name.starts_with("sha256p10-"))
+        .collect();
+    assert_eq!(in_parts.len(), large.len(), "{objects:?}");
+    for (name, size) in &in_parts {
+        assert!(*size > 3000, "{name}: {size} bytes");
+        let id: ObjectId = name.parse().unwrap();
+        let bytes = large
+            .iter()
+            .find(|b| {
+                let mut hasher = id.hasher();
+                hasher.update(b);
+                hasher.finalize() == id
+            })
+            .unwrap_or_else(|| panic!("{name} is no SHA-256 of a source file's parts"));
+        assert_eq!(bytes.len() as u64, *size);
+    }
+    assert!(objects.iter().any(|(name, _)| name.starts_with("sha256-")));
+    assert_eq!(
+        remote.list_keys("store/tmp/", false).unwrap().len(),
+        0,
+        "staging copies stayed"
+    );
+
+    // Restored byte for byte, checked by fsck; one changed byte named.
+    let out = dir.path().join("cp3");
+    ok(ckptfs(&["restore", &store, "3", out.to_str().unwrap()]));
+    let restored: Vec<Vec<u8>> = walk(&out)
+        .iter()
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    assert!(
+        large.iter().any(|b| restored.contains(b)),
+        "checkpoint 3 restores a file copied in parts"
+    );
+    ok(ckptfs(&["fsck", &store]));
+
+    // Exported into another bucket: copied in parts again, the source's bytes.
+    let export = moto.bucket();
+    let before = proxy.seen("PUT", "partNumber=");
+    ok(ckptfs(&[
+        "export-flink",
+        &store,
+        "3",
+        &format!("s3://{export}/flink"),
+    ]));
+    assert!(
+        proxy.seen("PUT", "partNumber=") > before,
+        "no copy in parts"
+    );
+    let exported = Remote::connect_to(&export, "", Some(&endpoint)).unwrap();
+    let mut copies = 0;
+    for (key, _, _) in exported.list_keys("flink/", false).unwrap() {
+        let bytes = exported.get_bytes(&key).unwrap();
+        if large.contains(&&bytes) {
+            copies += 1;
+        }
+    }
+    assert!(
+        copies > 0,
+        "the export holds none of the SSTs copied in parts"
+    );
+
+    let key = format!("store/objects/{}", in_parts[0].0);
+    let mut bad = remote.get_bytes(&key).unwrap();
+    bad[2000] ^= 1;
+    remote
+        .upload_from(&key, |w| {
+            std::io::Write::write_all(w, &bad).unwrap();
+            Ok(())
+        })
+        .unwrap();
+    let checked = ckptfs(&["fsck", &store]);
+    assert!(!checked.status.success());
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    assert!(said.contains(&in_parts[0].0), "{said}");
+}
+
+/// Every regular file below `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_dir() {
+            out.extend(walk(&entry.path()));
+        } else {
+            out.push(entry.path());
+        }
+    }
+    out
 }
 
 /// Full (not incremental) checkpoints: Flink 2.3's RocksDB backend writes them in RocksDB's

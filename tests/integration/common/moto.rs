@@ -20,6 +20,7 @@ pub struct Moto {
 }
 
 static MOTO: OnceLock<Moto> = OnceLock::new();
+static MOTO_SMALL_PARTS: OnceLock<Moto> = OnceLock::new();
 static BUCKETS: AtomicU64 = AtomicU64::new(0);
 
 /// A port nobody listens on just now.
@@ -40,6 +41,18 @@ pub fn moto() -> &'static Moto {
         for (key, value) in env_for(port) {
             std::env::set_var(key, value);
         }
+        Moto { port }
+    })
+}
+
+/// A second server, which takes multipart uploads of parts from 1 KiB (S3 and the other
+/// server: 5 MiB), so that tests copy objects in parts without copying megabytes. The AWS
+/// environment stays [`moto`]'s: give this one's endpoint to each client.
+pub fn moto_small_parts() -> &'static Moto {
+    moto();
+    MOTO_SMALL_PARTS.get_or_init(|| {
+        let port = free_port();
+        moto_server::start_with(port, &[("S3_UPLOAD_PART_MIN_SIZE", "1024")]);
         Moto { port }
     })
 }

@@ -16,7 +16,9 @@ use crate::names::BackendName;
 use crate::store::chunks::Chunks;
 use crate::store::{ObjectId, ObjectStore};
 
-/// The format written. 9: an object may be named by the SHA-256 the object store computed
+/// The format written. 10: an object may be named by the SHA-256 of its parts' SHA-256s
+/// (`sha256p<n>-<hex>`, a copy in parts of an object over 5 GiB); format 9 readers refuse
+/// such an id. 9: an object may be named by the SHA-256 the object store computed
 /// when it copied the bytes from a source (`sha256-<hex>`, see [`crate::store::Digest`]);
 /// format 8 readers refuse such an id. 8: file-list entries of SSTs record their column family (format 7
 /// readers refuse an entry with an unknown field); 7: imported backends (`ckptfs import`): `ckptfs.json` lists them as
@@ -26,7 +28,7 @@ use crate::store::{ObjectId, ObjectStore};
 /// refused chunked files over 64 MiB) and WAL figures in the stats; 4: file lists may store
 /// append-only files as chunks; 3: manifests name one stored file list per backend; 2:
 /// manifests and `ckptfs.json` carry a checksum.
-pub const FORMAT: u32 = 9;
+pub const FORMAT: u32 = 10;
 /// The oldest format still read: format 1 files have no checksum.
 pub const OLDEST_FORMAT: u32 = 1;
 

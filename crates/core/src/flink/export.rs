@@ -26,7 +26,7 @@ use super::metadata::{self, StreamHandle};
 use crate::error::{Error, ErrorKind, IoContext, Result};
 use crate::names::BackendName;
 use crate::source::MAX_METADATA_BYTES;
-use crate::store::s3::{Remote, MAX_COPY_OBJECT};
+use crate::store::s3::{Remote, MAX_COPY};
 
 /// Where the files of one checkpoint are read from: a store, or a mount's `cp-N/`.
 pub trait CheckpointFiles: Sync {
@@ -358,10 +358,10 @@ pub fn export_to_s3(
         let key = key_of(rel)?;
         let in_store = stored
             .stored_remotely(backend, name)
-            .filter(|(from, _, size)| remote.can_copy_from(from) && *size <= MAX_COPY_OBJECT);
+            .filter(|(from, _, size)| remote.can_copy_from(from) && *size <= MAX_COPY);
         let uploaded = match in_store {
             Some((from, from_key, size)) => remote
-                .copy_from(&from, &from_key, &key, None)
+                .copy_from(&from, &from_key, &key, size, None)
                 .map(|_| (size, true)),
             None => {
                 let mut written = 0;

@@ -26,7 +26,7 @@ use crate::names::BackendName;
 use crate::source::{
     join, EntryKind, Fetched, FileStamp, LocalTree, S3Tree, Tree, MAX_METADATA_BYTES,
 };
-use crate::store::s3::MAX_COPY_OBJECT;
+use crate::store::s3::MAX_COPY;
 use crate::store::ObjectStore;
 
 /// The name under which a subtask's Flink meta data (`KeyedBackendSerializationProxy`) is
@@ -843,7 +843,7 @@ fn at_its_uri(
 }
 
 /// File `rel` of `tree` as an object the store copies without reading it (an SST or blob
-/// file of at most [`MAX_COPY_OBJECT`] bytes, on object storage the store can copy from),
+/// file of at most [`MAX_COPY`] bytes, on object storage the store can copy from),
 /// looked up and its properties read once per checkpoint however many handles name it;
 /// `None` for a file that is read (downloaded or held open) instead.
 fn copied(
@@ -860,7 +860,7 @@ fn copied(
     let copies = tree
         .remote()
         .is_some_and(|remote| store.copies_from(remote));
-    if !copies || !crate::backend::is_shared_file(name) || size > MAX_COPY_OBJECT {
+    if !copies || !crate::backend::is_shared_file(name) || size > MAX_COPY {
         return Ok(None);
     }
     let key = Fetches::key(tree, rel);

@@ -173,7 +173,16 @@ pub enum Digest {
     /// SHA-256, computed by the object store as it copied the bytes from a source that
     /// ckptfs never read (format 9: `CopyObject` with a checksum, see `s3/staging.rs`).
     Sha256,
+    /// The SHA-256 of the SHA-256s of the bytes' parts of `1 << n` bytes each (the last
+    /// one shorter), computed by the object store as it copied the bytes in parts (format
+    /// 10: objects larger than one `CopyObject` copies, S3's "composite" checksum of a
+    /// multipart upload, see `s3/copy_parts.rs`).
+    Sha256Parts(u8),
 }
+
+/// The smallest and largest parts (`1 << n` bytes) of a [`Digest::Sha256Parts`] id: S3's
+/// parts are at most 5 GiB, and an id names whole bytes however small its parts.
+const PART_LOG2: std::ops::RangeInclusive<u8> = 10..=32;
 
 /// The identity of a stored object: the hash of its bytes, BLAKE3 or (for a copy the
 /// object store made) SHA-256. Either way the object is addressed by its content: every
@@ -187,6 +196,10 @@ pub struct ObjectId {
 /// The text that precedes the hex digits of a SHA-256 id (a BLAKE3 id is bare hex, as
 /// stores of formats 1 to 8 name every object).
 const SHA256_PREFIX: &str = "sha256-";
+
+/// The text that precedes a [`Digest::Sha256Parts`] id's part size (`n` of `1 << n`), then
+/// `-` and its hex digits: `sha256p30-<hex>` for parts of 1 GiB.
+const SHA256_PARTS_PREFIX: &str = "sha256p";
 
 /// Hashing an id for a hash table needs only some of its bytes: they are a cryptographic
 /// hash already, uniformly spread (and equal ids still hash equally). Feeding 8 bytes
@@ -216,6 +229,15 @@ impl ObjectId {
         }
     }
 
+    /// The id of the bytes whose parts of `1 << part_log2` bytes have SHA-256s whose
+    /// concatenation's SHA-256 is `hash`; `None` for a part size outside 1 KiB to 4 GiB.
+    pub fn from_sha256_parts(hash: [u8; 32], part_log2: u8) -> Option<Self> {
+        PART_LOG2.contains(&part_log2).then_some(ObjectId {
+            hash,
+            digest: Digest::Sha256Parts(part_log2),
+        })
+    }
+
     /// The hash's 32 bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.hash
@@ -233,12 +255,14 @@ impl ObjectId {
     }
 
     /// The id as the object is named in the store: 64 lower-case hex digits for BLAKE3,
-    /// the same prefixed with `sha256-` for SHA-256.
+    /// the same prefixed with `sha256-` for SHA-256, and with `sha256p<n>-` for the SHA-256
+    /// of parts of `1 << n` bytes.
     pub fn to_hex(&self) -> String {
         let hex = blake3::Hash::from_bytes(self.hash).to_hex();
         match self.digest {
             Digest::Blake3 => hex.to_string(),
             Digest::Sha256 => format!("{SHA256_PREFIX}{hex}"),
+            Digest::Sha256Parts(n) => format!("{SHA256_PARTS_PREFIX}{n}-{hex}"),
         }
     }
 
@@ -263,16 +287,27 @@ impl fmt::Debug for ObjectId {
 impl FromStr for ObjectId {
     type Err = Error;
     fn from_str(text: &str) -> Result<Self> {
-        let (hex, digest) = match text.strip_prefix(SHA256_PREFIX) {
-            Some(hex) => (hex, Digest::Sha256),
-            None => (text, Digest::Blake3),
+        let not_an_id = || Error::Invalid(format!("not an object id: {text:?}"));
+        let (hex, digest) = if let Some(hex) = text.strip_prefix(SHA256_PREFIX) {
+            (hex, Digest::Sha256)
+        } else if let Some(rest) = text.strip_prefix(SHA256_PARTS_PREFIX) {
+            let (n, hex) = rest.split_once('-').ok_or_else(not_an_id)?;
+            // Digits only, as written (no sign, no leading zero).
+            let n = n
+                .parse::<u8>()
+                .ok()
+                .filter(|v| PART_LOG2.contains(v) && v.to_string() == n)
+                .ok_or_else(not_an_id)?;
+            (hex, Digest::Sha256Parts(n))
+        } else {
+            (text, Digest::Blake3)
         };
         blake3::Hash::from_hex(hex)
             .map(|hash| ObjectId {
                 hash: *hash.as_bytes(),
                 digest,
             })
-            .map_err(|_| Error::Invalid(format!("not an object id: {text:?}")))
+            .map_err(|_| not_an_id())
     }
 }
 
@@ -296,6 +331,57 @@ pub enum IdHasher {
     Blake3(Box<blake3::Hasher>),
     /// SHA-256.
     Sha256(sha2::Sha256),
+    /// SHA-256 of parts' SHA-256s.
+    Sha256Parts(Box<PartsHasher>),
+}
+
+/// Computes a [`Digest::Sha256Parts`] id: each part of `1 << log2` bytes hashed with
+/// SHA-256, and those hashes (32 bytes each, in order) hashed again, as S3 computes a
+/// multipart upload's "composite" checksum.
+#[derive(Clone)]
+pub struct PartsHasher {
+    log2: u8,
+    part: sha2::Sha256,
+    /// Bytes fed to `part` so far.
+    in_part: u64,
+    /// Fed each finished part's hash.
+    parts: sha2::Sha256,
+    /// How many parts were finished.
+    ended: u64,
+}
+
+impl PartsHasher {
+    fn update(&mut self, mut bytes: &[u8]) {
+        let part_size = 1u64 << self.log2;
+        while !bytes.is_empty() {
+            let room = part_size - self.in_part;
+            let n = bytes.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+            sha2::Digest::update(&mut self.part, &bytes[..n]);
+            self.in_part += n as u64;
+            bytes = &bytes[n..];
+            if self.in_part == part_size {
+                self.end_part();
+            }
+        }
+    }
+
+    fn end_part(&mut self) {
+        let part = std::mem::replace(&mut self.part, <sha2::Sha256 as sha2::Digest>::new());
+        sha2::Digest::update(&mut self.parts, sha2::Digest::finalize(part));
+        self.in_part = 0;
+        self.ended += 1;
+    }
+
+    fn finalize(mut self) -> ObjectId {
+        // The last part, shorter; or the only one, of nothing.
+        if self.in_part > 0 || self.ended == 0 {
+            self.end_part();
+        }
+        ObjectId {
+            hash: sha2::Digest::finalize(self.parts).into(),
+            digest: Digest::Sha256Parts(self.log2),
+        }
+    }
 }
 
 impl IdHasher {
@@ -304,6 +390,13 @@ impl IdHasher {
         match digest {
             Digest::Blake3 => IdHasher::Blake3(Box::new(blake3::Hasher::new())),
             Digest::Sha256 => IdHasher::Sha256(<sha2::Sha256 as sha2::Digest>::new()),
+            Digest::Sha256Parts(log2) => IdHasher::Sha256Parts(Box::new(PartsHasher {
+                log2,
+                part: sha2::Digest::new(),
+                in_part: 0,
+                parts: sha2::Digest::new(),
+                ended: 0,
+            })),
         }
     }
 
@@ -314,6 +407,7 @@ impl IdHasher {
                 h.update(bytes);
             }
             IdHasher::Sha256(h) => sha2::Digest::update(h, bytes),
+            IdHasher::Sha256Parts(h) => h.update(bytes),
         }
     }
 
@@ -322,6 +416,7 @@ impl IdHasher {
         match self {
             IdHasher::Blake3(h) => ObjectId::from_hash(h.finalize()),
             IdHasher::Sha256(h) => ObjectId::from_sha256(sha2::Digest::finalize(h).into()),
+            IdHasher::Sha256Parts(h) => h.finalize(),
         }
     }
 }
@@ -607,5 +702,61 @@ mod tests {
         )
         .unwrap();
         assert!(check(&sha, len, blake, len).is_err());
+    }
+
+    /// S3's composite checksum of a multipart object, computed the way its documentation
+    /// gives it: the SHA-256 of the parts' SHA-256s, concatenated.
+    fn composite(bytes: &[u8], part: usize) -> [u8; 32] {
+        let mut hashes = Vec::new();
+        for piece in bytes.chunks(part) {
+            hashes.extend_from_slice(&sha256(piece));
+        }
+        sha256(&hashes)
+    }
+
+    #[test]
+    fn a_parts_id_is_the_sha256_of_its_parts_sha256s_however_the_bytes_are_fed() {
+        let bytes: Vec<u8> = (0..5000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let id = ObjectId::from_sha256_parts(composite(&bytes, 1024), 10).unwrap();
+        assert!(id.to_hex().starts_with("sha256p10-"), "{id}");
+        assert_eq!(id.to_hex().parse::<ObjectId>().unwrap(), id);
+        // Fed whole, byte by byte, or in pieces across part boundaries: the same id.
+        for step in [bytes.len(), 1, 7, 1024, 1500] {
+            let mut hasher = id.hasher();
+            for piece in bytes.chunks(step) {
+                hasher.update(piece);
+            }
+            assert_eq!(hasher.finalize(), id, "fed {step} bytes at a time");
+        }
+        // An exact multiple of the part size has no empty last part.
+        let even = &bytes[..4096];
+        let even_id = ObjectId::from_sha256_parts(composite(even, 1024), 10).unwrap();
+        let mut hasher = even_id.hasher();
+        hasher.update(even);
+        assert_eq!(hasher.finalize(), even_id);
+        // Other part sizes, other bytes, or the whole SHA-256: other ids.
+        let mut hasher = ObjectId::from_sha256_parts([0; 32], 11).unwrap().hasher();
+        hasher.update(&bytes);
+        assert_ne!(hasher.finalize(), id);
+        let mut changed = bytes.clone();
+        changed[4999] ^= 1;
+        let mut hasher = id.hasher();
+        hasher.update(&changed);
+        assert_ne!(hasher.finalize(), id);
+        assert_ne!(ObjectId::from_sha256(*id.as_bytes()), id);
+        assert_eq!(ObjectId::from_sha256_parts([0; 32], 9), None);
+        assert_eq!(ObjectId::from_sha256_parts([0; 32], 33), None);
+        let hex = blake3::Hash::from_bytes([0; 32]).to_hex();
+        for bad in [
+            format!("sha256p-{hex}"),
+            format!("sha256p9-{hex}"),
+            format!("sha256p33-{hex}"),
+            format!("sha256p030-{hex}"),
+            format!("sha256p+30-{hex}"),
+            format!("sha256p30{hex}"),
+            "sha256p30-00".to_string(),
+        ] {
+            assert!(bad.parse::<ObjectId>().is_err(), "{bad}");
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! The store on S3-compatible object storage (AWS S3, Ceph RGW, MinIO), through the
 //! `object_store` crate.
 //!
-//! Layout under `s3://BUCKET/PREFIX/`: `objects/<64 hex digits>` (content-addressed),
+//! Layout under `s3://BUCKET/PREFIX/`: `objects/<id>` (content-addressed: see
+//! [`ObjectId`](super::ObjectId)),
 //! `checkpoints/<id>.json`, `ckptfs.json`, `quarantine/`, `lease.json`.
 //!
 //! Objects go straight to their final key: the key is the hash of the content, so two
@@ -19,6 +20,7 @@
 
 mod copier;
 mod copy;
+mod copy_parts;
 mod foreign;
 #[cfg(test)]
 pub(crate) mod moto;
@@ -34,7 +36,7 @@ mod upload;
 #[cfg(test)]
 mod tests;
 
-pub use copy::{Copied, MAX_COPY_OBJECT};
+pub use copy::{Copied, MAX_COPY};
 pub use foreign::RemoteFile;
 pub use objects::{S3Objects, S3Options};
 pub use records::S3Records;

@@ -8,6 +8,8 @@ use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::client::{HttpClient, HttpConnector, ReqwestConnector};
 use object_store::ClientOptions;
 
+use super::copy::MAX_COPY_OBJECT;
+use super::copy_parts::PART_LOG2;
 use crate::error::{Error, Result};
 
 /// What a CopyObject request needs that `object_store` keeps inside its client.
@@ -18,6 +20,10 @@ pub(super) struct Copier {
     pub(super) bucket_url: String,
     pub(super) sign: bool,
     pub(super) request_payer: bool,
+    /// The largest object copied by one CopyObject; larger ones are copied in parts.
+    pub(super) single_max: u64,
+    /// Parts of copies in parts are `1 << part_log2` bytes.
+    pub(super) part_log2: u8,
 }
 
 impl Copier {
@@ -57,6 +63,20 @@ impl Copier {
             bucket_url: bucket_url.trim_end_matches('/').to_string(),
             sign: !yes(AmazonS3ConfigKey::SkipSignature),
             request_payer: yes(AmazonS3ConfigKey::RequestPayer),
+            single_max: test_parts().map_or(MAX_COPY_OBJECT, |(max, _)| max),
+            part_log2: test_parts().map_or(PART_LOG2, |(_, log2)| log2),
         })
     }
+}
+
+/// In builds with failpoints (the tests'), `CKPTFS_TEST_COPY_PARTS=<largest single copy>,
+/// <part size log2>` copies objects above a few MiB in parts of a few MiB, so that tests
+/// copy in parts without 5 GiB objects.
+fn test_parts() -> Option<(u64, u8)> {
+    if !cfg!(feature = "failpoints") {
+        return None;
+    }
+    let value = std::env::var("CKPTFS_TEST_COPY_PARTS").ok()?;
+    let (max, log2) = value.split_once(',')?;
+    Some((max.parse().ok()?, log2.parse().ok()?))
 }

@@ -1,5 +1,6 @@
 //! Server-side copies between buckets of one endpoint: S3's `CopyObject`, with the SHA-256
-//! the object store computes over the copy (`x-amz-checksum-algorithm: SHA256`).
+//! the object store computes over the copy (`x-amz-checksum-algorithm: SHA256`); above
+//! 5 GiB, a multipart upload of `UploadPartCopy` parts (`copy_parts.rs`).
 //!
 //! `object_store` copies only within one bucket and returns no checksum, so this sends the
 //! request itself, through the pieces `object_store` makes public: the client's credential
@@ -14,6 +15,7 @@
 use std::time::Duration;
 
 use base64::Engine as _;
+use bytes::Bytes;
 use futures::StreamExt;
 use object_store::aws::AwsAuthorizer;
 use object_store::client::{HttpRequest, HttpRequestBody};
@@ -21,10 +23,15 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 use super::remote::{remote_error, Remote};
 use crate::error::{Error, Result};
+use crate::store::ObjectId;
 
-/// The largest object one CopyObject request copies (5 GiB); larger ones need a multipart
-/// upload of UploadPartCopy parts.
-pub const MAX_COPY_OBJECT: u64 = 5 << 30;
+/// The largest object one CopyObject request copies (5 GiB); larger ones are copied in
+/// parts (`copy_parts.rs`).
+pub(super) const MAX_COPY_OBJECT: u64 = 5 << 30;
+
+/// The largest object the object store copies at all (S3's largest object, 5 TiB): the
+/// largest file an import or an export copies without reading it.
+pub const MAX_COPY: u64 = 5 << 40;
 
 /// How keys are encoded in a URL path and in `x-amz-copy-source`: everything but RFC 3986's
 /// unreserved characters and `/` (object_store's `STRICT_PATH_ENCODE_SET`, which is also
@@ -36,33 +43,37 @@ const KEY_ENCODE_SET: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'~')
     .remove(b'/');
 
+/// How a query value (an upload id) is encoded: everything but the unreserved characters.
+pub(super) const QUERY_ENCODE_SET: &AsciiSet = &KEY_ENCODE_SET.add(b'/');
+
 /// The largest answer read into memory (a CopyObjectResult or an error is a few hundred
 /// bytes).
 const MAX_ANSWER: usize = 64 << 10;
 
-/// How many times a copy is sent at most: again after a transport failure or a 5xx (a copy
-/// is idempotent: it writes the same bytes again).
+/// How many times a request is sent at most: again after a transport failure or a 5xx (a
+/// copy is idempotent: it writes the same bytes again).
 const COPY_ATTEMPTS: u32 = 5;
 
-/// The first pause before sending a copy again; doubled each time.
+/// The first pause before sending a request again; doubled each time.
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 
 /// What the object store answered for a copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Copied {
-    /// The SHA-256 of the copy's whole bytes, as the object store computed it; `None` if it
-    /// computed none (a server without `x-amz-checksum-algorithm`) or another kind (a
-    /// multipart object's checksum of its parts' checksums).
-    pub sha256: Option<[u8; 32]>,
+    /// The id the copy's bytes have, from the checksum the object store computed as it
+    /// copied them: the SHA-256 of the whole bytes (one CopyObject), or of their parts'
+    /// SHA-256s (a copy in parts); `None` if it computed none (a server without
+    /// `x-amz-checksum-algorithm`).
+    pub id: Option<ObjectId>,
     /// The copy's ETag, as S3 spells it (with its quotes).
     pub etag: String,
 }
 
 impl Copied {
-    /// The SHA-256 of the copy of `what`, or an error saying the object store computed
-    /// none: a caller that names the copy by it needs it.
-    pub fn whole_sha256(&self, what: &str) -> Result<[u8; 32]> {
-        self.sha256.ok_or_else(|| {
+    /// The id of the copy of `what`, or an error saying the object store computed no
+    /// checksum: a caller that names the copy by it needs it.
+    pub fn id(&self, what: &str) -> Result<ObjectId> {
+        self.id.ok_or_else(|| {
             Error::Invalid(format!(
                 "the object store computed no SHA-256 of its copy of {what} (a server \
                  without x-amz-checksum-algorithm: SHA256): it cannot be named without \
@@ -72,13 +83,20 @@ impl Copied {
     }
 }
 
+/// An answer from the object store: its status and (bounded) body.
+pub(super) struct Answered {
+    pub(super) status: http::StatusCode,
+    pub(super) body: Vec<u8>,
+}
+
 /// Server-side copies from another bucket (or this one) of the same endpoint.
 impl Remote {
-    /// Copy object `from_key` of `source`'s bucket to `to_key` of this bucket (whole keys,
-    /// as [`Remote::full_key`] gives them) inside the object store: one CopyObject request
-    /// (up to [`MAX_COPY_OBJECT`] bytes), signed with this remote's credentials,
-    /// which must read the source and write here. No byte of the object passes through
-    /// this host. The object store computes the copy's SHA-256, returned in [`Copied`].
+    /// Copy object `from_key` of `source`'s bucket (`size` bytes) to `to_key` of this
+    /// bucket (whole keys, as [`Remote::full_key`] gives them) inside the object store:
+    /// one CopyObject request up to 5 GiB, a multipart upload of UploadPartCopy parts
+    /// above (up to [`MAX_COPY`]), signed with this remote's credentials, which must read
+    /// the source and write here. No byte of the object passes through this host. The
+    /// object store computes the copy's checksum, returned in [`Copied`].
     ///
     /// With `if_match` (an ETag, as listed), S3 copies only if the source still has it.
     /// Transport failures and 5xx answers are sent again (up to 5 times, with backoff).
@@ -87,13 +105,14 @@ impl Remote {
     /// missing is [`crate::error::ErrorKind::NotFound`]; a source whose ETag is no longer
     /// `if_match` is [`crate::error::ErrorKind::Conflict`] ("the source changed"); access
     /// denied and anything else [`crate::error::ErrorKind::Io`]. An answer without a
-    /// SHA-256 is an error, and the copy may then have landed at `to_key`: the caller
-    /// removes what it does not keep.
+    /// checksum is not an error ([`Copied::id`] is), and the copy has then landed at
+    /// `to_key`: the caller removes what it does not keep.
     pub fn copy_from(
         &self,
         source: &Remote,
         from_key: &str,
         to_key: &str,
+        size: u64,
         if_match: Option<&str>,
     ) -> Result<Copied> {
         let what = format!(
@@ -101,43 +120,71 @@ impl Remote {
             source.bucket, self.bucket
         );
         let fail = |e: object_store::Error| remote_error(&what, e);
-        let (status, body) = self
-            .block_on(self.send_copy(&source.bucket, from_key, to_key, if_match))
+        let copy = CopySource::new(&source.bucket, from_key, if_match);
+        if size > MAX_COPY {
+            return Err(Error::Invalid(format!(
+                "{what}: {size} bytes is more than the object store copies ({MAX_COPY})"
+            )));
+        }
+        if size > self.copier.single_max {
+            return self
+                .block_on(self.copy_parts(&copy, to_key, size))
+                .map_err(fail);
+        }
+        let url = self.key_url(to_key);
+        let answered = self
+            .block_on(self.send(
+                || {
+                    copy.headers(http::Request::builder().method(http::Method::PUT).uri(&url))
+                        .header("x-amz-checksum-algorithm", "SHA256")
+                },
+                Bytes::new(),
+            ))
             .map_err(fail)?;
-        let answer = Answer::parse(&body).map_err(fail)?;
-        let source_url = format!("s3://{}/{from_key}", source.bucket);
-        copied(status, answer, &source_url, if_match).map_err(fail)
+        let answer = Answer::parse(&answered.body).map_err(fail)?;
+        let etag = accepted(answered.status, &answer, &copy).map_err(fail)?;
+        let id = answer
+            .checksum_sha256
+            .as_deref()
+            .and_then(decode_sha256)
+            .map(ObjectId::from_sha256);
+        Ok(Copied { id, etag })
     }
 
-    /// Send the CopyObject request, again after a transport failure, a 5xx or an S3 error
-    /// that says to (a copy can fail after a 200, with an `<Error>` body): the status and
-    /// the body of the last answer.
-    async fn send_copy(
-        &self,
-        source_bucket: &str,
-        from_key: &str,
-        to_key: &str,
-        if_match: Option<&str>,
-    ) -> object_store::Result<(http::StatusCode, Vec<u8>)> {
-        let copier = &self.copier;
-        let url = format!(
+    /// The URL of `key` (a whole key) in this bucket.
+    pub(super) fn key_url(&self, key: &str) -> String {
+        format!(
             "{}/{}",
-            copier.bucket_url,
-            utf8_percent_encode(to_key, KEY_ENCODE_SET)
-        );
-        let copy_source = format!(
-            "{source_bucket}/{}",
-            utf8_percent_encode(from_key, KEY_ENCODE_SET)
-        );
+            self.copier.bucket_url,
+            utf8_percent_encode(key, KEY_ENCODE_SET)
+        )
+    }
+
+    /// Send the request `request` builds (with `body`), signed, again after a transport
+    /// failure, a 5xx or an S3 error that says to (a copy can fail after a 200, with an
+    /// `<Error>` body): the last answer.
+    pub(super) async fn send(
+        &self,
+        request: impl Fn() -> http::request::Builder,
+        body: Bytes,
+    ) -> object_store::Result<Answered> {
         let mut pause = FIRST_BACKOFF;
         let mut attempt = 1;
         loop {
-            let request = self
-                .signed_copy(&url, &copy_source, if_match)
-                .await
-                .map_err(generic)?;
+            let built = request();
+            let what = built
+                .uri_ref()
+                .map(|uri| {
+                    format!(
+                        "{} {}",
+                        built.method_ref().cloned().unwrap_or_default(),
+                        uri
+                    )
+                })
+                .unwrap_or_default();
+            let signed = self.signed(built, body.clone()).await.map_err(generic)?;
             let last = attempt == COPY_ATTEMPTS;
-            match copier.http.execute(request).await {
+            match self.copier.http.execute(signed).await {
                 Ok(response) => {
                     let status = response.status();
                     let body = read_bounded(response.into_body()).await?;
@@ -147,12 +194,12 @@ impl Remote {
                             .and_then(|a| a.code)
                             .is_some_and(|code| RETRIED_CODES.contains(&code.as_str()));
                     if !again || last {
-                        return Ok((status, body));
+                        return Ok(Answered { status, body });
                     }
-                    log::warn!("a copy to {to_key} answered {status}; sending it again");
+                    log::warn!("{what} answered {status}; sending it again");
                 }
                 Err(e) if last => return Err(generic(e)),
-                Err(e) => log::warn!("a copy to {to_key} failed ({e}); sending it again"),
+                Err(e) => log::warn!("{what} failed ({e}); sending it again"),
             }
             tokio::time::sleep(pause).await;
             pause *= 2;
@@ -160,24 +207,16 @@ impl Remote {
         }
     }
 
-    /// The CopyObject request to `url`, signed now (each attempt signs again: the
+    /// The request `builder` makes with `body`, signed now (each attempt signs again: the
     /// signature holds the time, and credentials expire).
-    async fn signed_copy(
+    async fn signed(
         &self,
-        url: &str,
-        copy_source: &str,
-        if_match: Option<&str>,
+        builder: http::request::Builder,
+        body: Bytes,
     ) -> std::result::Result<HttpRequest, Box<dyn std::error::Error + Send + Sync>> {
-        let mut builder = http::Request::builder()
-            .method(http::Method::PUT)
-            .uri(url)
-            .header("x-amz-copy-source", copy_source)
-            .header("x-amz-checksum-algorithm", "SHA256")
-            .header(http::header::CONTENT_LENGTH, "0");
-        if let Some(etag) = if_match {
-            builder = builder.header("x-amz-copy-source-if-match", etag);
-        }
-        let mut request = builder.body(HttpRequestBody::empty())?;
+        let mut request = builder
+            .header(http::header::CONTENT_LENGTH, body.len().to_string())
+            .body(HttpRequestBody::from(body))?;
         let copier = &self.copier;
         if copier.sign {
             let credential = self.client.credentials().get_credential().await?;
@@ -186,6 +225,34 @@ impl Remote {
                 .try_authorize(&mut request, None)?;
         }
         Ok(request)
+    }
+}
+
+/// The object a copy reads: `x-amz-copy-source` and its condition.
+pub(super) struct CopySource<'a> {
+    /// `bucket/key`, encoded.
+    header: String,
+    /// The source's URL, for messages.
+    pub(super) url: String,
+    pub(super) if_match: Option<&'a str>,
+}
+
+impl<'a> CopySource<'a> {
+    fn new(bucket: &str, key: &str, if_match: Option<&'a str>) -> Self {
+        CopySource {
+            header: format!("{bucket}/{}", utf8_percent_encode(key, KEY_ENCODE_SET)),
+            url: format!("s3://{bucket}/{key}"),
+            if_match,
+        }
+    }
+
+    /// `builder` with the headers that name the source, and its condition.
+    pub(super) fn headers(&self, builder: http::request::Builder) -> http::request::Builder {
+        let builder = builder.header("x-amz-copy-source", &self.header);
+        match self.if_match {
+            Some(etag) => builder.header("x-amz-copy-source-if-match", etag),
+            None => builder,
+        }
     }
 }
 
@@ -198,7 +265,9 @@ const RETRIED_CODES: [&str; 4] = [
 ];
 
 /// A failure of the request itself (transport, signing), as object_store reports one.
-fn generic(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> object_store::Error {
+pub(super) fn generic(
+    e: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> object_store::Error {
     object_store::Error::Generic {
         store: "S3",
         source: e.into(),
@@ -223,22 +292,27 @@ async fn read_bounded(
     Ok(out)
 }
 
-/// The fields of a `CopyObjectResult` or an `<Error>`, whichever the answer is.
+/// The fields of a `CopyObjectResult`, `CopyPartResult`, `InitiateMultipartUploadResult`,
+/// `CompleteMultipartUploadResult` or `<Error>`, whichever the answer is.
 #[derive(Debug, Default, serde::Deserialize)]
-struct Answer {
+pub(super) struct Answer {
     #[serde(rename = "Code")]
     code: Option<String>,
     #[serde(rename = "Message")]
     message: Option<String>,
     #[serde(rename = "ETag")]
-    etag: Option<String>,
+    pub(super) etag: Option<String>,
     #[serde(rename = "ChecksumSHA256")]
-    checksum_sha256: Option<String>,
+    pub(super) checksum_sha256: Option<String>,
+    #[serde(rename = "ChecksumType")]
+    pub(super) checksum_type: Option<String>,
+    #[serde(rename = "UploadId")]
+    pub(super) upload_id: Option<String>,
 }
 
 impl Answer {
     /// The answer in `body` (empty: no fields).
-    fn parse(body: &[u8]) -> object_store::Result<Answer> {
+    pub(super) fn parse(body: &[u8]) -> object_store::Result<Answer> {
         let text =
             std::str::from_utf8(body).map_err(|_| generic("the answer to a copy is not UTF-8"))?;
         if text.trim().is_empty() {
@@ -249,33 +323,34 @@ impl Answer {
     }
 }
 
-/// The copy `answer` (with `status`) reports, or its error, as object_store reports the
-/// same errors (so that [`Error::kind`] sorts them the same way).
-fn copied(
+/// The ETag of the copy `answer` (with `status`) reports, or its error, as object_store
+/// reports the same errors (so that [`Error::kind`] sorts them the same way).
+pub(super) fn accepted(
     status: http::StatusCode,
-    answer: Answer,
-    source_url: &str,
-    if_match: Option<&str>,
-) -> object_store::Result<Copied> {
+    answer: &Answer,
+    copy: &CopySource<'_>,
+) -> object_store::Result<String> {
     if status.is_success() && answer.code.is_none() {
-        let etag = answer
+        return answer
             .etag
-            .ok_or_else(|| generic("S3 answered the copy without an ETag"))?;
-        let sha256 = answer.checksum_sha256.as_deref().and_then(decode_sha256);
-        return Ok(Copied { sha256, etag });
+            .clone()
+            .ok_or_else(|| generic("S3 answered the copy without an ETag"));
     }
-    let code = answer.code.unwrap_or_else(|| status.as_str().to_string());
+    let code = answer
+        .code
+        .clone()
+        .unwrap_or_else(|| status.as_str().to_string());
     let said = format!(
         "{status}, {code}: {}",
         answer.message.as_deref().unwrap_or("no message")
     );
-    let path = source_url.to_string();
+    let path = copy.url.clone();
     Err(match code.as_str() {
         "PreconditionFailed" => object_store::Error::Precondition {
             path,
             source: format!(
                 "the source changed: its ETag is no longer {} ({said})",
-                if_match.unwrap_or("the one listed")
+                copy.if_match.unwrap_or("the one listed")
             )
             .into(),
         },
@@ -301,7 +376,7 @@ fn copied(
 
 /// The 32 bytes of a base64 SHA-256, as S3 spells `ChecksumSHA256`; `None` for anything
 /// else (a multipart object's `<base64>-N` is no SHA-256 of the whole object).
-fn decode_sha256(b64: &str) -> Option<[u8; 32]> {
+pub(super) fn decode_sha256(b64: &str) -> Option<[u8; 32]> {
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(b64.trim())
         .ok()?;
@@ -312,82 +387,62 @@ fn decode_sha256(b64: &str) -> Option<[u8; 32]> {
 mod tests {
     use super::*;
 
+    fn answer_to(status: http::StatusCode, body: &[u8], if_match: Option<&str>) -> Result<String> {
+        let copy = CopySource::new("a", "k", if_match);
+        accepted(status, &Answer::parse(body).unwrap(), &copy).map_err(|source| {
+            Error::ObjectStore {
+                what: "copy".into(),
+                source,
+            }
+        })
+    }
+
     #[test]
     fn answers_are_read_as_copies_or_errors() {
         let ok = br#"<?xml version="1.0" encoding="UTF-8"?>
 <CopyObjectResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><LastModified>2026-12-05T00:00:00.000Z</LastModified><ETag>"abc"</ETag><ChecksumSHA256>47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=</ChecksumSHA256></CopyObjectResult>"#;
-        let copy = copied(
-            http::StatusCode::OK,
-            Answer::parse(ok).unwrap(),
-            "s3://a/k",
-            None,
-        )
-        .unwrap();
-        assert_eq!(copy.etag, "\"abc\"");
+        assert_eq!(
+            answer_to(http::StatusCode::OK, ok, None).unwrap(),
+            "\"abc\""
+        );
         // SHA-256 of nothing.
-        assert_eq!(copy.sha256.unwrap()[..4], [0xe3, 0xb0, 0xc4, 0x42]);
+        let sum = Answer::parse(ok).unwrap().checksum_sha256.unwrap();
+        assert_eq!(decode_sha256(&sum).unwrap()[..4], [0xe3, 0xb0, 0xc4, 0x42]);
 
-        let no_sum = br#"<CopyObjectResult><ETag>"abc"</ETag></CopyObjectResult>"#;
-        let copy = copied(
-            http::StatusCode::OK,
-            Answer::parse(no_sum).unwrap(),
-            "s3://a/k",
-            None,
-        )
-        .unwrap();
-        assert_eq!(copy.sha256, None);
-        let e = copy.whole_sha256("s3://a/k").unwrap_err();
+        let copy = Copied {
+            id: None,
+            etag: "\"abc\"".into(),
+        };
+        let e = copy.id("s3://a/k").unwrap_err();
         assert!(e.to_string().contains("computed no SHA-256"), "{e}");
 
         // S3 may answer 200 with an error.
         let error = br#"<Error><Code>InternalError</Code><Message>sorry</Message></Error>"#;
-        let e = copied(
-            http::StatusCode::OK,
-            Answer::parse(error).unwrap(),
-            "s3://a/k",
-            None,
-        )
-        .unwrap_err();
-        assert!(matches!(e, object_store::Error::Generic { .. }), "{e}");
+        let e = answer_to(http::StatusCode::OK, error, None).unwrap_err();
         assert!(e.to_string().contains("InternalError: sorry"), "{e}");
+        assert_eq!(e.kind(), crate::error::ErrorKind::Io, "{e}");
 
         // A source whose ETag is no longer the one listed: a Conflict, saying so.
         let changed = br#"<Error><Code>PreconditionFailed</Code><Message>At least one of the pre-conditions you specified did not hold</Message></Error>"#;
-        let e = copied(
+        let e = answer_to(
             http::StatusCode::PRECONDITION_FAILED,
-            Answer::parse(changed).unwrap(),
-            "s3://a/k",
+            changed,
             Some("\"abc\""),
         )
         .unwrap_err();
-        let e = Error::ObjectStore {
-            what: "copy".into(),
-            source: e,
-        };
         assert_eq!(e.kind(), crate::error::ErrorKind::Conflict, "{e}");
         assert!(e
             .to_string()
             .contains("the source changed: its ETag is no longer \"abc\""));
-        let e = copied(
-            http::StatusCode::FORBIDDEN,
-            Answer::default(),
-            "s3://a/k",
-            None,
-        )
-        .unwrap_err();
+        let e = answer_to(http::StatusCode::FORBIDDEN, b"", None).unwrap_err();
         assert!(e.to_string().contains("access denied"), "{e}");
+        let e = answer_to(http::StatusCode::NOT_FOUND, b"", None).unwrap_err();
+        assert_eq!(e.kind(), crate::error::ErrorKind::NotFound, "{e}");
 
-        let multipart = br#"<CopyObjectResult><ETag>"x-2"</ETag><ChecksumSHA256>AAAA-2</ChecksumSHA256></CopyObjectResult>"#;
-        let copy = copied(
-            http::StatusCode::OK,
-            Answer::parse(multipart).unwrap(),
-            "s3://a/k",
-            None,
-        )
-        .unwrap();
+        // A multipart checksum is no SHA-256 of the object.
         assert_eq!(
-            copy.sha256, None,
-            "a multipart checksum is no SHA-256 of the object"
+            decode_sha256("47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=-2"),
+            None
         );
         assert!(Answer::parse(b"<unclosed").is_err() || Answer::parse(b"\xff").is_err());
     }

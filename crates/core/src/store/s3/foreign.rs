@@ -36,19 +36,6 @@ impl Remote {
         self.endpoint == other.endpoint
     }
 
-    /// Copy object `from` to `to` (keys below the bucket) inside the object store: one
-    /// CopyObject request, which no byte of the object passes through this host for. S3
-    /// copies objects up to [`MAX_COPY_OBJECT`](super::copy::MAX_COPY_OBJECT) bytes this way.
-    pub fn copy_within(&self, from: &str, to: &str) -> Result<()> {
-        self.block_on(self.client.copy(&Key::from(from), &Key::from(to)))
-            .map_err(|e| {
-                remote_error(
-                    &format!("copy s3://{0}/{from} to s3://{0}/{to}", self.bucket),
-                    e,
-                )
-            })
-    }
-
     /// The keys under `prefix` (a whole key prefix, ending in `/` for a directory), their
     /// sizes and last modification times; with `delimiter`, only the next level (keys, and
     /// "directories" ending in `/` with size 0 and no time).

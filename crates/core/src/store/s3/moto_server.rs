@@ -11,13 +11,25 @@ use std::time::{Duration, Instant};
 /// server is killed, PR_SET_PDEATHSIG, when that thread, i.e. the test binary, ends), and
 /// wait until it answers. Panics, saying how to install it, when it is missing: a test that
 /// needs it never skips.
+#[allow(dead_code)] // Not every test binary that includes this file starts one of each.
 pub fn start(port: u16) {
+    start_with(port, &[]);
+}
+
+/// [`start`], with `env` set for the server (e.g. `S3_UPLOAD_PART_MIN_SIZE`, the smallest
+/// part it takes but the last, 5 MiB as on S3 by default).
+pub fn start_with(port: u16, env: &[(&str, &str)]) {
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     let (started, wait) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         use std::os::unix::process::CommandExt;
         let mut command = Command::new("moto_server");
         command
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .envs(env)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         // SAFETY: prctl is async-signal-safe.

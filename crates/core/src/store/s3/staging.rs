@@ -4,11 +4,10 @@
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-use super::copy::MAX_COPY_OBJECT;
 use super::foreign::RemoteFile;
 use super::objects::S3Objects;
 use crate::error::{Error, Result};
-use crate::store::{layout, ObjectId, ObjectStore, Staged};
+use crate::store::{layout, ObjectStore, Staged};
 
 /// Staging keys of copies: `tmp/<unique>` below the store's prefix, never under
 /// `objects/` (whose keys are all ids).
@@ -30,8 +29,9 @@ impl S3Objects {
     }
 
     /// Copy `file` into the store inside the object store, named by the SHA-256 the object
-    /// store computes: first to a staging key (which gives the hash), then from there to
-    /// the object's key, then the staging key is deleted. No byte passes through this host.
+    /// store computes (of the whole, or of its parts' above 5 GiB): first to a staging key
+    /// (which gives the hash), then from there to the object's key, then the staging key
+    /// is deleted. No byte passes through this host.
     pub(super) fn copy_in(&self, file: &RemoteFile) -> Result<Staged> {
         if !self.remote.can_copy_from(&file.remote) {
             return Err(Error::Invalid(format!(
@@ -40,39 +40,35 @@ impl S3Objects {
                 self.describe()
             )));
         }
-        if file.size > MAX_COPY_OBJECT {
-            return Err(Error::Invalid(format!(
-                "{} has {} bytes, more than one copy request copies ({MAX_COPY_OBJECT})",
-                file.uri(),
-                file.size
-            )));
-        }
         let staging = self.copy_staging_key();
-        let first = self
-            .remote
-            .copy_from(&file.remote, &file.key, &staging, file.etag.as_deref());
+        let first = self.remote.copy_from(
+            &file.remote,
+            &file.key,
+            &staging,
+            file.size,
+            file.etag.as_deref(),
+        );
         let result = first.and_then(|copied| {
-            let sha256 = copied.whole_sha256(&file.uri()).inspect_err(|e| {
+            let id = copied.id(&file.uri()).inspect_err(|e| {
                 // Such an endpoint never will: the next try reads the files instead.
                 self.copies_named
                     .store(false, std::sync::atomic::Ordering::Relaxed);
                 log::warn!("{e}; files are read and uploaded from now on");
             })?;
-            let id = ObjectId::from_sha256(sha256);
             let key = self.remote.full_key(&Self::object_name(&id));
             self.begin_stage(id);
             let second = self
                 .remote
-                .copy_from(&self.remote, &staging, &key, Some(&copied.etag))
+                .copy_from(&self.remote, &staging, &key, file.size, Some(&copied.etag))
                 .and_then(|again| {
-                    if again.sha256 == Some(*id.as_bytes()) {
+                    if again.id == Some(id) {
                         Ok(())
                     } else {
                         Err(Error::Corrupt(format!(
                             "the object store copied {} as {} and then as {:?}",
                             file.uri(),
                             id,
-                            again.sha256.map(ObjectId::from_sha256)
+                            again.id
                         )))
                     }
                 });

@@ -270,3 +270,84 @@ fn objects_fenced(remote: &Arc<Remote>) -> (S3Objects, tempfile::TempDir) {
     let (objects, cache) = new_objects(remote);
     (objects.with_fence(Arc::new(Lost)), cache)
 }
+
+/// A copy larger than one CopyObject copies is made in parts, named by the SHA-256 of its
+/// parts' SHA-256s (as every reader recomputes it), read back whole and checked; a changed
+/// object is refused at its fetch. A copy in parts that fails leaves no upload behind.
+#[test]
+fn a_copy_in_parts_is_named_by_its_parts_checksums_and_checked_when_read() {
+    let mut remote = moto::remote();
+    // Parts of 8 MiB above 6 MiB, instead of 1 GiB above 5 GiB (moto takes parts of 5 MiB
+    // and more, as S3 does).
+    let copier = &mut Arc::get_mut(&mut remote).unwrap().copier;
+    copier.single_max = 6 << 20;
+    copier.part_log2 = 23;
+    let source = Remote::connect_to(&moto::bucket(), "", Some(&moto::endpoint())).unwrap();
+    let bytes = pattern((20 << 20) + 12_345, 3);
+    let key = "job/shared/big.sst";
+    source
+        .block_on(
+            source
+                .client
+                .put(&key.into(), PutPayload::from(bytes.clone())),
+        )
+        .unwrap();
+    let file = source.remote_file(key).unwrap().unwrap();
+
+    let (objects, _cache) = new_objects(&remote);
+    let staged = objects.copy_in(&file).unwrap();
+    let id = staged.id;
+    assert!(id.to_hex().starts_with("sha256p23-"), "{id}");
+    let mut hasher = id.hasher();
+    hasher.update(&bytes);
+    assert_eq!(
+        hasher.finalize(),
+        id,
+        "not the SHA-256 of 8 MiB parts' SHA-256s"
+    );
+    objects.publish(staged).unwrap();
+    let mut read = Vec::new();
+    objects.open(&id).unwrap().read_to_end(&mut read).unwrap();
+    assert!(read == bytes, "the copy in parts differs");
+    assert_eq!(
+        source
+            .list_keys(&remote.full_key("tmp/"), false)
+            .unwrap()
+            .len(),
+        0,
+        "the staging copy stayed"
+    );
+
+    // The object changed behind ckptfs's back: refused when fetched.
+    let (objects, _cache) = new_objects(&remote);
+    let mut changed = bytes.clone();
+    changed[(9 << 20) + 1] ^= 1;
+    put_raw(&remote, &object_name(&id), &changed);
+    let e = objects.open(&id).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+
+    // A source that is gone: NotFound, and the upload is aborted.
+    let e = remote
+        .copy_from(
+            &source,
+            "job/shared/gone.sst",
+            &remote.full_key("x"),
+            20 << 20,
+            None,
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    let uploads = remote
+        .block_on(remote.send(
+            || {
+                http::Request::builder()
+                    .method(http::Method::GET)
+                    .uri(format!("{}?uploads", remote.copier.bucket_url))
+            },
+            bytes::Bytes::new(),
+        ))
+        .unwrap();
+    let listed = String::from_utf8(uploads.body).unwrap();
+    assert_eq!(uploads.status, 200, "{listed}");
+    assert!(!listed.contains("<Upload>"), "an upload was left: {listed}");
+}

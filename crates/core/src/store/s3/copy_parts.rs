@@ -1,0 +1,319 @@
+//! Copies larger than one `CopyObject` copies (5 GiB), made by the object store in parts: a
+//! multipart upload created with `x-amz-checksum-algorithm: SHA256`, one `UploadPartCopy`
+//! per part of `1 << part_log2` bytes (1 GiB; the last one shorter), then
+//! `CompleteMultipartUpload`. No byte passes through this host.
+//!
+//! The object store computes the SHA-256 of each part as it copies it, and of the whole a
+//! "composite" checksum: the SHA-256 of the parts' SHA-256s. That is a function of the bytes
+//! and the part size alone, so the copy is named by it
+//! ([`Digest::Sha256Parts`](crate::store::Digest::Sha256Parts)), and every reader checks
+//! it by hashing the same parts. The part size is fixed (not chosen by the object's size), so
+//! the same bytes always get the same id.
+
+use base64::Engine as _;
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use percent_encoding::utf8_percent_encode;
+
+use super::copy::{accepted, decode_sha256, generic, Answer, Copied, CopySource, QUERY_ENCODE_SET};
+use super::remote::Remote;
+use crate::store::ObjectId;
+
+/// The size of a part, `1 << PART_LOG2` bytes (1 GiB): S3 takes parts of 5 MiB to 5 GiB and
+/// at most 10,000 of them, so 1 GiB parts copy any object up to its largest, 5 TiB.
+pub(super) const PART_LOG2: u8 = 30;
+
+/// Parts copied at once.
+const PARTS_AT_ONCE: usize = 4;
+
+/// One part copied: its ETag and, if the object store gave it, its SHA-256.
+struct Part {
+    etag: String,
+    sha256: Option<[u8; 32]>,
+}
+
+impl Remote {
+    /// Copy `copy` (`size` bytes) to `to_key` of this bucket in parts, named by the
+    /// composite SHA-256 the object store computed. On failure the upload is aborted (and
+    /// one left behind by a crash is removed by the bucket's lifecycle rule for incomplete
+    /// uploads, if it has one: S3 keeps the parts until then).
+    pub(super) async fn copy_parts(
+        &self,
+        copy: &CopySource<'_>,
+        to_key: &str,
+        size: u64,
+    ) -> object_store::Result<Copied> {
+        let url = self.key_url(to_key);
+        let created = self
+            .send(
+                || {
+                    http::Request::builder()
+                        .method(http::Method::POST)
+                        .uri(format!("{url}?uploads"))
+                        .header("x-amz-checksum-algorithm", "SHA256")
+                },
+                Bytes::new(),
+            )
+            .await?;
+        let answer = Answer::parse(&created.body)?;
+        if !created.status.is_success() || answer.upload_id.is_none() {
+            accepted(created.status, &answer, copy)?;
+            return Err(generic("S3 created a multipart upload without an UploadId"));
+        }
+        let upload_id = answer.upload_id.unwrap_or_default();
+        let upload = format!(
+            "{url}?uploadId={}",
+            utf8_percent_encode(&upload_id, QUERY_ENCODE_SET)
+        );
+        let copied = self.copy_into_upload(copy, &url, &upload, size).await;
+        if copied.is_err() {
+            let aborted = self
+                .send(
+                    || {
+                        http::Request::builder()
+                            .method(http::Method::DELETE)
+                            .uri(&upload)
+                    },
+                    Bytes::new(),
+                )
+                .await;
+            if !aborted.is_ok_and(|a| a.status.is_success()) {
+                log::warn!("the multipart copy to {to_key} was not aborted: its parts stay");
+            }
+        }
+        copied
+    }
+
+    /// Copy the parts of `copy` into the upload at `upload` (the URL with its id), complete
+    /// it, and read the checksum of the whole.
+    async fn copy_into_upload(
+        &self,
+        copy: &CopySource<'_>,
+        url: &str,
+        upload: &str,
+        size: u64,
+    ) -> object_store::Result<Copied> {
+        let part_log2 = self.copier.part_log2;
+        let part_size = 1u64 << part_log2;
+        let count = size.div_ceil(part_size).max(1);
+        let parts: Vec<Part> = futures::stream::iter(1..=count)
+            .map(|n| {
+                let first = (n - 1) * part_size;
+                let last = (n * part_size).min(size).saturating_sub(1);
+                self.copy_part(copy, upload, n, first, last)
+            })
+            .buffered(PARTS_AT_ONCE)
+            .try_collect()
+            .await?;
+        let completed = self
+            .send(
+                || {
+                    http::Request::builder()
+                        .method(http::Method::POST)
+                        .uri(upload)
+                },
+                Bytes::from(completion(&parts)),
+            )
+            .await?;
+        let answer = Answer::parse(&completed.body)?;
+        let etag = accepted(completed.status, &answer, copy)?;
+        // The SHA-256 of the parts' SHA-256s: from the answer, else from a HEAD that asks
+        // for it, else computed from the parts' own (each the object store's).
+        let of_parts = parts
+            .iter()
+            .map(|p| p.sha256)
+            .collect::<Option<Vec<_>>>()
+            .map(|sums| <sha2::Sha256 as sha2::Digest>::digest(sums.concat()).into());
+        let told = match answer.checksum_sha256.clone() {
+            Some(sum) => Some((sum, answer.checksum_type.clone())),
+            None => self.attributes_checksum(url, &etag).await?,
+        };
+        let told = told
+            .map(|(sum, kind)| {
+                composite(&sum, kind.as_deref(), count).ok_or_else(|| {
+                    generic(format!(
+                        "S3 gave the checksum {sum:?} for a copy in {count} parts: not a \
+                         SHA-256 of {count} parts' SHA-256s"
+                    ))
+                })
+            })
+            .transpose()?;
+        if let (Some(told), Some(of_parts)) = (told, of_parts) {
+            if told != of_parts {
+                return Err(generic(
+                    "S3's checksum of a copy in parts is not the SHA-256 of its parts' \
+                     SHA-256s",
+                ));
+            }
+        }
+        let id = told
+            .or(of_parts)
+            .and_then(|hash| ObjectId::from_sha256_parts(hash, part_log2));
+        Ok(Copied { id, etag })
+    }
+
+    /// Copy bytes `first..=last` of `copy` as part `n` of `upload`.
+    async fn copy_part(
+        &self,
+        copy: &CopySource<'_>,
+        upload: &str,
+        n: u64,
+        first: u64,
+        last: u64,
+    ) -> object_store::Result<Part> {
+        let (base, query) = upload.split_once('?').unwrap_or((upload, ""));
+        let url = format!("{base}?partNumber={n}&{query}");
+        let answered = self
+            .send(
+                || {
+                    copy.headers(http::Request::builder().method(http::Method::PUT).uri(&url))
+                        .header("x-amz-copy-source-range", format!("bytes={first}-{last}"))
+                },
+                Bytes::new(),
+            )
+            .await?;
+        let answer = Answer::parse(&answered.body)?;
+        let etag = accepted(answered.status, &answer, copy)?;
+        let sha256 = answer.checksum_sha256.as_deref().and_then(decode_sha256);
+        Ok(Part { etag, sha256 })
+    }
+
+    /// The checksum of the object at `url` that `GetObjectAttributes` answers, with its
+    /// type, if the object there still has `etag`.
+    async fn attributes_checksum(
+        &self,
+        url: &str,
+        etag: &str,
+    ) -> object_store::Result<Option<(String, Option<String>)>> {
+        let answered = self
+            .send(
+                || {
+                    http::Request::builder()
+                        .method(http::Method::GET)
+                        .uri(format!("{url}?attributes"))
+                        .header("x-amz-object-attributes", "ETag,Checksum")
+                },
+                Bytes::new(),
+            )
+            .await?;
+        let text = std::str::from_utf8(&answered.body).unwrap_or_default();
+        let attributes: Attributes = match quick_xml::de::from_str(text) {
+            Ok(attributes) if answered.status.is_success() => attributes,
+            _ => {
+                return Err(generic(format!(
+                    "S3 answered {} to GetObjectAttributes of the copy just completed",
+                    answered.status
+                )))
+            }
+        };
+        if attributes.etag.as_deref().map(unquoted) != Some(unquoted(etag)) {
+            return Err(generic(
+                "the copy just completed was replaced before its checksum was read",
+            ));
+        }
+        Ok(attributes
+            .checksum
+            .and_then(|c| c.sha256.map(|sum| (sum, c.kind))))
+    }
+}
+
+/// What `GetObjectAttributes` answers (the fields asked for).
+#[derive(Debug, Default, serde::Deserialize)]
+struct Attributes {
+    #[serde(rename = "ETag")]
+    etag: Option<String>,
+    #[serde(rename = "Checksum")]
+    checksum: Option<AttributesChecksum>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct AttributesChecksum {
+    #[serde(rename = "ChecksumSHA256")]
+    sha256: Option<String>,
+    #[serde(rename = "ChecksumType")]
+    kind: Option<String>,
+}
+
+/// An ETag without its quotes (`GetObjectAttributes` gives it bare).
+fn unquoted(etag: &str) -> &str {
+    etag.trim().trim_matches('"')
+}
+
+/// The body of a CompleteMultipartUpload of `parts` (numbered from 1, in order).
+fn completion(parts: &[Part]) -> String {
+    let mut xml =
+        String::from("<CompleteMultipartUpload xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">");
+    for (i, part) in parts.iter().enumerate() {
+        xml.push_str(&format!(
+            "<Part><PartNumber>{}</PartNumber><ETag>{}</ETag>",
+            i + 1,
+            escape(&part.etag)
+        ));
+        if let Some(sum) = part.sha256 {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(sum);
+            xml.push_str(&format!("<ChecksumSHA256>{b64}</ChecksumSHA256>"));
+        }
+        xml.push_str("</Part>");
+    }
+    xml.push_str("</CompleteMultipartUpload>");
+    xml
+}
+
+/// `text` as XML character data.
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// The 32 bytes of a composite checksum of `count` parts: `<base64 SHA-256>-<count>`, or
+/// the base64 alone where its type (`kind`) says `COMPOSITE`.
+fn composite(sum: &str, kind: Option<&str>, count: u64) -> Option<[u8; 32]> {
+    match sum.trim().rsplit_once('-') {
+        Some((b64, parts)) => (parts.parse::<u64>().ok()? == count)
+            .then(|| decode_sha256(b64))
+            .flatten(),
+        None => (kind == Some("COMPOSITE"))
+            .then(|| decode_sha256(sum))
+            .flatten(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_composite_checksum_is_read_only_as_one_of_its_count_of_parts() {
+        let sum = "47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=";
+        let three = composite(&format!("{sum}-3"), None, 3).unwrap();
+        assert_eq!(three[..2], [0xe3, 0xb0]);
+        assert_eq!(composite(sum, Some("COMPOSITE"), 3), Some(three));
+        assert_eq!(composite(&format!("{sum}-2"), Some("COMPOSITE"), 3), None);
+        // A checksum of the whole object, or of unknown kind, is no checksum of parts.
+        assert_eq!(composite(sum, Some("FULL_OBJECT"), 3), None);
+        assert_eq!(composite(sum, None, 3), None);
+        assert_eq!(composite(&format!("{sum}-x"), None, 3), None);
+        assert_eq!(composite("AAAA-3", None, 3), None);
+    }
+
+    #[test]
+    fn the_completion_names_each_part_with_its_checksum() {
+        let parts = [
+            Part {
+                etag: "\"a\"".into(),
+                sha256: Some([0; 32]),
+            },
+            Part {
+                etag: "\"<b>\"".into(),
+                sha256: None,
+            },
+        ];
+        let xml = completion(&parts);
+        assert!(xml.contains("<Part><PartNumber>1</PartNumber><ETag>\"a\"</ETag><ChecksumSHA256>AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=</ChecksumSHA256></Part>"), "{xml}");
+        assert!(
+            xml.contains("<Part><PartNumber>2</PartNumber><ETag>\"&lt;b&gt;\"</ETag></Part>"),
+            "{xml}"
+        );
+    }
+}
