@@ -270,3 +270,28 @@ fn objects_fenced(remote: &Arc<Remote>) -> (S3Objects, tempfile::TempDir) {
     let (objects, cache) = new_objects(remote);
     (objects.with_fence(Arc::new(Lost)), cache)
 }
+
+/// A source file in a bucket is read by one GET within its limit: an empty one, one of
+/// exactly the limit, and nothing past it (refused with its size, read no further); a
+/// missing one is not found.
+#[test]
+fn a_source_object_is_read_within_its_limit_and_refused_past_it() {
+    use crate::source::{S3Tree, Tree};
+    let remote = moto::remote();
+    put_raw(&remote, "src/empty", b"");
+    put_raw(&remote, "src/ten", &pattern(10, 1));
+    put_raw(&remote, "src/eleven", &pattern(11, 2));
+    let tree = S3Tree::new(remote.clone(), "store/src");
+    assert_eq!(tree.read("empty", 10).unwrap(), b"");
+    assert_eq!(tree.read("ten", 10).unwrap(), pattern(10, 1));
+    let e = tree.read("eleven", 10).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Refused, "{e}");
+    assert!(e.to_string().contains("11 bytes, more than the 10"), "{e}");
+    assert!(matches!(
+        remote.get_within("store/src/eleven", 10).unwrap(),
+        super::Within::Larger(Some(11))
+    ));
+    let e = tree.read("missing", 10).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    assert!(tree.read("../other", 10).is_err());
+}
