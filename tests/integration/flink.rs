@@ -943,6 +943,8 @@ fn a_flink_job_on_object_storage_is_imported_fetching_each_file_once() {
     // Each `chk-N/` is looked into once, for its `_metadata`'s size and time (chk-7 has
     // none): the checkpoint's time is that one, not listed again.
     assert_eq!(proxy.seen("HEAD", "/_metadata"), 4);
+    // The source root and the job's directory, each listed once.
+    assert_eq!(proxy.seen("GET", "list-type=2"), 2);
     assert_eq!(
         ok(ckptfs(&["import-flink", &src, store.to_str().unwrap()])),
         ""
