@@ -823,3 +823,57 @@ fn a_refused_delete_is_sent_again_only_while_the_fence_holds() {
     assert_eq!(proxy.seen("POST", "?delete"), 1 + 3);
     assert!(store.open(&ids[1]).is_err(), "not deleted");
 }
+
+/// A lease released at a clean stop is taken by the next process without a warning (one
+/// `import-flink` after another); one whose holder died without releasing it (the same
+/// record, not released, its process gone) is taken over with a warning naming it.
+#[test]
+fn a_released_lease_is_taken_quietly_and_a_dead_holders_with_a_warning() {
+    let url = moto().store();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let src = crate::flink::fixture();
+    let import = || {
+        let out = ckptfs_with_env(
+            &[
+                "import-flink",
+                src.to_str().unwrap(),
+                &url,
+                "--state",
+                state.to_str().unwrap(),
+            ],
+            &[],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        ok(out);
+        stderr
+    };
+    let first = import();
+    assert!(!first.contains("took over"), "{first}");
+    let second = import();
+    assert!(!second.contains("took over"), "{second}");
+    assert!(!second.contains("WARN"), "{second}");
+    // The second import's lease, as if it had been killed before releasing it.
+    let location = Location::parse(&url).unwrap();
+    let opened = OpenedStore::open(&location).unwrap();
+    let lease = opened.records.get("lease.json").unwrap().unwrap();
+    let mut record: serde_json::Value = serde_json::from_slice(&lease.bytes).unwrap();
+    assert_eq!(record["expires_unix_ms"], 0, "released: {record}");
+    let holder = record["holder"].as_str().unwrap().to_string();
+    record["expires_unix_ms"] = serde_json::json!(u64::MAX / 2);
+    opened
+        .records
+        .put(
+            "lease.json",
+            &serde_json::to_vec(&record).unwrap(),
+            Put::Overwrite,
+        )
+        .unwrap();
+    let third = import();
+    assert!(
+        third.contains(&format!(
+            "took over the lease of {holder}, a process of this host that is gone"
+        )),
+        "{third}"
+    );
+}

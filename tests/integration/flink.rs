@@ -946,8 +946,14 @@ fn a_flink_job_on_object_storage_is_imported_fetching_each_file_once() {
     assert_eq!(proxy.seen("GET", "/shared/"), distinct.len());
     // A file named where the store holds it is not looked at again; a new one once.
     assert_eq!(proxy.seen("HEAD", "/shared/"), distinct.len());
-    // Each `_metadata` is read once: checked, then imported from the bytes read.
+    // Each `_metadata` is read once: checked, then imported from the bytes read, by one
+    // GET (its size from the answer, no HEAD before it).
     assert_eq!(proxy.seen("GET", "/_metadata"), 3);
+    // Each `chk-N/` is looked into once, for its `_metadata`'s size and time (chk-7 has
+    // none): the checkpoint's time is that one, not listed again.
+    assert_eq!(proxy.seen("HEAD", "/_metadata"), 4);
+    // The source root and the job's directory, each listed once.
+    assert_eq!(proxy.seen("GET", "list-type=2"), 2);
     assert_eq!(
         ok(ckptfs(&["import-flink", &src, store.to_str().unwrap()])),
         ""

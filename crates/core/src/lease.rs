@@ -233,10 +233,20 @@ pub fn validate_ttl(ttl: Duration) -> Result<Duration> {
 
 /// What a contender makes of the lease record it read.
 enum Verdict {
-    /// Take it with this write; why, for the log.
-    Take(Put, String),
+    /// Take it with this write; why, for the log, and whether that is worth a warning (a
+    /// holder that did not release it: crashed, stopped renewing).
+    Take(Put, String, Warn),
     /// Someone holds it: who, and how long at most until it can be taken over.
     Held(String, Duration),
+}
+
+/// Whether taking a lease is worth a warning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Warn {
+    /// A new lease, or one its holder released at a clean stop: the ordinary case.
+    No,
+    /// A holder that did not release it (crashed, killed, or stopped renewing).
+    Yes,
 }
 
 /// A contender's watch of the lease record: the version it saw first and when.
@@ -253,7 +263,7 @@ impl Watch {
     ) -> Result<Verdict> {
         let looked = boot_now();
         let Some(record) = records.get(KEY)? else {
-            return Ok(Verdict::Take(Put::Create, "a new lease".into()));
+            return Ok(Verdict::Take(Put::Create, "a new lease".into(), Warn::No));
         };
         let version = Put::Update(record.version.clone());
         let parsed: Option<LeaseRecord> = serde_json::from_slice(&record.bytes).ok();
@@ -262,6 +272,7 @@ impl Watch {
                 return Ok(Verdict::Take(
                     version,
                     format!("the lease released by {}", current.holder),
+                    Warn::No,
                 ));
             }
             if current.holder_is_dead(me) {
@@ -271,6 +282,7 @@ impl Watch {
                         "the lease of {}, a process of this host that is gone",
                         current.holder
                     ),
+                    Warn::Yes,
                 ));
             }
         }
@@ -305,6 +317,7 @@ impl Watch {
                     "the lease of {holder}, not renewed for {}",
                     humantime::format_duration(Duration::from_secs(age.as_secs()))
                 ),
+                Warn::Yes,
             ));
         }
         Ok(Verdict::Held(holder, lasts - age))
@@ -353,21 +366,25 @@ impl Lease {
         loop {
             let started = boot_now();
             match watch.judge(shared.records.as_ref(), &shared.me, ttl)? {
-                Verdict::Take(mode, why) => match shared.records.put(KEY, &shared.record(), mode) {
-                    Ok(version) => {
-                        if why != "a new lease" {
-                            log::warn!("took over {why} on {}", shared.records.describe(""));
+                Verdict::Take(mode, why, warn) => {
+                    match shared.records.put(KEY, &shared.record(), mode) {
+                        Ok(version) => {
+                            let store = shared.records.describe("");
+                            match warn {
+                                Warn::Yes => log::warn!("took over {why} on {store}"),
+                                Warn::No => log::info!("took {why} on {store}"),
+                            }
+                            *lock(&shared.version) = version;
+                            *lock(&shared.valid_until) = started + ttl.mul_f64(VALID_FRACTION);
+                            break;
                         }
-                        *lock(&shared.version) = version;
-                        *lock(&shared.valid_until) = started + ttl.mul_f64(VALID_FRACTION);
-                        break;
+                        // Someone else wrote it meanwhile: look again.
+                        Err(e) if matches!(e.kind(), ErrorKind::Exists | ErrorKind::Conflict) => {
+                            watch.seen = None;
+                        }
+                        Err(e) => return Err(e),
                     }
-                    // Someone else wrote it meanwhile: look again.
-                    Err(e) if matches!(e.kind(), ErrorKind::Exists | ErrorKind::Conflict) => {
-                        watch.seen = None;
-                    }
-                    Err(e) => return Err(e),
-                },
+                }
                 Verdict::Held(holder, left) => {
                     let now = boot_now();
                     if now >= deadline {

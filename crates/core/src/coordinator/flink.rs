@@ -420,7 +420,7 @@ impl Engine {
             pending.abort();
             return Ok(Imported::Held(job));
         }
-        let time_unix_ms = checkpoint.metadata_time()?.and_then(|t| {
+        let time_unix_ms = checkpoint.metadata_time().and_then(|t| {
             t.duration_since(std::time::UNIX_EPOCH)
                 .ok()
                 .map(|d| d.as_millis() as u64)

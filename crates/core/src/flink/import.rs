@@ -190,16 +190,10 @@ impl Completed {
     }
 
     /// When its `_metadata` was last written (Flink writes it last, as the checkpoint
-    /// completes): the checkpoint's time. `None` where the source does not say.
-    pub fn metadata_time(&self) -> Result<Option<std::time::SystemTime>> {
-        let dir = join(&self.job_dir, &format!("chk-{}", self.checkpoint));
-        Ok(self
-            .source
-            .tree
-            .list(&dir)?
-            .into_iter()
-            .find(|e| e.name == METADATA && e.kind == EntryKind::File)
-            .and_then(|e| e.modified))
+    /// completes): the checkpoint's time, as the listing saw it ([`Completed::seen`]: no
+    /// request). `None` where the source does not say.
+    pub fn metadata_time(&self) -> Option<std::time::SystemTime> {
+        self.seen.and_then(|s| s.modified)
     }
 
     /// Where it is, for messages.

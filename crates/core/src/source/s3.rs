@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::{checked_relative, join, refused, Entry, EntryKind, Fetched, FileStamp, Tree, Walked};
 use crate::error::{Error, IoContext, Result};
-use crate::store::s3::Remote;
+use crate::store::s3::{Remote, Within};
 
 /// The keys below one prefix of a bucket, as a [`Tree`]: `/` separates the levels.
 pub struct S3Tree {
@@ -101,27 +101,20 @@ impl Tree for S3Tree {
 
     fn read(&self, rel: &str, limit: u64) -> Result<Vec<u8>> {
         let key = self.key(rel)?;
-        let size = self.remote.size_of(&key)?;
-        if let Some(size) = size.filter(|s| *s > limit) {
-            return Err(refused(
+        // One GET: its size from the answer, nothing past `limit + 1` bytes asked for.
+        match self.remote.get_within(&key, limit)? {
+            Within::Bytes(bytes) => Ok(bytes),
+            Within::Larger(Some(size)) => Err(refused(
                 self.show(rel),
                 format!("{size} bytes, more than the {limit} ckptfs reads of such a file"),
                 libc::EINVAL,
-            ));
-        }
-        // Ranged: an object that grew since the HEAD is not read beyond the limit.
-        let bytes = match size {
-            Some(0) => self.remote.get_bytes(&key)?,
-            _ => self.remote.get_bytes_upto(&key, limit)?,
-        };
-        if bytes.len() as u64 > limit {
-            return Err(refused(
+            )),
+            Within::Larger(None) => Err(refused(
                 self.show(rel),
                 format!("more than the {limit} bytes ckptfs reads of such a file"),
                 libc::EINVAL,
-            ));
+            )),
         }
-        Ok(bytes)
     }
 
     fn fetch(&self, rel: &str, staging: &Path, name: &str, limit: u64) -> Result<Fetched> {

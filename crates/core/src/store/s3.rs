@@ -37,7 +37,7 @@ mod upload;
 mod tests;
 
 pub use copy::{Copied, MAX_COPY};
-pub use foreign::RemoteFile;
+pub use foreign::{RemoteFile, Within};
 pub use objects::{S3Objects, S3Options};
 pub use records::S3Records;
 pub use remote::{Remote, DELETE_TIMEOUT};

@@ -12,7 +12,7 @@ use futures::StreamExt;
 use object_store::path::Path as Key;
 use object_store::{ObjectStore as _, ObjectStoreExt as _};
 
-use super::remote::{remote_error, Remote, DELETE_BATCH};
+use super::remote::{remote_error, s3_error_code, Remote, DELETE_BATCH};
 use crate::error::{Error, IoContext, Result};
 use crate::fsutil::create_new_private;
 
@@ -153,23 +153,42 @@ impl Remote {
         })
     }
 
-    /// The first `limit + 1` bytes of object `key` at most (a ranged GET): a caller that
-    /// gets more than `limit` knows the object is too large, having read no more.
-    pub fn get_bytes_upto(&self, key: &str, limit: u64) -> Result<Vec<u8>> {
+    /// Object `key` if it holds at most `limit` bytes: one GET of its first `limit + 1`
+    /// bytes at most (ranged), its size taken from the response. A larger object is
+    /// [`Within::Larger`], no more of it read. An empty object has no first byte to ask
+    /// for (S3 answers `InvalidRange`): it is read whole, as bounded.
+    pub fn get_within(&self, key: &str, limit: u64) -> Result<Within> {
         let what = format!("read s3://{}/{key}", self.bucket);
-        let options = object_store::GetOptions {
+        let key = Key::from(key);
+        let ranged = object_store::GetOptions {
             range: Some(object_store::GetRange::Bounded(0..limit.saturating_add(1))),
             ..Default::default()
         };
-        // (An empty object has no first byte to ask for: read it with `get_bytes`.)
         self.block_on(async {
-            let got = self
-                .client
-                .get_opts(&Key::from(key), options)
-                .await
-                .map_err(|e| remote_error(&what, e))?;
-            let bytes = got.bytes().await.map_err(|e| remote_error(&what, e))?;
-            Ok(bytes.to_vec())
+            let got = match self.client.get_opts(&key, ranged).await {
+                Ok(got) => got,
+                Err(e) if s3_error_code(&e).as_deref() == Some("InvalidRange") => self
+                    .client
+                    .get(&key)
+                    .await
+                    .map_err(|e| remote_error(&what, e))?,
+                Err(e) => return Err(remote_error(&what, e)),
+            };
+            // The whole object's size (a ranged answer's `Content-Range` says it).
+            let size = got.meta.size;
+            if size > limit {
+                return Ok(Within::Larger(Some(size)));
+            }
+            let mut bytes = Vec::with_capacity(size as usize);
+            let mut stream = got.into_stream();
+            while let Some(piece) = stream.next().await {
+                let piece = piece.map_err(|e| remote_error(&what, e))?;
+                if (bytes.len() + piece.len()) as u64 > limit {
+                    return Ok(Within::Larger(None));
+                }
+                bytes.extend_from_slice(&piece);
+            }
+            Ok(Within::Bytes(bytes))
         })
     }
 
@@ -221,6 +240,15 @@ impl Remote {
         }
         total
     }
+}
+
+/// What [`Remote::get_within`] read.
+#[derive(Debug)]
+pub enum Within {
+    /// The whole object.
+    Bytes(Vec<u8>),
+    /// More than the limit: its size where the answer said it.
+    Larger(Option<u64>),
 }
 
 /// An object of a source bucket that a store on the same endpoint copies without reading

@@ -39,7 +39,7 @@ pub(super) fn remote_error(what: &str, source: object_store::Error) -> Error {
 /// The S3 error code (`NoSuchBucket`, `AccessDenied`, ...) of a failed request: S3 names the
 /// kind of every error in the `<Code>` of its XML error response, which `object_store`
 /// keeps in the error's text but exposes no other way (no HTTP status for a LIST).
-fn s3_error_code(e: &object_store::Error) -> Option<String> {
+pub(super) fn s3_error_code(e: &object_store::Error) -> Option<String> {
     let mut cause: Option<&dyn std::error::Error> = Some(e);
     while let Some(error) = cause {
         let text = error.to_string();

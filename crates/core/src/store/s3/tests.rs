@@ -310,7 +310,7 @@ fn a_copy_in_parts_is_named_by_its_parts_checksums_and_checked_when_read() {
     objects.open(&id).unwrap().read_to_end(&mut read).unwrap();
     assert!(read == bytes, "the copy in parts differs");
     assert_eq!(
-        source
+        remote
             .list_keys(&remote.full_key("tmp/"), false)
             .unwrap()
             .len(),
@@ -350,4 +350,29 @@ fn a_copy_in_parts_is_named_by_its_parts_checksums_and_checked_when_read() {
     let listed = String::from_utf8(uploads.body).unwrap();
     assert_eq!(uploads.status, 200, "{listed}");
     assert!(!listed.contains("<Upload>"), "an upload was left: {listed}");
+}
+
+/// A source file in a bucket is read by one GET within its limit: an empty one, one of
+/// exactly the limit, and nothing past it (refused with its size, read no further); a
+/// missing one is not found.
+#[test]
+fn a_source_object_is_read_within_its_limit_and_refused_past_it() {
+    use crate::source::{S3Tree, Tree};
+    let remote = moto::remote();
+    put_raw(&remote, "src/empty", b"");
+    put_raw(&remote, "src/ten", &pattern(10, 1));
+    put_raw(&remote, "src/eleven", &pattern(11, 2));
+    let tree = S3Tree::new(remote.clone(), "store/src");
+    assert_eq!(tree.read("empty", 10).unwrap(), b"");
+    assert_eq!(tree.read("ten", 10).unwrap(), pattern(10, 1));
+    let e = tree.read("eleven", 10).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Refused, "{e}");
+    assert!(e.to_string().contains("11 bytes, more than the 10"), "{e}");
+    assert!(matches!(
+        remote.get_within("store/src/eleven", 10).unwrap(),
+        super::Within::Larger(Some(11))
+    ));
+    let e = tree.read("missing", 10).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    assert!(tree.read("../other", 10).is_err());
 }
