@@ -804,7 +804,7 @@ fn import_flink_through_a_mount_and_export_from_the_store() {
         }
     }
     assert!(named > 4, "the fixture uploads files: {named}");
-    let written = walk_files(&dest);
+    let written = crate::common::files_under(&dest).len();
     assert_eq!(written as u64, exported["files"].as_u64().unwrap());
 
     // Refused, nothing written: a destination that is not empty, a checkpoint that is no
@@ -816,7 +816,7 @@ fn import_flink_through_a_mount_and_export_from_the_store() {
         dest.to_str().unwrap(),
     ]);
     assert!(!out.status.success());
-    assert_eq!(walk_files(&dest), written);
+    assert_eq!(crate::common::files_under(&dest).len(), written);
     let other = Mounted::new(&["--backend", "app/0"]);
     ok(ckptfs(&["checkpoint", other.mnt.to_str().unwrap()]));
     let nowhere = dir.path().join("nowhere");
@@ -838,21 +838,6 @@ fn import_flink_through_a_mount_and_export_from_the_store() {
         .collect();
     assert_eq!(leftovers, Vec::<String>::new());
     other.umount();
-}
-
-/// Regular files under `dir`, at any depth.
-fn walk_files(dir: &Path) -> usize {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_dir() {
-                walk_files(&e.path())
-            } else {
-                1
-            }
-        })
-        .sum()
 }
 
 /// The Flink fixture's job put into `bucket` under `prefix` (`flink/ck/<job>`) as Flink on
@@ -1086,7 +1071,7 @@ fn a_flink_jobs_files_above_one_copy_are_copied_in_parts() {
     // Restored byte for byte, checked by fsck; one changed byte named.
     let out = dir.path().join("cp3");
     ok(ckptfs(&["restore", &store, "3", out.to_str().unwrap()]));
-    let restored: Vec<Vec<u8>> = walk(&out)
+    let restored: Vec<Vec<u8>> = crate::common::files_under(&out)
         .iter()
         .map(|p| std::fs::read(p).unwrap())
         .collect();
@@ -1139,20 +1124,6 @@ fn a_flink_jobs_files_above_one_copy_are_copied_in_parts() {
         String::from_utf8_lossy(&checked.stderr)
     );
     assert!(said.contains(&in_parts[0].0), "{said}");
-}
-
-/// Every regular file below `dir`.
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let entry = entry.unwrap();
-        if entry.file_type().unwrap().is_dir() {
-            out.extend(walk(&entry.path()));
-        } else {
-            out.push(entry.path());
-        }
-    }
-    out
 }
 
 /// Full (not incremental) checkpoints: Flink 2.3's RocksDB backend writes them in RocksDB's

@@ -960,7 +960,7 @@ fn a_store_with_copied_objects_reads(name: &str, copied_prefix: &str) {
         .join("tests/fixtures")
         .join(name);
     let mut copied = Vec::new();
-    for entry in walkdir(&fixture) {
+    for entry in crate::common::files_under(&fixture) {
         let rel = entry
             .strip_prefix(&fixture)
             .unwrap()
@@ -987,7 +987,7 @@ fn a_store_with_copied_objects_reads(name: &str, copied_prefix: &str) {
     };
     ok(ckptfs(&["fsck", &store]));
     // Each restored SST stored as a copy is one of the source job's files, byte for byte.
-    let sources: BTreeSet<Vec<u8>> = walkdir(&crate::flink::fixture())
+    let sources: BTreeSet<Vec<u8>> = crate::common::files_under(&crate::flink::fixture())
         .into_iter()
         .map(|p| std::fs::read(p).unwrap())
         .collect();
@@ -996,7 +996,7 @@ fn a_store_with_copied_objects_reads(name: &str, copied_prefix: &str) {
     let out = dir.path().join("cp1");
     ok(ckptfs(&["restore", &store, "1", out.to_str().unwrap()]));
     let mut from_copies = 0;
-    for sst in walkdir(&out) {
+    for sst in crate::common::files_under(&out) {
         let bytes = std::fs::read(&sst).unwrap();
         let mut hasher = like.hasher();
         hasher.update(&bytes);
@@ -1030,18 +1030,4 @@ fn a_store_with_copied_objects_reads(name: &str, copied_prefix: &str) {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
-}
-
-/// Every regular file below `dir`.
-fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let entry = entry.unwrap();
-        if entry.file_type().unwrap().is_dir() {
-            out.extend(walkdir(&entry.path()));
-        } else {
-            out.push(entry.path());
-        }
-    }
-    out
 }

@@ -21,6 +21,20 @@ use ckptfs_core::{BackendName, Engine, EngineConfig};
 
 pub type Kv = BTreeMap<Vec<u8>, Vec<u8>>;
 
+/// Every regular file below `dir`, at any depth.
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_dir() {
+            out.extend(files_under(&entry.path()));
+        } else {
+            out.push(entry.path());
+        }
+    }
+    out
+}
+
 pub fn name(text: &str) -> BackendName {
     text.parse().unwrap()
 }
