@@ -961,7 +961,7 @@ fn a_flink_job_on_object_storage_is_imported_fetching_each_file_once() {
     m.umount();
 }
 
-/// A Flink job's SSTs larger than one CopyObject copies (5 GiB on S3; 3,000 bytes here,
+/// A Flink job's SSTs larger than one part (1 GiB; 3,000 bytes here,
 /// with parts of 1 KiB on a server that takes them) are copied by the object store in parts
 /// (UploadPartCopy), into the store and again to their object's key: none is downloaded,
 /// each is named by the SHA-256 of its parts' SHA-256s (`sha256p10-`), the smaller ones by

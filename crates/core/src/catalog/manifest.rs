@@ -17,7 +17,7 @@ use crate::store::chunks::Chunks;
 use crate::store::{ObjectId, ObjectStore};
 
 /// The format written. 10: an object may be named by the SHA-256 of its parts' SHA-256s
-/// (`sha256p<n>-<hex>`, a copy in parts of an object over 5 GiB); format 9 readers refuse
+/// (`sha256p<n>-<hex>`, a copy in parts of an object over 1 GiB); format 9 readers refuse
 /// such an id. 9: an object may be named by the SHA-256 the object store computed
 /// when it copied the bytes from a source (`sha256-<hex>`, see [`crate::store::Digest`]);
 /// format 8 readers refuse such an id. 8: file-list entries of SSTs record their column family (format 7

@@ -175,8 +175,8 @@ pub enum Digest {
     Sha256,
     /// The SHA-256 of the SHA-256s of the bytes' parts of `1 << n` bytes each (the last
     /// one shorter), computed by the object store as it copied the bytes in parts (format
-    /// 10: objects larger than one `CopyObject` copies, S3's "composite" checksum of a
-    /// multipart upload, see `s3/copy_parts.rs`).
+    /// 10: objects over 1 GiB, S3's "composite" checksum of a multipart upload, see
+    /// `s3/copy_parts.rs`).
     Sha256Parts(u8),
 }
 

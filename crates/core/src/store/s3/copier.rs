@@ -52,7 +52,8 @@ impl Copier {
         };
         let options = ClientOptions::new()
             .with_connect_timeout(Duration::from_secs(5))
-            .with_timeout(Duration::from_secs(120))
+            // A copy of one part (1 GiB) takes seconds, or a minute at 20 MB/s.
+            .with_timeout(Duration::from_secs(300))
             .with_allow_http(allow_http);
         let http = ReqwestConnector::default()
             .connect(&options)
@@ -71,7 +72,7 @@ impl Copier {
 
 /// In builds with failpoints (the tests'), `CKPTFS_TEST_COPY_PARTS=<largest single copy>,
 /// <part size log2>` copies objects above a few MiB in parts of a few MiB, so that tests
-/// copy in parts without 5 GiB objects.
+/// copy in parts without gigabytes.
 fn test_parts() -> Option<(u64, u8)> {
     if !cfg!(feature = "failpoints") {
         return None;

@@ -1,6 +1,6 @@
 //! Server-side copies between buckets of one endpoint: S3's `CopyObject`, with the SHA-256
 //! the object store computes over the copy (`x-amz-checksum-algorithm: SHA256`); above
-//! 5 GiB, a multipart upload of `UploadPartCopy` parts (`copy_parts.rs`).
+//! 1 GiB, a multipart upload of `UploadPartCopy` parts (`copy_parts.rs`).
 //!
 //! `object_store` copies only within one bucket and returns no checksum, so this sends the
 //! request itself, through the pieces `object_store` makes public: the client's credential
@@ -25,9 +25,10 @@ use super::remote::{remote_error, Remote};
 use crate::error::{Error, Result};
 use crate::store::ObjectId;
 
-/// The largest object one CopyObject request copies (5 GiB); larger ones are copied in
-/// parts (`copy_parts.rs`).
-pub(super) const MAX_COPY_OBJECT: u64 = 5 << 30;
+/// The largest object copied by one CopyObject request: one part of a copy in parts
+/// (1 GiB). S3 copies up to 5 GiB in one request, but a request that copies gigabytes takes
+/// minutes, beyond the client's timeout, and a copy in parts copies four parts at once.
+pub(super) const MAX_COPY_OBJECT: u64 = 1 << super::copy_parts::PART_LOG2;
 
 /// The largest object the object store copies at all (S3's largest object, 5 TiB): the
 /// largest file an import or an export copies without reading it.
@@ -93,8 +94,8 @@ pub(super) struct Answered {
 impl Remote {
     /// Copy object `from_key` of `source`'s bucket (`size` bytes) to `to_key` of this
     /// bucket (whole keys, as [`Remote::full_key`] gives them) inside the object store:
-    /// one CopyObject request up to 5 GiB, a multipart upload of UploadPartCopy parts
-    /// above (up to [`MAX_COPY`]), signed with this remote's credentials, which must read
+    /// one CopyObject request up to 1 GiB, a multipart upload of UploadPartCopy parts of
+    /// 1 GiB above (up to [`MAX_COPY`]), signed with this remote's credentials, which must read
     /// the source and write here. No byte of the object passes through this host. The
     /// object store computes the copy's checksum, returned in [`Copied`].
     ///

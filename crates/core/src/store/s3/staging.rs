@@ -29,7 +29,7 @@ impl S3Objects {
     }
 
     /// Copy `file` into the store inside the object store, named by the SHA-256 the object
-    /// store computes (of the whole, or of its parts' above 5 GiB): first to a staging key
+    /// store computes (of the whole, or of its parts' above 1 GiB): first to a staging key
     /// (which gives the hash), then from there to the object's key, then the staging key
     /// is deleted. No byte passes through this host.
     pub(super) fn copy_in(&self, file: &RemoteFile) -> Result<Staged> {

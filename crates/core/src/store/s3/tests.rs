@@ -277,7 +277,7 @@ fn objects_fenced(remote: &Arc<Remote>) -> (S3Objects, tempfile::TempDir) {
 #[test]
 fn a_copy_in_parts_is_named_by_its_parts_checksums_and_checked_when_read() {
     let mut remote = moto::remote();
-    // Parts of 8 MiB above 6 MiB, instead of 1 GiB above 5 GiB (moto takes parts of 5 MiB
+    // Parts of 8 MiB above 6 MiB, instead of 1 GiB above 1 GiB (moto takes parts of 5 MiB
     // and more, as S3 does).
     let copier = &mut Arc::get_mut(&mut remote).unwrap().copier;
     copier.single_max = 6 << 20;
