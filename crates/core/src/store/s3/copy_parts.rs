@@ -36,9 +36,8 @@ struct Part {
 
 impl Remote {
     /// Copy `copy` (`size` bytes) to `to_key` of this bucket in parts, named by the
-    /// composite SHA-256 the object store computed. On failure the upload is aborted (and
-    /// one left behind by a crash is removed by the bucket's lifecycle rule for incomplete
-    /// uploads, if it has one: S3 keeps the parts until then).
+    /// composite SHA-256 the object store computed. On failure the upload is aborted (one
+    /// left behind by a crash is aborted by the staging sweep, `staging.rs`).
     pub(super) async fn copy_parts(
         &self,
         copy: &CopySource<'_>,
@@ -219,6 +218,128 @@ impl Remote {
     }
 }
 
+/// Bounds on the listing of multipart uploads in progress ([`Remote::stale_uploads`]).
+const MAX_UPLOAD_PAGES: usize = 1000;
+
+impl Remote {
+    /// The multipart uploads in progress to keys under `prefix` (a whole key prefix)
+    /// started more than `grace` ago (by the object store's clock; or of unknown age):
+    /// each key and upload id. The listing is paged, at most 1,000 pages.
+    pub(super) fn stale_uploads(
+        &self,
+        prefix: &str,
+        grace: std::time::Duration,
+    ) -> crate::error::Result<Vec<(String, String)>> {
+        let what = format!("list the uploads under s3://{}/{prefix}", self.bucket);
+        let fail = |e: object_store::Error| super::remote::remote_error(&what, e);
+        let base = format!(
+            "{}?uploads&prefix={}",
+            self.copier.bucket_url,
+            utf8_percent_encode(prefix, QUERY_ENCODE_SET)
+        );
+        let mut found = Vec::new();
+        let mut marker: Option<(String, String)> = None;
+        for _ in 0..MAX_UPLOAD_PAGES {
+            let url = match &marker {
+                None => base.clone(),
+                Some((key, id)) => format!(
+                    "{base}&key-marker={}&upload-id-marker={}",
+                    utf8_percent_encode(key, QUERY_ENCODE_SET),
+                    utf8_percent_encode(id, QUERY_ENCODE_SET)
+                ),
+            };
+            let answered = self
+                .block_on(self.send(
+                    || http::Request::builder().method(http::Method::GET).uri(&url),
+                    Bytes::new(),
+                ))
+                .map_err(fail)?;
+            let text = std::str::from_utf8(&answered.body).unwrap_or_default();
+            let page: Uploads = match quick_xml::de::from_str(text) {
+                Ok(page) if answered.status.is_success() => page,
+                _ => {
+                    return Err(fail(generic(format!(
+                        "S3 answered {} to ListMultipartUploads",
+                        answered.status
+                    ))))
+                }
+            };
+            let now = std::time::SystemTime::now();
+            for upload in &page.uploads {
+                if upload.key.starts_with(prefix) && stale(upload.initiated.as_deref(), now, grace)
+                {
+                    found.push((upload.key.clone(), upload.upload_id.clone()));
+                }
+            }
+            match (page.truncated, page.next_key, page.next_upload_id) {
+                (Some(true), Some(key), Some(id)) => marker = Some((key, id)),
+                _ => return Ok(found),
+            }
+        }
+        Ok(found)
+    }
+
+    /// Abort the multipart upload `upload_id` to `key` (a whole key): its parts are
+    /// deleted. One that is gone already is not an error.
+    pub(super) fn abort_upload(&self, key: &str, upload_id: &str) -> crate::error::Result<()> {
+        let url = format!(
+            "{}?uploadId={}",
+            self.key_url(key),
+            utf8_percent_encode(upload_id, QUERY_ENCODE_SET)
+        );
+        let what = format!("abort the upload {upload_id} to s3://{}/{key}", self.bucket);
+        let answered = self
+            .block_on(self.send(
+                || {
+                    http::Request::builder()
+                        .method(http::Method::DELETE)
+                        .uri(&url)
+                },
+                Bytes::new(),
+            ))
+            .map_err(|e| super::remote::remote_error(&what, e))?;
+        if answered.status.is_success() || answered.status == http::StatusCode::NOT_FOUND {
+            Ok(())
+        } else {
+            Err(super::remote::remote_error(
+                &what,
+                generic(format!("S3 answered {}", answered.status)),
+            ))
+        }
+    }
+}
+
+/// True for an upload begun at `initiated` (S3's `2026-12-05T03:00:00.000Z`) more than
+/// `grace` before `now`, or whose start S3 did not say.
+fn stale(initiated: Option<&str>, now: std::time::SystemTime, grace: std::time::Duration) -> bool {
+    initiated
+        .and_then(|t| humantime::parse_rfc3339_weak(t.trim().trim_end_matches('Z')).ok())
+        .is_none_or(|t| now.duration_since(t).unwrap_or_default() >= grace)
+}
+
+/// A page of `ListMultipartUploads`.
+#[derive(Debug, Default, serde::Deserialize)]
+struct Uploads {
+    #[serde(rename = "Upload", default)]
+    uploads: Vec<Upload>,
+    #[serde(rename = "IsTruncated")]
+    truncated: Option<bool>,
+    #[serde(rename = "NextKeyMarker")]
+    next_key: Option<String>,
+    #[serde(rename = "NextUploadIdMarker")]
+    next_upload_id: Option<String>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct Upload {
+    #[serde(rename = "Key")]
+    key: String,
+    #[serde(rename = "UploadId")]
+    upload_id: String,
+    #[serde(rename = "Initiated")]
+    initiated: Option<String>,
+}
+
 /// What `GetObjectAttributes` answers (the fields asked for).
 #[derive(Debug, Default, serde::Deserialize)]
 struct Attributes {
@@ -297,6 +418,19 @@ mod tests {
         assert_eq!(composite(sum, None, 3), None);
         assert_eq!(composite(&format!("{sum}-x"), None, 3), None);
         assert_eq!(composite("AAAA-3", None, 3), None);
+    }
+
+    #[test]
+    fn an_upload_is_stale_once_begun_longer_ago_than_the_grace() {
+        let now = humantime::parse_rfc3339("2026-12-05T03:00:00Z").unwrap();
+        let hour = std::time::Duration::from_secs(3600);
+        assert!(!stale(Some("2026-12-05T02:30:00.000Z"), now, hour));
+        assert!(stale(Some("2026-12-05T01:59:59.000Z"), now, hour));
+        // In the future (clocks apart): young.
+        assert!(!stale(Some("2026-12-05T04:00:00.000Z"), now, hour));
+        // Unknown: stale (a copy takes seconds; one begun before the grace is abandoned).
+        assert!(stale(None, now, hour));
+        assert!(stale(Some("yesterday"), now, hour));
     }
 
     #[test]

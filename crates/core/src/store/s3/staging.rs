@@ -94,10 +94,18 @@ impl S3Objects {
         result
     }
 
-    /// Delete staging copies (`tmp/`) older than `grace` (the store's: the orphan grace):
-    /// a copy in flight is younger, and an interrupted one is an orphan once older.
+    /// Delete staging copies (`tmp/`) older than `grace` (the store's: the orphan grace),
+    /// and abort copies in parts to staging keys begun longer ago (their parts are not
+    /// keys, and S3 keeps them until aborted): a copy in flight is younger, and an
+    /// interrupted one is an orphan once older. The count of both.
     pub(super) fn sweep_copy_staging(&self, grace: Duration) -> Result<usize> {
         let mut swept = 0;
+        let staging = self.remote.full_key(&format!("{}/", layout::TMP));
+        for (key, upload_id) in self.remote.stale_uploads(&staging, grace)? {
+            self.check_fence()?;
+            self.remote.abort_upload(&key, &upload_id)?;
+            swept += 1;
+        }
         for (name, modified) in self.remote.list_under(layout::TMP)? {
             if crate::store::is_young(Some(modified), grace) {
                 continue;

@@ -258,9 +258,39 @@ fn the_staging_sweep_removes_only_staging_keys_older_than_the_grace() {
     assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
     assert!(tmp("1-2-3").is_some() && tmp("4-5-6").is_some());
 
-    // Older than the grace: swept, and nothing else.
-    assert_eq!(objects.sweep_copy_staging(Duration::ZERO).unwrap(), 2);
+    // A copy in parts to a staging key that never completed (a crash), and an upload of an
+    // object in flight.
+    let begin = |name: &str| {
+        let url = remote.key_url(&remote.full_key(name));
+        let answered = remote
+            .block_on(remote.send(
+                || {
+                    http::Request::builder()
+                        .method(http::Method::POST)
+                        .uri(format!("{url}?uploads"))
+                },
+                bytes::Bytes::new(),
+            ))
+            .unwrap();
+        assert_eq!(answered.status, 200);
+    };
+    begin("tmp/7-8-9");
+    begin(&object_name(&id));
+    let uploads = || {
+        remote
+            .stale_uploads(&remote.full_key(""), Duration::ZERO)
+            .unwrap()
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(uploads().len(), 2);
+
+    // Older than the grace: swept (the keys, and the upload to a staging key), and nothing
+    // else.
+    assert_eq!(objects.sweep_copy_staging(Duration::ZERO).unwrap(), 3);
     assert_eq!((tmp("1-2-3"), tmp("4-5-6")), (None, None));
+    assert_eq!(uploads(), [remote.full_key(&object_name(&id))]);
     assert!(size_at(&remote, &object_name(&id)).is_some());
     assert!(size_at(&remote, "checkpoints/1.json").is_some());
     assert!(size_at(&remote, "tmpx/1").is_some());
