@@ -1,6 +1,6 @@
-//! What a server-side copy (`copy.rs`) needs that `object_store` keeps inside its client:
-//! the HTTP client, the region and the bucket's URL, built as `AmazonS3Builder::build` builds
-//! them.
+//! What a server-side copy (`copy.rs`, `copy_parts.rs`) needs that `object_store` keeps
+//! inside its client (the HTTP client, the region and the bucket's URL, built as
+//! `AmazonS3Builder::build` builds them), and the sizes copies are made in.
 
 use std::time::Duration;
 
@@ -8,9 +8,17 @@ use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::client::{HttpClient, HttpConnector, ReqwestConnector};
 use object_store::ClientOptions;
 
-use super::copy::MAX_COPY_OBJECT;
-use super::copy_parts::PART_LOG2;
 use crate::error::{Error, Result};
+
+/// The size of a part, `1 << PART_LOG2` bytes (1 GiB): S3 takes parts of 5 MiB to 5 GiB and
+/// at most 10,000 of them, so 1 GiB parts copy any object up to its largest, 5 TiB; and one
+/// part's copy takes seconds (tens at 20 MB/s), well within the copier's timeout.
+pub(super) const PART_LOG2: u8 = 30;
+
+/// The largest object copied by one CopyObject request: one part of a copy in parts
+/// (1 GiB). S3 copies up to 5 GiB in one request, but a request that copies gigabytes takes
+/// minutes, beyond the client's timeout, and a copy in parts copies four parts at once.
+pub(super) const MAX_COPY_OBJECT: u64 = 1 << PART_LOG2;
 
 /// What a CopyObject request needs that `object_store` keeps inside its client.
 pub(super) struct Copier {

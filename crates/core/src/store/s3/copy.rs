@@ -25,11 +25,6 @@ use super::remote::{remote_error, Remote};
 use crate::error::{Error, Result};
 use crate::store::ObjectId;
 
-/// The largest object copied by one CopyObject request: one part of a copy in parts
-/// (1 GiB). S3 copies up to 5 GiB in one request, but a request that copies gigabytes takes
-/// minutes, beyond the client's timeout, and a copy in parts copies four parts at once.
-pub(super) const MAX_COPY_OBJECT: u64 = 1 << super::copy_parts::PART_LOG2;
-
 /// The largest object the object store copies at all (S3's largest object, 5 TiB): the
 /// largest file an import or an export copies without reading it.
 pub const MAX_COPY: u64 = 5 << 40;

@@ -20,11 +20,6 @@ use super::copy::{accepted, decode_sha256, generic, Answer, Copied, CopySource, 
 use super::remote::Remote;
 use crate::store::ObjectId;
 
-/// The size of a part, `1 << PART_LOG2` bytes (1 GiB): S3 takes parts of 5 MiB to 5 GiB and
-/// at most 10,000 of them, so 1 GiB parts copy any object up to its largest, 5 TiB; and one
-/// part's copy takes seconds (tens at 20 MB/s), well within the copier's timeout.
-pub(super) const PART_LOG2: u8 = 30;
-
 /// Parts copied at once.
 const PARTS_AT_ONCE: usize = 4;
 
