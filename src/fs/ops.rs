@@ -306,7 +306,7 @@ impl CkptFs {
                 // against their ids.
                 chunks
                     .validate(*size)
-                    .map(|_| Handle::Chunked(Arc::new((chunks.clone(), *size))))
+                    .map(|_| Handle::Chunked(Arc::new(((**chunks).clone(), *size))))
             } else {
                 // An append-only file stored as chunks (a MANIFEST, a small WAL): assembled
                 // and verified whole, then served from memory.

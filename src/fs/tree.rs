@@ -19,7 +19,7 @@ pub enum NodeKind {
         /// Its size in bytes.
         size: u64,
         /// Stored as chunks: served from memory, assembled and verified at open.
-        chunks: Option<Chunks>,
+        chunks: Option<Box<Chunks>>,
     },
     /// A file the mount makes from what is stored (a Flink checkpoint's `_metadata`
     /// naming the mount's files), served from memory.

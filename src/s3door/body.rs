@@ -116,7 +116,7 @@ pub fn open(
             ..
         } => {
             chunks.validate(size)?;
-            Source::Chunks(chunks.clone())
+            Source::Chunks((**chunks).clone())
         }
         Content::Stored { object, .. } if range == (0..size) => {
             Source::Whole(store.open(object)?, *object)

@@ -42,7 +42,7 @@ pub enum Content {
         /// The file's size.
         size: u64,
         /// Stored as chunks, each verified as it is read.
-        chunks: Option<Chunks>,
+        chunks: Option<Box<Chunks>>,
     },
     /// A file the door makes (a Flink checkpoint's relocatable `_metadata`).
     Generated(Arc<Vec<u8>>),

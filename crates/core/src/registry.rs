@@ -127,6 +127,11 @@ impl Registry {
         self.find(id).is_some()
     }
 
+    /// How many objects are alive (referenced or pinned).
+    pub fn live_count(&self) -> usize {
+        self.index.len()
+    }
+
     /// True if no object is alive (referenced or pinned): nothing can be shared.
     pub fn is_empty(&self) -> bool {
         self.index.is_empty()
@@ -372,6 +377,8 @@ mod tests {
         );
         assert_eq!(reg.checkpoint_ids().collect::<Vec<_>>(), vec![3, 4]);
         assert!(!reg.is_live(&obj("s1")));
+        assert_eq!(reg.live_count(), 4);
+        assert_eq!(reg.live_objects().len(), reg.live_count());
     }
 
     #[test]

@@ -232,7 +232,7 @@ mod tests {
                                 // MANIFESTs as chunks of 2 bytes.
                                 chunks: n
                                     .starts_with("MANIFEST-")
-                                    .then(|| Chunks::split(c.as_bytes(), 2).0),
+                                    .then(|| Box::new(Chunks::split(c.as_bytes(), 2).0)),
                                 source: None,
                                 column_family: None,
                             })

@@ -91,7 +91,8 @@ pub(super) fn check_format(format: u32, sealed: bool) -> Result<()> {
 
 /// One file of a backend's checkpoint: its RocksDB name, its content and how that is
 /// stored. Entries are immutable and shared (`Arc`) between the checkpoints that list the
-/// same file.
+/// same file. A daemon holds one per stored file: the optional parts are boxed (`Box<str>`,
+/// no spare capacity; chunks behind a pointer): 112 bytes instead of 152.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Hash)]
 #[serde(deny_unknown_fields)]
 pub struct FileEntry {
@@ -105,18 +106,18 @@ pub struct FileEntry {
     /// An append-only file stored as chunks (format 4; WAL files from format 5): only the
     /// chunks are objects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub chunks: Option<Chunks>,
+    pub chunks: Option<Box<Chunks>>,
     /// An imported file (format 7): where it was read from, as `device:inode:size:mtime`
     /// of the file in the imported directory. The backend's next import re-references a
     /// file found under the same source and name without reading it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source: Option<String>,
+    pub source: Option<Box<str>>,
     /// An SST's RocksDB column family (format 8; for Flink, the state's name), read once
     /// when the file entered a checkpoint: from RocksDB's live file metadata for a hosted
     /// backend, from the file's table properties for an imported one. `None`: not an SST,
     /// or stored by an older ckptfs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub column_family: Option<String>,
+    pub column_family: Option<Box<str>>,
 }
 
 impl FileEntry {
@@ -553,6 +554,17 @@ pub(super) mod tests {
 
     /// What a manifest read from a store claims is checked: unique backends, unique plain
     /// file names per backend, one size per object, chunk lists that fit their file.
+    /// A daemon holds one entry per stored file (a million with a million objects): its
+    /// optional parts stay behind pointers.
+    #[test]
+    fn an_entry_stays_small() {
+        assert!(
+            std::mem::size_of::<FileEntry>() <= 112,
+            "{} bytes",
+            std::mem::size_of::<FileEntry>()
+        );
+    }
+
     #[test]
     fn validation_refuses_duplicates_and_inconsistent_sizes() {
         sample(1).validate().unwrap();
@@ -586,10 +598,10 @@ pub(super) mod tests {
         ]);
         shared.validate().unwrap();
         let mut chunked = FileEntry::whole("MANIFEST-000005", x, 10);
-        chunked.chunks = Some(Chunks {
+        chunked.chunks = Some(Box::new(Chunks {
             size: 4,
             ids: vec![x, x],
-        });
+        }));
         assert!(with_files(vec![chunked]).validate().is_err());
         let bad_name = with_files(vec![FileEntry::whole("../etc", x, 1)]);
         assert!(bad_name.validate().is_err());

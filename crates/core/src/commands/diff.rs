@@ -306,7 +306,7 @@ mod tests {
             content.len() as u64,
         );
         if name.ends_with(".sst") {
-            entry.column_family = Some(content[..1].to_string());
+            entry.column_family = Some(content[..1].into());
         }
         entry
     }

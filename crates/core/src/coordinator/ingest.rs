@@ -60,8 +60,8 @@ impl PendingBackend {
     /// what changed, not the number of checkpoints).
     fn entry(&self, file: &StagedFile, object: ObjectId, size: u64) -> Arc<FileEntry> {
         self.entry_stored_as(FileEntry {
-            source: file.source.clone(),
-            column_family: file.column_family.clone(),
+            source: file.source.as_deref().map(Into::into),
+            column_family: file.column_family.as_deref().map(Into::into),
             ..FileEntry::whole(&file.name, object, size)
         })
     }
@@ -460,12 +460,12 @@ impl<'a> Ingest<'a> {
             name: file.name.clone(),
             object: ObjectId::from_hash(whole.finalize()),
             size: total,
-            chunks: Some(Chunks {
+            chunks: Some(Box::new(Chunks {
                 size: chunk_size,
                 ids,
-            }),
-            source: file.source.clone(),
-            column_family: file.column_family.clone(),
+            })),
+            source: file.source.as_deref().map(Into::into),
+            column_family: file.column_family.as_deref().map(Into::into),
         });
         Ok((entry, boundary))
     }

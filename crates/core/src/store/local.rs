@@ -27,6 +27,34 @@ pub struct LocalStore {
 }
 
 impl LocalStore {
+    /// Call `found` with every object in the store, in directory order (stray entries are
+    /// logged and skipped).
+    fn each_object(&self, mut found: impl FnMut(ObjectId)) -> Result<()> {
+        let shards = match fs::read_dir(&self.objects) {
+            Ok(shards) => shards,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io(format!("list {}", self.objects.display()), e)),
+        };
+        for shard in shards {
+            let shard = shard.ctx("list", &self.objects)?;
+            // Not through links: a planted one must not make its target look like objects.
+            if !shard.file_type().is_ok_and(|t| t.is_dir()) {
+                log::warn!("ignoring stray entry {}", shard.path().display());
+                continue;
+            }
+            let shard = shard.path();
+            for entry in fs::read_dir(&shard).ctx("list", &shard)? {
+                let entry = entry.ctx("list", &shard)?;
+                let shard_name = shard.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                match entry.file_name().to_str().map(str::parse::<ObjectId>) {
+                    Some(Ok(id)) if id.to_hex().starts_with(shard_name) => found(id),
+                    _ => log::warn!("ignoring stray file {}", entry.path().display()),
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Open (creating the directories if needed) the object area under `root`.
     pub fn open(root: &Path) -> Result<Self> {
         let store = Self::open_existing(root)?;
@@ -194,29 +222,16 @@ impl ObjectStore for LocalStore {
 
     fn list(&self) -> Result<Vec<ObjectId>> {
         let mut ids = Vec::new();
-        let shards = match fs::read_dir(&self.objects) {
-            Ok(shards) => shards,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ids),
-            Err(e) => return Err(Error::io(format!("list {}", self.objects.display()), e)),
-        };
-        for shard in shards {
-            let shard = shard.ctx("list", &self.objects)?;
-            // Not through links: a planted one must not make its target look like objects.
-            if !shard.file_type().is_ok_and(|t| t.is_dir()) {
-                log::warn!("ignoring stray entry {}", shard.path().display());
-                continue;
-            }
-            let shard = shard.path();
-            for entry in fs::read_dir(&shard).ctx("list", &shard)? {
-                let entry = entry.ctx("list", &shard)?;
-                let shard_name = shard.file_name().and_then(|n| n.to_str()).unwrap_or("");
-                match entry.file_name().to_str().map(str::parse::<ObjectId>) {
-                    Some(Ok(id)) if id.to_hex().starts_with(shard_name) => ids.push(id),
-                    _ => log::warn!("ignoring stray file {}", entry.path().display()),
-                }
-            }
-        }
+        self.each_object(|id| ids.push(id))?;
         ids.sort();
+        Ok(ids)
+    }
+
+    /// No modification times, as by default, but listed once: with a million objects, the
+    /// default's sorted list and its copy with times were 90 MB at once.
+    fn list_modified(&self) -> Result<Vec<(ObjectId, Option<std::time::SystemTime>)>> {
+        let mut ids = Vec::new();
+        self.each_object(|id| ids.push((id, None)))?;
         Ok(ids)
     }
 
