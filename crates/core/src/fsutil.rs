@@ -103,6 +103,31 @@ pub fn make_private(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Start writing `file`'s dirty pages back to the disk, without waiting
+/// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`): its later fsync then waits for less, and
+/// the disk writes while the caller goes on. Advisory: a failure shows at the fsync.
+pub fn start_writeback(file: &fs::File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the descriptor is open for the duration of the call; no memory is passed.
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+    }
+}
+
+/// Make the file at `path` durable (fsync through a new descriptor, never through a
+/// symbolic link). A file gone meanwhile is not an error: `Ok(false)`.
+pub fn fsync_file(path: &Path) -> Result<bool> {
+    match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(file) => file.sync_all().ctx("fsync", path).map(|()| true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::io(format!("open {}", path.display()), e)),
+    }
+}
+
 /// Make `to` (an empty file) share `from`'s extents (`ioctl(FICLONE)`): a copy that writes
 /// no data, on filesystems that share extents (btrfs, XFS with reflink). False, with `to`
 /// left empty, where they cannot (another filesystem, ext4, tmpfs, a FUSE mount): copy

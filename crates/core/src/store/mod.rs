@@ -444,7 +444,8 @@ pub trait ObjectStore: Send + Sync {
     /// Where the objects are, for messages.
     fn describe(&self) -> String;
 
-    /// Copy an object to `dest` (which must not exist), checking size and hash, and fsync it.
+    /// Copy an object to `dest` (which must not exist), checking size and hash; its
+    /// writeback is started, not waited for (the caller fsyncs it).
     fn copy_verified(&self, id: &ObjectId, size: u64, dest: &Path) -> Result<()> {
         let mut src = self.open(id)?;
         let mut out = crate::fsutil::create_new_private()
@@ -459,7 +460,9 @@ pub trait ObjectStore: Send + Sync {
             hash_copy(&mut src, id.hasher(), Some(&mut out), dest)?
         };
         check(id, size, hash, copied)?;
-        out.sync_all().ctx("fsync", dest)
+        // Not waited for: the caller fsyncs what it wrote once it is all written.
+        crate::fsutil::start_writeback(&out);
+        Ok(())
     }
 
     /// Write an object to `out`, checking size and hash. A mismatch is found once every
