@@ -451,9 +451,12 @@ pub trait ObjectStore: Send + Sync {
         let mut out = crate::fsutil::create_new_private()
             .open(dest)
             .ctx("create", dest)?;
-        // A clone where the filesystem shares extents (a local store on btrfs or XFS),
-        // checked by reading the clone itself; else a copy checked as it is written.
-        let (hash, copied) = if crate::fsutil::reflink(&src, &out) {
+        // A clone where the filesystem shares extents (a local store on btrfs or XFS), or
+        // a copy the kernel makes (`copy_file_range`, one filesystem type), checked by
+        // reading the copy itself; else a copy checked as it is written.
+        let in_kernel =
+            crate::fsutil::reflink(&src, &out) || crate::fsutil::copy_in_kernel(&src, &out, dest)?;
+        let (hash, copied) = if in_kernel {
             let mut clone = std::fs::File::open(dest).ctx("open", dest)?;
             hash_copy(&mut clone, id.hasher(), None, dest)?
         } else {
