@@ -48,7 +48,8 @@
 //! `cargo run --example bench_import -- 8 1 5`.
 //! CKPTFS_BIN: the ckptfs binary (default `$CARGO_TARGET_DIR/debug/ckptfs`, else
 //! `target/debug/ckptfs` in the package). BENCH_SYSTEMS=ckptfs,backup,engine (default all
-//! three) picks the systems; BENCH_DIR=DIR works in DIR and keeps it (default: a temporary directory, removed);
+//! three) picks the systems (`none`: only the database and its checkpoints, for another
+//! benchmark to use); BENCH_DIR=DIR works in DIR and keeps it (default: a temporary directory, removed);
 //! BENCH_SEED seeds the choice of keys.
 
 mod common;
@@ -125,6 +126,7 @@ fn parse_args() -> Result<Args> {
             "ckptfs" => args.ckptfs = true,
             "backup" => args.backup = true,
             "engine" => args.engine = true,
+            "none" => {}
             other => return Err(format!("BENCH_SYSTEMS: unknown system {other:?}")),
         }
     }
@@ -785,6 +787,14 @@ fn run(args: &Args) -> Result<()> {
         rounds.push(r);
     }
     let loop_seconds = started.elapsed().as_secs_f64();
+    if !(args.ckptfs || args.backup || args.engine) {
+        // BENCH_SYSTEMS=none: only the database and its checkpoints (kept in BENCH_DIR).
+        eprintln!(
+            "bench_import: no system to measure; checkpoints in {}",
+            ckpt_dir.display()
+        );
+        return Ok(());
+    }
     let umount_s = match mount.as_mut() {
         Some(m) => Some(m.unmount()?),
         None => None,

@@ -11,9 +11,9 @@ export CARGO_TARGET_DIR
 # btrfs subvolume, whose files' st_dev is not the device /proc/locks names), bsdutils
 # (script: a pseudo-terminal for the progress bars' test), awscli and rclone (the S3
 # door's clients in tests/integration/s3door.rs), nginx-light (what scripts/bench-s3-door
-# compares the door with).
+# compares the door with), b3sum (scripts/bench-local's read-and-hash bound).
 ckptfs_install_packages() {
-    local wanted=(libclang-dev fuse3 rocksdb-tools graphviz systemd pkg-config faketime btrfs-progs chromium bsdutils awscli rclone nginx-light "$@")
+    local wanted=(libclang-dev fuse3 rocksdb-tools graphviz systemd pkg-config faketime btrfs-progs chromium bsdutils awscli rclone nginx-light b3sum "$@")
     local missing=()
     for pkg in "${wanted[@]}"; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

@@ -103,6 +103,70 @@ pub fn make_private(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Start writing `file`'s dirty pages back to the disk, without waiting
+/// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`): its later fsync then waits for less, and
+/// the disk writes while the caller goes on. Advisory: a failure shows at the fsync.
+pub fn start_writeback(file: &fs::File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the descriptor is open for the duration of the call; no memory is passed.
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+    }
+}
+
+/// Make the file at `path` durable (fsync through a new descriptor, never through a
+/// symbolic link). A file gone meanwhile is not an error: `Ok(false)`.
+pub fn fsync_file(path: &Path) -> Result<bool> {
+    match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(file) => file.sync_all().ctx("fsync", path).map(|()| true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::io(format!("open {}", path.display()), e)),
+    }
+}
+
+/// Copy all of `from` (from its start) to the end of `to` (an empty file) inside the kernel
+/// (`copy_file_range`): no bytes through this process, and extents shared where the
+/// filesystem can. `Ok(false)`, with nothing copied, where the kernel cannot (another
+/// filesystem type, a filesystem without it): copy by hand then.
+pub fn copy_in_kernel(from: &fs::File, to: &fs::File, what: &Path) -> Result<bool> {
+    use std::os::fd::AsRawFd;
+    let mut copied = 0u64;
+    loop {
+        // SAFETY: both descriptors are open for the duration of the call; null offsets
+        // use (and advance) the files' own.
+        let n = unsafe {
+            libc::copy_file_range(
+                from.as_raw_fd(),
+                std::ptr::null_mut(),
+                to.as_raw_fd(),
+                std::ptr::null_mut(),
+                1 << 30,
+                0,
+            )
+        };
+        match n {
+            0 => return Ok(true),
+            n if n > 0 => copied += n as u64,
+            _ => {
+                let e = std::io::Error::last_os_error();
+                let unsupported = matches!(
+                    e.raw_os_error(),
+                    Some(libc::EXDEV | libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+                );
+                match e.kind() {
+                    std::io::ErrorKind::Interrupted => {}
+                    _ if unsupported && copied == 0 => return Ok(false),
+                    _ => return Err(Error::io(format!("copy to {}", what.display()), e)),
+                }
+            }
+        }
+    }
+}
+
 /// Make `to` (an empty file) share `from`'s extents (`ioctl(FICLONE)`): a copy that writes
 /// no data, on filesystems that share extents (btrfs, XFS with reflink). False, with `to`
 /// left empty, where they cannot (another filesystem, ext4, tmpfs, a FUSE mount): copy
@@ -299,6 +363,23 @@ pub fn raise_open_files_limit() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kernel's copy is the whole file.
+    #[test]
+    fn a_copy_in_the_kernel_is_the_whole_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        fs::write(dir.path().join("a"), &bytes).unwrap();
+        let from = fs::File::open(dir.path().join("a")).unwrap();
+        let to_path = dir.path().join("b");
+        let to = create_new_private().open(&to_path).unwrap();
+        assert!(copy_in_kernel(&from, &to, &to_path).unwrap());
+        assert_eq!(fs::read(&to_path).unwrap(), bytes);
+        // A target not open for writing is an error, not a fallback.
+        let again = fs::File::open(dir.path().join("a")).unwrap();
+        let read_only = fs::File::open(&to_path).unwrap();
+        assert!(copy_in_kernel(&again, &read_only, &to_path).is_err());
+    }
 
     /// A symbolic link planted where a temporary or target file goes is never followed.
     #[test]

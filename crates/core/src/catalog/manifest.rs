@@ -141,7 +141,8 @@ impl FileEntry {
             .chain(self.chunks.iter().flat_map(|c| c.with_lengths(self.size)))
     }
 
-    /// Copy the file to `dest` (which must not exist), verified, and fsync it.
+    /// Copy the file to `dest` (which must not exist), verified; not fsync'd yet (see
+    /// [`ObjectStore::copy_verified`]).
     pub fn copy_verified(&self, store: &dyn ObjectStore, dest: &Path) -> Result<()> {
         match &self.chunks {
             None => store.copy_verified(&self.object, self.size, dest),
@@ -154,7 +155,8 @@ impl FileEntry {
                 let file = out
                     .into_inner()
                     .map_err(|e| Error::io(format!("write {}", dest.display()), e.into_error()))?;
-                file.sync_all().ctx("fsync", dest)
+                crate::fsutil::start_writeback(&file);
+                Ok(())
             }
         }
     }

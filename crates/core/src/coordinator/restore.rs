@@ -137,7 +137,8 @@ pub(super) fn read_restore_intent(state_dir: &Path) -> Result<Option<u64>> {
 
 /// Write one backend's files of a checkpoint into `dir` (verified, each fsync'd), a
 /// directory RocksDB opens. `dir` must be empty or missing. Up to [`MATERIALIZE_FILES`]
-/// files are written at once, so that their reads, hashes and fsyncs overlap; on error,
+/// files are written at once, so that their reads and hashes overlap, then all are
+/// fsync'd; on error,
 /// what was written stays for the caller to remove.
 pub fn materialize(
     store: &dyn ObjectStore,
@@ -154,8 +155,24 @@ pub fn materialize(
         Ok(())
     });
     written.into_iter().collect::<Result<Vec<()>>>()?;
+    // Durable once all are written (their writeback started as each was): the copies
+    // never wait for the disk, and the fsyncs overlap.
+    let synced = parallel_map(&files, MATERIALIZE_SYNCS, |file| {
+        let path = dir.join(&file.name);
+        match crate::fsutil::fsync_file(&path)? {
+            true => Ok(()),
+            false => Err(Error::Corrupt(format!(
+                "{} was removed while it was restored",
+                path.display()
+            ))),
+        }
+    });
+    synced.into_iter().collect::<Result<Vec<()>>>()?;
     fsync_dir(dir)
 }
+
+/// Files of one backend [`materialize`] fsyncs at once.
+const MATERIALIZE_SYNCS: usize = 8;
 
 /// Files of one backend [`materialize`] writes at once.
 const MATERIALIZE_FILES: usize = 4;

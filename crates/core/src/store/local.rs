@@ -13,6 +13,9 @@ use crate::fsutil::{create_new_private, ensure_real_dir, fsync_dir, is_real_dir}
 /// How many files a checkpoint copies into a local store at once.
 const LOCAL_STAGES: usize = 4;
 
+/// How many files (or directories) [`ObjectStore::sync_published`] fsyncs at once.
+const SYNCS: usize = 8;
+
 /// The objects of a local store: `objects/` and `tmp/` under its root.
 pub struct LocalStore {
     objects: PathBuf,
@@ -21,6 +24,10 @@ pub struct LocalStore {
     /// Directories holding objects published unsynced: fsync'd (all at once) by
     /// [`ObjectStore::sync_published`].
     unsynced: std::sync::Mutex<std::collections::BTreeSet<PathBuf>>,
+    /// Objects published unsynced (their data written back from their staging on, not
+    /// waited for): fsync'd, several at once, by [`ObjectStore::sync_published`] before
+    /// their directories.
+    unsynced_files: std::sync::Mutex<Vec<PathBuf>>,
     /// Held through a sync: a sync that returns has waited for one running meanwhile
     /// (another checkpoint's, whose objects its caller may re-reference).
     syncing: std::sync::Mutex<()>,
@@ -80,6 +87,7 @@ impl LocalStore {
             tmp,
             next_tmp: AtomicU64::new(0),
             unsynced: Default::default(),
+            unsynced_files: Default::default(),
             syncing: Default::default(),
         })
     }
@@ -114,9 +122,12 @@ impl ObjectStore for LocalStore {
                 &tmp,
             )
         };
-        let result = hashed.and_then(|r| {
+        // Written back from now on, and made durable with every object published before
+        // a manifest names any (`sync_published`): the next copies go on while the disk
+        // writes, instead of each waiting for its own fsync.
+        let result = hashed.inspect(|_| {
             crate::failpoint!("store::staged-before-fsync");
-            out.sync_all().ctx("fsync", &tmp).map(|_| r)
+            crate::fsutil::start_writeback(&out);
         });
         match result {
             Ok((id, size)) => Ok(Staged { id, size, tmp }),
@@ -132,10 +143,10 @@ impl ObjectStore for LocalStore {
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
         let tmp = self.tmp.join(format!("{}-{n}", std::process::id()));
         let mut out = create_new_private().open(&tmp).ctx("create", &tmp)?;
-        let result = out
-            .write_all(bytes)
-            .ctx("write", &tmp)
-            .and_then(|_| out.sync_all().ctx("fsync", &tmp));
+        // Durable once published and synced (see `stage`).
+        let result = out.write_all(bytes).ctx("write", &tmp).map(|()| {
+            crate::fsutil::start_writeback(&out);
+        });
         match result {
             Ok(()) => Ok(Staged {
                 id: ObjectId::from_hash(blake3::hash(bytes)),
@@ -165,19 +176,35 @@ impl ObjectStore for LocalStore {
         crate::failpoint!("store::before-publish");
         fs::rename(&staged.tmp, &dest).ctx("publish object", &dest)?;
         unsynced.insert(dir.to_path_buf());
+        crate::fsutil::lock(&self.unsynced_files).push(dest);
         crate::failpoint!("store::after-publish");
         Ok(())
     }
 
     fn sync_published(&self) -> Result<()> {
         let _syncing = crate::fsutil::lock(&self.syncing);
-        // Taken out while they are synced (in parallel: each is a wait on the disk);
-        // those that fail go back, for the next sync to try again.
+        // The objects' data first, then the entries naming them. Taken out while they are
+        // synced (in parallel: each is a wait on the disk); those that fail go back, for
+        // the next sync to try again.
+        let files = std::mem::take(&mut *crate::fsutil::lock(&self.unsynced_files));
+        let synced = crate::fsutil::parallel_map(&files, files.len().min(SYNCS), |f| {
+            crate::fsutil::fsync_file(f)
+        });
+        let mut first = None;
+        for (file, result) in files.into_iter().zip(synced) {
+            // An object gone meanwhile (dropped: nothing names it) needs no sync.
+            if let Err(e) = result {
+                crate::fsutil::lock(&self.unsynced_files).push(file);
+                first.get_or_insert(e);
+            }
+        }
+        if let Some(e) = first {
+            return Err(e);
+        }
         let dirs: Vec<PathBuf> = std::mem::take(&mut *crate::fsutil::lock(&self.unsynced))
             .into_iter()
             .collect();
-        let synced = crate::fsutil::parallel_map(&dirs, dirs.len().min(8), |d| fsync_dir(d));
-        let mut first = None;
+        let synced = crate::fsutil::parallel_map(&dirs, dirs.len().min(SYNCS), |d| fsync_dir(d));
         let mut unsynced = crate::fsutil::lock(&self.unsynced);
         for (dir, result) in dirs.into_iter().zip(synced) {
             if let Err(e) = result {
@@ -325,14 +352,37 @@ mod tests {
         // Readable before it is durable: a concurrent checkpoint may re-reference it.
         assert!(store.list().unwrap().contains(&a_id));
         std::io::Read::read_to_end(&mut store.open(&a_id).unwrap(), &mut Vec::new()).unwrap();
-        // Its new shard's entry in objects/ waits too.
+        // Its new shard's entry in objects/ waits too, and so does its data.
         assert_eq!(unsynced(&store), vec![store.objects.clone(), a_dir.clone()]);
+        assert_eq!(unsynced_files(&store), vec![store.path_of(&a_id)]);
         store.sync_published().unwrap();
         assert!(unsynced(&store).is_empty());
+        assert!(unsynced_files(&store).is_empty());
+        // Staged, but not published, it waits for nothing.
+        let c = store.stage_bytes(b"c").unwrap();
+        assert!(unsynced_files(&store).is_empty());
+        store.discard(c);
         // `publish` is durable when it returns.
         let b = store.stage_bytes(b"b").unwrap();
         store.publish(b).unwrap();
         assert!(unsynced(&store).is_empty());
+    }
+
+    fn unsynced_files(store: &LocalStore) -> Vec<PathBuf> {
+        crate::fsutil::lock(&store.unsynced_files).clone()
+    }
+
+    #[test]
+    fn an_object_dropped_before_its_sync_does_not_fail_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(dir.path()).unwrap();
+        let a = store.stage_bytes(b"a").unwrap();
+        let a_id = a.id;
+        store.publish_unsynced(a).unwrap();
+        // Deleted (a failed checkpoint's object nothing names) before anyone synced it.
+        store.delete(&a_id).unwrap();
+        store.sync_published().unwrap();
+        assert!(unsynced_files(&store).is_empty());
     }
 
     #[test]

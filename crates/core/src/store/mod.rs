@@ -539,22 +539,28 @@ pub trait ObjectStore: Send + Sync {
     /// Where the objects are, for messages.
     fn describe(&self) -> String;
 
-    /// Copy an object to `dest` (which must not exist), checking size and hash, and fsync it.
+    /// Copy an object to `dest` (which must not exist), checking size and hash; its
+    /// writeback is started, not waited for (the caller fsyncs it).
     fn copy_verified(&self, id: &ObjectId, size: u64, dest: &Path) -> Result<()> {
         let mut src = self.open(id)?;
         let mut out = crate::fsutil::create_new_private()
             .open(dest)
             .ctx("create", dest)?;
-        // A clone where the filesystem shares extents (a local store on btrfs or XFS),
-        // checked by reading the clone itself; else a copy checked as it is written.
-        let (hash, copied) = if crate::fsutil::reflink(&src, &out) {
+        // A clone where the filesystem shares extents (a local store on btrfs or XFS), or
+        // a copy the kernel makes (`copy_file_range`, one filesystem type), checked by
+        // reading the copy itself; else a copy checked as it is written.
+        let in_kernel =
+            crate::fsutil::reflink(&src, &out) || crate::fsutil::copy_in_kernel(&src, &out, dest)?;
+        let (hash, copied) = if in_kernel {
             let mut clone = std::fs::File::open(dest).ctx("open", dest)?;
             hash_copy(&mut clone, id.hasher(), None, dest)?
         } else {
             hash_copy(&mut src, id.hasher(), Some(&mut out), dest)?
         };
         check(id, size, hash, copied)?;
-        out.sync_all().ctx("fsync", dest)
+        // Not waited for: the caller fsyncs what it wrote once it is all written.
+        crate::fsutil::start_writeback(&out);
+        Ok(())
     }
 
     /// Write an object to `out`, checking size and hash. A mismatch is found once every
