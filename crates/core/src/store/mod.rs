@@ -459,7 +459,9 @@ pub struct Staged {
 /// Where the bytes live: a local directory (`local.rs`) or S3-compatible object storage
 /// (`s3.rs`), both behind the same calls.
 pub trait ObjectStore: Send + Sync {
-    /// Copy `src` into a durable private temporary object, hashing it on the way.
+    /// Copy `src` into a private temporary object, hashing it on the way; durable once
+    /// published and [`ObjectStore::sync_published`] (a local store starts its writeback
+    /// here and fsyncs it there).
     fn stage(&self, src: &Path) -> Result<Staged>;
     /// Stage an object from bytes in memory (file lists).
     fn stage_bytes(&self, bytes: &[u8]) -> Result<Staged>;
