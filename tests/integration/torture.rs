@@ -384,8 +384,10 @@ impl Disk {
     }
 
     /// Mount the image (replaying ext4's journal, as after a power cut). commit=60 keeps
-    /// ext4 from committing on its own during a trial: what is on the image at the cut is
-    /// what was fsync'd, plus what ordered-mode journal commits carried along.
+    /// ext4 from committing on its own during a trial, and data=writeback keeps a journal
+    /// commit (a directory's fsync) from writing files' data along, as XFS does not
+    /// either: what is on the image at the cut is what was fsync'd, and whatever
+    /// writeback had reached the disk.
     fn attach(&mut self) {
         let out = Command::new("losetup")
             .args(["-f", "--show"])
@@ -400,7 +402,12 @@ impl Disk {
         let device = String::from_utf8(out.stdout).unwrap().trim().to_string();
         run(
             "mount",
-            &["-o", "commit=60", &device, self.mnt.to_str().unwrap()],
+            &[
+                "-o",
+                "commit=60,data=writeback",
+                &device,
+                self.mnt.to_str().unwrap(),
+            ],
         );
         self.device = Some(device);
     }
