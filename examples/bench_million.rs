@@ -46,17 +46,6 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
     }
 }
 
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 /// The SST numbered `n`: its name, and its keys' prefix (distinct bytes in every file).
 fn sst_name(n: u64) -> String {
     format!("{:06}.sst", 100_000 + n)
@@ -185,7 +174,7 @@ fn run(work: &Path, args: &Args) -> Result<serde_json::Value> {
                 "round {round}: {next} SSTs written, {:.0} s (writing {write_s:.0} s, \
                  importing {import_s:.0} s), this process's RSS {} MiB",
                 started.elapsed().as_secs_f64(),
-                rss_kib() / 1024
+                common::rss_kib() / 1024
             );
         }
     }
@@ -215,7 +204,7 @@ fn run(work: &Path, args: &Args) -> Result<serde_json::Value> {
         "seconds": started.elapsed().as_secs_f64(),
         "write_seconds": write_s,
         "import_seconds": import_s,
-        "builder_rss_mib": rss_kib() / 1024,
+        "builder_rss_mib": common::rss_kib() / 1024,
     }))
 }
 

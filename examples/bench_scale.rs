@@ -22,6 +22,8 @@
 //! cargo run --example bench_scale` (scripts/bench-scale).
 //! A benchmark, not a test: targets are reported, never asserted.
 
+mod common;
+
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -46,17 +48,6 @@ impl Rng {
         self.0 ^= self.0 << 17;
         self.0
     }
-}
-
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 fn dir_bytes(dir: &Path) -> u64 {
@@ -152,7 +143,7 @@ fn main() -> ExitCode {
         let clock = Instant::now();
         let manifest = engine.checkpoint().expect("checkpoint");
         // Memory as the checkpoint left it (before this loop's own figures allocate).
-        let rss = rss_kib();
+        let rss = common::rss_kib();
         window.push([
             clock.elapsed().as_secs_f64() * 1000.0,
             manifest.stats.sync_micros as f64 / 1000.0,

@@ -206,3 +206,15 @@ pub fn ckptfs_bin(profile: &str) -> PathBuf {
     };
     target.join(profile).join("ckptfs")
 }
+
+/// This process's resident set (VmRSS), in KiB; 0 where /proc says nothing.
+pub fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
