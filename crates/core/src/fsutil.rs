@@ -114,20 +114,6 @@ pub fn start_writeback(file: &fs::File) {
     }
 }
 
-/// Make the file at `path` durable (fsync through a new descriptor, never through a
-/// symbolic link). A file gone meanwhile is not an error: `Ok(false)`.
-pub fn fsync_file(path: &Path) -> Result<bool> {
-    match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-    {
-        Ok(file) => file.sync_all().ctx("fsync", path).map(|()| true),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(Error::io(format!("open {}", path.display()), e)),
-    }
-}
-
 /// Copy all of `from` (from its start) to the end of `to` (an empty file) inside the kernel
 /// (`copy_file_range`): no bytes through this process, and extents shared where the
 /// filesystem can. `Ok(false)`, with nothing copied, where the kernel cannot (another

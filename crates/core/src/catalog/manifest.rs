@@ -141,9 +141,9 @@ impl FileEntry {
             .chain(self.chunks.iter().flat_map(|c| c.with_lengths(self.size)))
     }
 
-    /// Copy the file to `dest` (which must not exist), verified; not fsync'd yet (see
-    /// [`ObjectStore::copy_verified`]).
-    pub fn copy_verified(&self, store: &dyn ObjectStore, dest: &Path) -> Result<()> {
+    /// Copy the file to `dest` (which must not exist), verified; not fsync'd yet: the
+    /// caller fsyncs the file returned (see [`ObjectStore::copy_verified`]).
+    pub fn copy_verified(&self, store: &dyn ObjectStore, dest: &Path) -> Result<std::fs::File> {
         match &self.chunks {
             None => store.copy_verified(&self.object, self.size, dest),
             Some(_) => {
@@ -156,7 +156,7 @@ impl FileEntry {
                     .into_inner()
                     .map_err(|e| Error::io(format!("write {}", dest.display()), e.into_error()))?;
                 crate::fsutil::start_writeback(&file);
-                Ok(())
+                Ok(file)
             }
         }
     }

@@ -185,8 +185,13 @@ impl<'a> Ingest<'a> {
         if !published {
             self.store.discard(staged);
         } else {
-            // Durable with the others before the manifest names it (see `commit`).
-            self.store.publish_unsynced(staged)?;
+            if st.held.missing.contains(&id) {
+                // Named by manifests already: durable before it counts as found again.
+                self.store.publish(staged)?;
+            } else {
+                // Durable with the others before the manifest names it (see `commit`).
+                self.store.publish_unsynced(staged)?;
+            }
             self.stats.bytes_uploaded += size;
             match piece {
                 Piece::WalChunk => self.stats.bytes_uploaded_wal += size,

@@ -149,30 +149,30 @@ pub fn materialize(
     create_private_dir_all(dir)?;
     let files: Vec<_> = snapshot.files.iter().collect();
     let progress = std::sync::Mutex::new(progress);
-    let written = parallel_map(&files, MATERIALIZE_FILES, |file| {
-        file.copy_verified(store, &dir.join(&file.name))?;
-        (lock(&progress))(file.size);
-        Ok(())
-    });
-    written.into_iter().collect::<Result<Vec<()>>>()?;
-    // Durable once all are written (their writeback started as each was): the copies
-    // never wait for the disk, and the fsyncs overlap.
-    let synced = parallel_map(&files, MATERIALIZE_SYNCS, |file| {
-        let path = dir.join(&file.name);
-        match crate::fsutil::fsync_file(&path)? {
-            true => Ok(()),
-            false => Err(Error::Corrupt(format!(
-                "{} was removed while it was restored",
-                path.display()
-            ))),
-        }
-    });
-    synced.into_iter().collect::<Result<Vec<()>>>()?;
+    // Durable once a batch is written (their writeback started as each was): the copies
+    // never wait for the disk, and the fsyncs overlap. Each through the descriptor that
+    // wrote it (a write error is reported to it, not always to a new one); at most a
+    // batch of them open at once.
+    for batch in files.chunks(MATERIALIZE_BATCH) {
+        let written = parallel_map(batch, MATERIALIZE_FILES, |file| {
+            let out = file.copy_verified(store, &dir.join(&file.name))?;
+            (lock(&progress))(file.size);
+            Ok(out)
+        });
+        let written = written.into_iter().collect::<Result<Vec<_>>>()?;
+        let synced = parallel_map(&written, MATERIALIZE_SYNCS, |out| {
+            out.sync_all().ctx("fsync", dir)
+        });
+        synced.into_iter().collect::<Result<Vec<()>>>()?;
+    }
     fsync_dir(dir)
 }
 
 /// Files of one backend [`materialize`] fsyncs at once.
 const MATERIALIZE_SYNCS: usize = 8;
+
+/// Files of one backend [`materialize`] writes before it fsyncs them (and holds open).
+const MATERIALIZE_BATCH: usize = 256;
 
 /// Files of one backend [`materialize`] writes at once.
 const MATERIALIZE_FILES: usize = 4;

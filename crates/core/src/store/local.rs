@@ -16,6 +16,11 @@ const LOCAL_STAGES: usize = 4;
 /// How many files (or directories) [`ObjectStore::sync_published`] fsyncs at once.
 const SYNCS: usize = 8;
 
+/// How many objects may wait, published and open, for [`ObjectStore::sync_published`]:
+/// past that they are fsync'd at once (a first import of thousands of files holds no
+/// more descriptors than this).
+const MAX_UNSYNCED_FILES: usize = 256;
+
 /// The objects of a local store: `objects/` and `tmp/` under its root.
 pub struct LocalStore {
     objects: PathBuf,
@@ -25,9 +30,16 @@ pub struct LocalStore {
     /// [`ObjectStore::sync_published`].
     unsynced: std::sync::Mutex<std::collections::BTreeSet<PathBuf>>,
     /// Objects published unsynced (their data written back from their staging on, not
-    /// waited for): fsync'd, several at once, by [`ObjectStore::sync_published`] before
-    /// their directories.
-    unsynced_files: std::sync::Mutex<Vec<PathBuf>>,
+    /// waited for), with the descriptor that wrote each: fsync'd through it, several at
+    /// once, by [`ObjectStore::sync_published`] before their directories.
+    unsynced_files: std::sync::Mutex<Vec<(PathBuf, fs::File)>>,
+    /// The first object fsync that failed, if one did: its data may never reach the disk,
+    /// and a second fsync would not say so (the kernel reports a write error once), so
+    /// every later sync fails until the store is opened again.
+    failed_sync: std::sync::Mutex<Option<String>>,
+    /// Tests: make the next object fsync fail.
+    #[cfg(test)]
+    fail_next_sync: std::sync::atomic::AtomicBool,
     /// Held through a sync: a sync that returns has waited for one running meanwhile
     /// (another checkpoint's, whose objects its caller may re-reference).
     syncing: std::sync::Mutex<()>,
@@ -88,6 +100,9 @@ impl LocalStore {
             next_tmp: AtomicU64::new(0),
             unsynced: Default::default(),
             unsynced_files: Default::default(),
+            failed_sync: Default::default(),
+            #[cfg(test)]
+            fail_next_sync: Default::default(),
             syncing: Default::default(),
         })
     }
@@ -95,6 +110,41 @@ impl LocalStore {
     fn path_of(&self, id: &ObjectId) -> PathBuf {
         let hex = id.to_hex();
         self.objects.join(&hex[..2]).join(hex)
+    }
+
+    /// Fsync objects published unsynced, several at once, each through the descriptor
+    /// that wrote it. A failure is never retried: it fails this sync and every later one.
+    fn sync_files(&self, files: Vec<(PathBuf, fs::File)>) -> Result<()> {
+        if let Some(first) = &*crate::fsutil::lock(&self.failed_sync) {
+            return Err(Self::sync_failed_before(first));
+        }
+        let synced = crate::fsutil::parallel_map(&files, files.len().min(SYNCS), |(path, file)| {
+            #[cfg(test)]
+            if self.fail_next_sync.swap(false, Ordering::SeqCst) {
+                return Err(Error::io(
+                    format!("fsync {}", path.display()),
+                    std::io::Error::from_raw_os_error(libc::EIO),
+                ));
+            }
+            file.sync_all().ctx("fsync", path)
+        });
+        match synced.into_iter().find_map(|r| r.err()) {
+            None => Ok(()),
+            Some(e) => {
+                crate::fsutil::lock(&self.failed_sync).get_or_insert_with(|| e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    fn sync_failed_before(first: &str) -> Error {
+        Error::io(
+            format!(
+                "an object's fsync failed earlier ({first}); nothing more is made durable \
+                 until the store is opened again"
+            ),
+            std::io::Error::from_raw_os_error(libc::EIO),
+        )
     }
 }
 
@@ -130,7 +180,12 @@ impl ObjectStore for LocalStore {
             crate::fsutil::start_writeback(&out);
         });
         match result {
-            Ok((id, size)) => Ok(Staged { id, size, tmp }),
+            Ok((id, size)) => Ok(Staged {
+                id,
+                size,
+                tmp,
+                file: Some(out),
+            }),
             Err(e) => {
                 let _ = fs::remove_file(&tmp);
                 Err(e)
@@ -152,6 +207,7 @@ impl ObjectStore for LocalStore {
                 id: ObjectId::from_hash(blake3::hash(bytes)),
                 size: bytes.len() as u64,
                 tmp,
+                file: Some(out),
             }),
             Err(e) => {
                 let _ = fs::remove_file(&tmp);
@@ -165,42 +221,48 @@ impl ObjectStore for LocalStore {
         self.sync_published()
     }
 
-    fn publish_unsynced(&self, staged: Staged) -> Result<()> {
+    fn publish_unsynced(&self, mut staged: Staged) -> Result<()> {
         let dest = self.path_of(&staged.id);
         let dir = dest.parent().expect("object paths have a parent");
-        let mut unsynced = crate::fsutil::lock(&self.unsynced);
-        if !is_real_dir(dir) {
-            ensure_real_dir(dir)?;
-            unsynced.insert(self.objects.clone());
+        let file = staged.file.take();
+        // An object already there (an orphan, or one a manifest that does not count yet
+        // names) is replaced by a durable copy only: a power cut must not leave it torn.
+        let replaces = fs::symlink_metadata(&dest).is_ok();
+        if let (true, Some(file)) = (replaces, &file) {
+            self.sync_files(Vec::new())?;
+            file.sync_all().ctx("fsync", &staged.tmp)?;
         }
-        crate::failpoint!("store::before-publish");
-        fs::rename(&staged.tmp, &dest).ctx("publish object", &dest)?;
-        unsynced.insert(dir.to_path_buf());
-        crate::fsutil::lock(&self.unsynced_files).push(dest);
-        crate::failpoint!("store::after-publish");
-        Ok(())
+        let full = {
+            let mut unsynced = crate::fsutil::lock(&self.unsynced);
+            if !is_real_dir(dir) {
+                ensure_real_dir(dir)?;
+                unsynced.insert(self.objects.clone());
+            }
+            crate::failpoint!("store::before-publish");
+            fs::rename(&staged.tmp, &dest).ctx("publish object", &dest)?;
+            unsynced.insert(dir.to_path_buf());
+            let mut files = crate::fsutil::lock(&self.unsynced_files);
+            if let (false, Some(file)) = (replaces, file) {
+                files.push((dest, file));
+            }
+            crate::failpoint!("store::after-publish");
+            match files.len() >= MAX_UNSYNCED_FILES {
+                true => std::mem::take(&mut *files),
+                false => Vec::new(),
+            }
+        };
+        // Too many waiting: their data now (their directories still wait for the sync).
+        self.sync_files(full)
     }
 
     fn sync_published(&self) -> Result<()> {
         let _syncing = crate::fsutil::lock(&self.syncing);
-        // The objects' data first, then the entries naming them. Taken out while they are
-        // synced (in parallel: each is a wait on the disk); those that fail go back, for
-        // the next sync to try again.
+        // The objects' data first (in parallel: each is a wait on the disk), never
+        // retried, then the entries naming them, whose failures go back for the next sync
+        // to try again.
         let files = std::mem::take(&mut *crate::fsutil::lock(&self.unsynced_files));
-        let synced = crate::fsutil::parallel_map(&files, files.len().min(SYNCS), |f| {
-            crate::fsutil::fsync_file(f)
-        });
+        self.sync_files(files)?;
         let mut first = None;
-        for (file, result) in files.into_iter().zip(synced) {
-            // An object gone meanwhile (dropped: nothing names it) needs no sync.
-            if let Err(e) = result {
-                crate::fsutil::lock(&self.unsynced_files).push(file);
-                first.get_or_insert(e);
-            }
-        }
-        if let Some(e) = first {
-            return Err(e);
-        }
         let dirs: Vec<PathBuf> = std::mem::take(&mut *crate::fsutil::lock(&self.unsynced))
             .into_iter()
             .collect();
@@ -292,8 +354,8 @@ impl ObjectStore for LocalStore {
         Some(self.path_of(id))
     }
 
-    /// Several copies at once: each ends in an fsync, a wait on the disk that others
-    /// overlap (a compaction's new SSTs, a checkpoint's SST and MANIFEST).
+    /// Several copies at once: each a read, a hash and a write that others overlap (a
+    /// compaction's new SSTs, a checkpoint's SST and MANIFEST).
     fn upload_concurrency(&self) -> usize {
         LOCAL_STAGES
     }
@@ -369,7 +431,59 @@ mod tests {
     }
 
     fn unsynced_files(store: &LocalStore) -> Vec<PathBuf> {
-        crate::fsutil::lock(&store.unsynced_files).clone()
+        let files = crate::fsutil::lock(&store.unsynced_files);
+        files.iter().map(|(path, _)| path.clone()).collect()
+    }
+
+    /// A failed object fsync is not retried (a second fsync would not report the lost
+    /// write): that sync fails, and so does every later one, until the store is reopened.
+    #[test]
+    fn a_failed_object_fsync_fails_every_later_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(dir.path()).unwrap();
+        let a = store.stage_bytes(b"a").unwrap();
+        store.publish_unsynced(a).unwrap();
+        store.fail_next_sync.store(true, Ordering::SeqCst);
+        let first = store.sync_published().unwrap_err().to_string();
+        assert!(first.contains("fsync"), "{first}");
+        // Nothing is waiting any more, and the next sync still fails, naming the first.
+        assert!(unsynced_files(&store).is_empty());
+        let later = store.sync_published().unwrap_err().to_string();
+        assert!(later.contains("failed earlier"), "{later}");
+        let b = store.stage_bytes(b"b").unwrap();
+        assert!(store.publish(b).is_err());
+        // Opened again, the store syncs.
+        let store = LocalStore::open(dir.path()).unwrap();
+        let c = store.stage_bytes(b"c").unwrap();
+        store.publish(c).unwrap();
+    }
+
+    /// An object replaced (an orphan of the same content) is replaced durably: it waits
+    /// for no later sync.
+    #[test]
+    fn an_object_already_there_is_replaced_by_a_synced_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(dir.path()).unwrap();
+        let a = store.stage_bytes(b"a").unwrap();
+        store.publish(a).unwrap();
+        let again = store.stage_bytes(b"a").unwrap();
+        store.publish_unsynced(again).unwrap();
+        assert!(unsynced_files(&store).is_empty());
+    }
+
+    /// Past MAX_UNSYNCED_FILES waiting objects, their data is synced at once (no more
+    /// descriptors held).
+    #[test]
+    fn many_waiting_objects_are_synced_in_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(dir.path()).unwrap();
+        for i in 0..MAX_UNSYNCED_FILES + 3 {
+            let s = store.stage_bytes(format!("object {i}").as_bytes()).unwrap();
+            store.publish_unsynced(s).unwrap();
+        }
+        assert_eq!(unsynced_files(&store).len(), 3);
+        store.sync_published().unwrap();
+        assert!(unsynced_files(&store).is_empty());
     }
 
     #[test]

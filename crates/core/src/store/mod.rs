@@ -454,6 +454,9 @@ pub struct Staged {
     /// Their length in bytes.
     pub size: u64,
     pub(crate) tmp: PathBuf,
+    /// The staged copy, still open (a local store): its fsync goes through the descriptor
+    /// that wrote it, which a write error is reported to however long the fsync waits.
+    pub(crate) file: Option<std::fs::File>,
 }
 
 /// Where the bytes live: a local directory (`local.rs`) or S3-compatible object storage
@@ -468,9 +471,10 @@ pub trait ObjectStore: Send + Sync {
     /// Make a staged object visible under its id (durably).
     fn publish(&self, staged: Staged) -> Result<()>;
     /// Make a staged object visible under its id, durable once [`ObjectStore::sync_published`]
-    /// returns (a local store defers the fsync of its directory so that a checkpoint's
-    /// objects are made durable together, just before their manifest; object storage has
-    /// nothing to defer). Whoever commits a reference to it calls `sync_published` first.
+    /// returns (a local store defers the fsync of the object and of its directory so that
+    /// a checkpoint's objects are made durable together, just before their manifest, and
+    /// replaces an object already there by a synced copy; object storage has nothing to
+    /// defer). Whoever commits a reference to it calls `sync_published` first.
     fn publish_unsynced(&self, staged: Staged) -> Result<()> {
         self.publish(staged)
     }
@@ -542,8 +546,9 @@ pub trait ObjectStore: Send + Sync {
     fn describe(&self) -> String;
 
     /// Copy an object to `dest` (which must not exist), checking size and hash; its
-    /// writeback is started, not waited for (the caller fsyncs it).
-    fn copy_verified(&self, id: &ObjectId, size: u64, dest: &Path) -> Result<()> {
+    /// writeback is started, not waited for: the caller fsyncs the file returned (the
+    /// descriptor that wrote it, so that a write error is reported to that fsync).
+    fn copy_verified(&self, id: &ObjectId, size: u64, dest: &Path) -> Result<std::fs::File> {
         let mut src = self.open(id)?;
         let mut out = crate::fsutil::create_new_private()
             .open(dest)
@@ -562,7 +567,7 @@ pub trait ObjectStore: Send + Sync {
         check(id, size, hash, copied)?;
         // Not waited for: the caller fsyncs what it wrote once it is all written.
         crate::fsutil::start_writeback(&out);
-        Ok(())
+        Ok(out)
     }
 
     /// Write an object to `out`, checking size and hash. A mismatch is found once every

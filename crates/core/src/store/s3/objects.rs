@@ -363,6 +363,7 @@ impl ObjectStore for S3Objects {
                 id,
                 size,
                 tmp: PathBuf::new(),
+                file: None,
             }),
             Err(e) => {
                 self.end_stage(&id);
@@ -379,6 +380,7 @@ impl ObjectStore for S3Objects {
                 id,
                 size: bytes.len() as u64,
                 tmp: PathBuf::new(),
+                file: None,
             }),
             Err(e) => {
                 self.end_stage(&id);

@@ -77,6 +77,7 @@ impl S3Objects {
                     id,
                     size: file.size,
                     tmp: PathBuf::new(),
+                    file: None,
                 }),
                 Err(e) => {
                     self.end_stage(&id);
