@@ -229,7 +229,6 @@ impl ObjectStore for LocalStore {
         // names) is replaced by a durable copy only: a power cut must not leave it torn.
         let replaces = fs::symlink_metadata(&dest).is_ok();
         if let (true, Some(file)) = (replaces, &file) {
-            self.sync_files(Vec::new())?;
             file.sync_all().ctx("fsync", &staged.tmp)?;
         }
         let full = {
